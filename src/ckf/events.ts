@@ -1,0 +1,50 @@
+/**
+ * The mutation events the producer core consumes. The domain's `RouterEvent` is a structural
+ * superset (event ids, parent hashes, token hashes); the core reads only what it needs.
+ *
+ * Block hashes are hash pairs: a `Uint32Array` `[hi0, lo0, hi1, lo1, …]`.
+ */
+
+export type StorageTier = "device" | "host_pinned" | "disk" | "external"
+
+export interface CkfStoredData {
+  readonly _tag: "Stored"
+  readonly blockHashes: Uint32Array
+}
+
+export interface CkfRemovedData {
+  readonly _tag: "Removed"
+  readonly blockHashes: Uint32Array
+}
+
+export interface CkfClearedData {
+  readonly _tag: "Cleared"
+}
+
+export type CkfEventData = CkfStoredData | CkfRemovedData | CkfClearedData
+
+/** A member is one (worker, dp rank); worker ids are canonical decimal u64 strings. */
+export interface CkfMemberRef {
+  readonly workerId: string
+  readonly dpRank: number
+}
+
+export interface CkfEvent extends CkfMemberRef {
+  readonly storageTier: StorageTier
+  readonly data: CkfEventData
+}
+
+/** Map key of a member. */
+export const memberKey = (workerId: string, dpRank: number): string => `${workerId}/${dpRank}`
+
+/** Order members by (worker id numerically, dp rank). */
+export const compareMembers = (a: CkfMemberRef, b: CkfMemberRef): number => {
+  if (a.workerId !== b.workerId) {
+    return a.workerId.length !== b.workerId.length
+      ? a.workerId.length - b.workerId.length
+      : a.workerId < b.workerId
+        ? -1
+        : 1
+  }
+  return a.dpRank - b.dpRank
+}

@@ -1,0 +1,59 @@
+import { createXXHash3 } from "hash-wasm"
+import { describe, expect, it } from "vitest"
+import { Xxh3Seeded, xxh3Hash, xxhOut } from "../../src/ckf/xxh3.js"
+
+const DEFAULT_SEED = 0x5deece66d1b54a33n
+const GOLDEN = 0x9e3779b97f4a7c15n
+
+const le8 = (v: bigint) => {
+  const b = new Uint8Array(8)
+  new DataView(b.buffer).setBigUint64(0, BigInt.asUintN(64, v), true)
+  return b
+}
+
+describe("xxh3", () => {
+  it("matches the reference vectors for 8-byte inputs", () => {
+    const cases: Array<[bigint, bigint]> = [
+      [0n, 0x85a2ceae045eb49en],
+      [1n, 0xea2d49b1fa7fbabfn],
+      [11n, 0xb2ceddfe4195d6f8n],
+      [0x0123456789abcdefn, 0x34bd6fb39b877d61n],
+      [0xffffffffffffffffn, 0xa0dd3e19ca49500an]
+    ]
+    const seeded = new Xxh3Seeded(DEFAULT_SEED)
+    for (const [h, mixed] of cases) {
+      expect(xxh3Hash(le8(h), DEFAULT_SEED)).toBe(mixed)
+      seeded.hashU64(Number(h >> 32n), Number(h & 0xffffffffn))
+      expect((BigInt(xxhOut.hi) << 32n) | BigInt(xxhOut.lo)).toBe(mixed)
+    }
+  })
+
+  it("matches the 2-byte fingerprint vector", () => {
+    const seeded = new Xxh3Seeded(DEFAULT_SEED ^ GOLDEN)
+    seeded.hashU16(1)
+    expect((BigInt(xxhOut.hi) << 32n) | BigInt(xxhOut.lo)).toBe(0x1238a4fac4ded55bn)
+    expect(xxh3Hash(new Uint8Array([1, 0]), DEFAULT_SEED ^ GOLDEN)).toBe(0x1238a4fac4ded55bn)
+  })
+
+  it("agrees with an independent implementation on every length up to 2100 bytes", async () => {
+    const oracle = await createXXHash3(0, 0)
+    const seededOracle = await createXXHash3(0x12345678, 0x9abcdef0)
+    const bytes = new Uint8Array(2100)
+    let x = 0x1234567
+    for (let i = 0; i < bytes.length; i++) {
+      x = (Math.imul(x, 1103515245) + 12345) >>> 0
+      bytes[i] = x >>> 24
+    }
+    for (let len = 0; len <= 2100; len += len < 300 ? 1 : 37) {
+      const slice = bytes.subarray(3, 3 + Math.min(len, bytes.length - 3))
+      oracle.init()
+      oracle.update(slice)
+      expect(xxh3Hash(slice).toString(16)).toBe(BigInt(`0x${oracle.digest("hex")}`).toString(16))
+      seededOracle.init()
+      seededOracle.update(slice)
+      expect(xxh3Hash(slice, 0x9abcdef012345678n).toString(16)).toBe(
+        BigInt(`0x${seededOracle.digest("hex")}`).toString(16)
+      )
+    }
+  })
+})
