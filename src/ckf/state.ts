@@ -275,41 +275,38 @@ export class DcCkfState {
 
   storeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
     const h = mixKey(hi, lo)
-    let member = this.member(workerId, dpRank)
-    if (member?.set.has(hi, lo, h)) return UNCHANGED
     const refcounts = this.refcounts
-    if (!refcounts.reserve(1)) return E_ALLOCATION
-    if (member !== undefined && !member.set.reserve(1)) return E_ALLOCATION
     const slot = refcounts.find(hi, lo, h)
-    const current = slot < 0 ? 0 : refcounts.counts[slot]!
-    if (current === U32_MAX) return E_DEGREE
-    if (current === 0) {
-      if (!this.reserveDirty(this.config.maxKicks + 1)) return E_ALLOCATION
+    let member = this.member(workerId, dpRank)
+    // A member can only own a hash that has a refcount entry, so a first owner skips the set probe.
+    if (slot >= 0 && member?.set.has(hi, lo, h)) return UNCHANGED
+    if (member !== undefined && !member.set.reserve(1)) return E_ALLOCATION
+    if (slot < 0) {
+      // Reserving may rehash the refcount table; no slot index is held across it on this branch.
+      if (!refcounts.reserve(1) || !this.reserveDirty(this.config.maxKicks + 1)) return E_ALLOCATION
       const addressing = this.addressing
       addressing.prepareHalves(hi, lo)
       if (!this.insertFingerprint(addressing.fp, addressing.a, addressing.b)) return E_CAPACITY
       this.commitLog()
-      if (member === undefined) {
-        // The set is created only after a successful insert, so an omission leaves no member.
-        member = { workerId, dpRank, set: new U64Set() }
-        this.members.set(memberKey(workerId, dpRank), member)
-        this.lastMember = member
-        this.lastMemberKeyWorker = workerId
-        this.lastMemberKeyRank = dpRank
-      }
       refcounts.insertAbsent(hi, lo, h, 1)
     } else {
-      if (member === undefined) {
-        member = { workerId, dpRank, set: new U64Set() }
-        this.members.set(memberKey(workerId, dpRank), member)
-        this.lastMember = member
-        this.lastMemberKeyWorker = workerId
-        this.lastMemberKeyRank = dpRank
-      }
-      refcounts.counts[slot] = current + 1
+      const current = refcounts.countAt(slot)
+      if (current === U32_MAX) return E_DEGREE
+      refcounts.setCountAt(slot, current + 1)
     }
+    // The member's set is created only after the transition succeeded, so an omission leaves none.
+    if (member === undefined) member = this.createMember(workerId, dpRank)
     member.set.insertAbsent(hi, lo, h)
     return CHANGED
+  }
+
+  private createMember(workerId: string, dpRank: number): Member {
+    const member: Member = { workerId, dpRank, set: new U64Set() }
+    this.members.set(memberKey(workerId, dpRank), member)
+    this.lastMember = member
+    this.lastMemberKeyWorker = workerId
+    this.lastMemberKeyRank = dpRank
+    return member
   }
 
   removeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
@@ -320,7 +317,7 @@ export class DcCkfState {
     const refcounts = this.refcounts
     const slot = refcounts.find(hi, lo, h)
     if (slot < 0) return E_INVARIANT
-    const current = refcounts.counts[slot]!
+    const current = refcounts.countAt(slot)
     if (current === 1) {
       if (!this.reserveDirty(1)) return E_ALLOCATION
       const addressing = this.addressing
@@ -330,7 +327,7 @@ export class DcCkfState {
     }
     member.set.delete(hi, lo, h)
     if (current === 1) refcounts.removeAt(slot)
-    else refcounts.counts[slot] = current - 1
+    else refcounts.setCountAt(slot, current - 1)
     if (member.set.size === 0) {
       this.members.delete(memberKey(workerId, dpRank))
       this.forgetMemberCache()

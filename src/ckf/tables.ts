@@ -4,7 +4,8 @@
  * Linear probing over power-of-two capacities, growth by doubling at 80% load, and deletion by
  * backward shift (no tombstones), so long-running churn never degrades probe lengths. Keys are the
  * two u32 halves of the block hash; callers pass the mixed hash `h = mixKey(hi, lo)` so that one
- * mix serves both the refcount table and the member set.
+ * mix serves both the refcount table and the member set. Each slot's fields are interleaved in
+ * one typed array: the apply path is bound by cache misses, and one probe should cost one line.
  */
 
 const MAX_LOAD_NUM = 4
@@ -24,21 +25,23 @@ const capacityFor = (entries: number, minimum: number): number => {
   return cap
 }
 
+/** True when `home` does not lie cyclically in (hole, j]: the entry at j must move into the hole. */
+const mustShift = (hole: number, j: number, home: number): boolean =>
+  hole <= j ? home <= hole || home > j : home <= hole && home > j
+
 /**
- * A set of u64 keys. The all-zero key doubles as the empty-slot marker, so it is held in a flag
- * instead of a slot.
+ * A set of u64 keys. Slot i is `[hi, lo]` at `keys[2i]`. The all-zero key doubles as the
+ * empty-slot marker, so it is held in a flag instead of a slot.
  */
 export class U64Set {
-  private khi: Uint32Array
-  private klo: Uint32Array
+  private keys: Uint32Array
   private mask: number
   private used = 0
   private hasZero = false
 
   constructor(initialCapacity = 8) {
     const cap = capacityFor(0, Math.max(4, initialCapacity))
-    this.khi = new Uint32Array(cap)
-    this.klo = new Uint32Array(cap)
+    this.keys = new Uint32Array(cap * 2)
     this.mask = cap - 1
   }
 
@@ -50,20 +53,19 @@ export class U64Set {
     return this.mask + 1
   }
 
-  /** Bytes held by the slot arrays. */
+  /** Bytes held by the slot array. */
   get byteSize(): number {
-    return (this.mask + 1) * 8
+    return this.keys.byteLength
   }
 
   has(hi: number, lo: number, h: number): boolean {
     if ((hi | lo) === 0) return this.hasZero
-    const khi = this.khi
-    const klo = this.klo
+    const keys = this.keys
     const mask = this.mask
     let i = h & mask
     for (;;) {
-      const l = klo[i]!
-      const u = khi[i]!
+      const u = keys[2 * i]!
+      const l = keys[2 * i + 1]!
       if (l === lo && u === hi) return true
       if ((l | u) === 0) return false
       i = (i + 1) & mask
@@ -91,13 +93,12 @@ export class U64Set {
       this.hasZero = true
       return
     }
-    const khi = this.khi
-    const klo = this.klo
+    const keys = this.keys
     const mask = this.mask
     let i = h & mask
-    while ((klo[i]! | khi[i]!) !== 0) i = (i + 1) & mask
-    khi[i] = hi
-    klo[i] = lo
+    while ((keys[2 * i]! | keys[2 * i + 1]!) !== 0) i = (i + 1) & mask
+    keys[2 * i] = hi
+    keys[2 * i + 1] = lo
     this.used++
   }
 
@@ -108,35 +109,30 @@ export class U64Set {
       this.hasZero = false
       return had
     }
-    const khi = this.khi
-    const klo = this.klo
+    const keys = this.keys
     const mask = this.mask
     let i = h & mask
     for (;;) {
-      const l = klo[i]!
-      const u = khi[i]!
+      const u = keys[2 * i]!
+      const l = keys[2 * i + 1]!
       if (l === lo && u === hi) break
       if ((l | u) === 0) return false
       i = (i + 1) & mask
     }
-    // Backward shift: pull later members of the probe run into the hole when their home slot
-    // does not lie cyclically in (hole, j].
     let j = i
     for (;;) {
       j = (j + 1) & mask
-      const l = klo[j]!
-      const u = khi[j]!
+      const u = keys[2 * j]!
+      const l = keys[2 * j + 1]!
       if ((l | u) === 0) break
-      const home = mixKey(u, l) & mask
-      const stays = i <= j ? home > i && home <= j : home > i || home <= j
-      if (!stays) {
-        khi[i] = u
-        klo[i] = l
+      if (mustShift(i, j, mixKey(u, l) & mask)) {
+        keys[2 * i] = u
+        keys[2 * i + 1] = l
         i = j
       }
     }
-    khi[i] = 0
-    klo[i] = 0
+    keys[2 * i] = 0
+    keys[2 * i + 1] = 0
     this.used--
     return true
   }
@@ -147,11 +143,10 @@ export class U64Set {
       out[offset++] = 0
       out[offset++] = 0
     }
-    const khi = this.khi
-    const klo = this.klo
-    for (let i = 0; i <= this.mask; i++) {
-      const l = klo[i]!
-      const u = khi[i]!
+    const keys = this.keys
+    for (let i = 0; i < keys.length; i += 2) {
+      const u = keys[i]!
+      const l = keys[i + 1]!
       if ((l | u) !== 0) {
         out[offset++] = u
         out[offset++] = l
@@ -168,43 +163,35 @@ export class U64Set {
   }
 
   private rehash(capacity: number): void {
-    const nhi = new Uint32Array(capacity)
-    const nlo = new Uint32Array(capacity)
+    const next = new Uint32Array(capacity * 2)
     const mask = capacity - 1
-    const ohi = this.khi
-    const olo = this.klo
-    for (let s = 0; s < ohi.length; s++) {
-      const l = olo[s]!
-      const u = ohi[s]!
+    const old = this.keys
+    for (let s = 0; s < old.length; s += 2) {
+      const u = old[s]!
+      const l = old[s + 1]!
       if ((l | u) === 0) continue
       let i = mixKey(u, l) & mask
-      while ((nlo[i]! | nhi[i]!) !== 0) i = (i + 1) & mask
-      nhi[i] = u
-      nlo[i] = l
+      while ((next[2 * i]! | next[2 * i + 1]!) !== 0) i = (i + 1) & mask
+      next[2 * i] = u
+      next[2 * i + 1] = l
     }
-    this.khi = nhi
-    this.klo = nlo
+    this.keys = next
     this.mask = mask
   }
 }
 
 /**
- * Map from u64 key to a positive u32 count. A zero count marks an empty slot, so every key
- * (including zero) lives in the table.
+ * Map from u64 key to a positive u32 count. Slot i is `[hi, lo, count]` at `slots[3i]`; a zero
+ * count marks an empty slot, so every key (including zero) lives in the table.
  */
 export class U64CountTable {
-  private khi: Uint32Array
-  private klo: Uint32Array
-  /** Counts by slot; exposed for in-place updates after `find`. */
-  counts: Uint32Array
+  private slots: Uint32Array
   private mask: number
   size = 0
 
   constructor(initialCapacity = 16) {
     const cap = capacityFor(0, Math.max(4, initialCapacity))
-    this.khi = new Uint32Array(cap)
-    this.klo = new Uint32Array(cap)
-    this.counts = new Uint32Array(cap)
+    this.slots = new Uint32Array(cap * 3)
     this.mask = cap - 1
   }
 
@@ -213,26 +200,33 @@ export class U64CountTable {
   }
 
   get byteSize(): number {
-    return (this.mask + 1) * 12
+    return this.slots.byteLength
   }
 
   /** Slot of the key, or -1. */
   find(hi: number, lo: number, h: number): number {
-    const khi = this.khi
-    const klo = this.klo
-    const counts = this.counts
+    const slots = this.slots
     const mask = this.mask
     let i = h & mask
     for (;;) {
-      if (counts[i] === 0) return -1
-      if (klo[i] === lo && khi[i] === hi) return i
+      const base = 3 * i
+      if (slots[base + 2] === 0) return -1
+      if (slots[base + 1] === lo && slots[base] === hi) return i
       i = (i + 1) & mask
     }
   }
 
   get(hi: number, lo: number, h: number): number {
     const i = this.find(hi, lo, h)
-    return i < 0 ? 0 : this.counts[i]!
+    return i < 0 ? 0 : this.slots[3 * i + 2]!
+  }
+
+  countAt(slot: number): number {
+    return this.slots[3 * slot + 2]!
+  }
+
+  setCountAt(slot: number, count: number): void {
+    this.slots[3 * slot + 2] = count
   }
 
   reserve(additional: number): boolean {
@@ -248,72 +242,66 @@ export class U64CountTable {
 
   /** Insert a key known to be absent with a positive count; capacity must have been reserved. */
   insertAbsent(hi: number, lo: number, h: number, count: number): void {
-    const counts = this.counts
+    const slots = this.slots
     const mask = this.mask
     let i = h & mask
-    while (counts[i] !== 0) i = (i + 1) & mask
-    this.khi[i] = hi
-    this.klo[i] = lo
-    counts[i] = count
+    while (slots[3 * i + 2] !== 0) i = (i + 1) & mask
+    slots[3 * i] = hi
+    slots[3 * i + 1] = lo
+    slots[3 * i + 2] = count
     this.size++
   }
 
   /** Remove the entry at a slot returned by `find` (backward-shift deletion). */
   removeAt(slot: number): void {
-    const khi = this.khi
-    const klo = this.klo
-    const counts = this.counts
+    const slots = this.slots
     const mask = this.mask
     let i = slot
     let j = slot
     for (;;) {
       j = (j + 1) & mask
-      const c = counts[j]!
+      const c = slots[3 * j + 2]!
       if (c === 0) break
-      const u = khi[j]!
-      const l = klo[j]!
-      const home = mixKey(u, l) & mask
-      const stays = i <= j ? home > i && home <= j : home > i || home <= j
-      if (!stays) {
-        khi[i] = u
-        klo[i] = l
-        counts[i] = c
+      const u = slots[3 * j]!
+      const l = slots[3 * j + 1]!
+      if (mustShift(i, j, mixKey(u, l) & mask)) {
+        slots[3 * i] = u
+        slots[3 * i + 1] = l
+        slots[3 * i + 2] = c
         i = j
       }
     }
-    counts[i] = 0
-    khi[i] = 0
-    klo[i] = 0
+    slots[3 * i] = 0
+    slots[3 * i + 1] = 0
+    slots[3 * i + 2] = 0
     this.size--
   }
 
   /** Visit every (hi, lo, count). */
   forEach(visit: (hi: number, lo: number, count: number) => void): void {
-    for (let i = 0; i <= this.mask; i++) {
-      const c = this.counts[i]!
-      if (c !== 0) visit(this.khi[i]!, this.klo[i]!, c)
+    const slots = this.slots
+    for (let s = 0; s < slots.length; s += 3) {
+      const c = slots[s + 2]!
+      if (c !== 0) visit(slots[s]!, slots[s + 1]!, c)
     }
   }
 
   private rehash(capacity: number): void {
-    const nhi = new Uint32Array(capacity)
-    const nlo = new Uint32Array(capacity)
-    const ncounts = new Uint32Array(capacity)
+    const next = new Uint32Array(capacity * 3)
     const mask = capacity - 1
-    for (let s = 0; s <= this.mask; s++) {
-      const c = this.counts[s]!
+    const old = this.slots
+    for (let s = 0; s < old.length; s += 3) {
+      const c = old[s + 2]!
       if (c === 0) continue
-      const u = this.khi[s]!
-      const l = this.klo[s]!
+      const u = old[s]!
+      const l = old[s + 1]!
       let i = mixKey(u, l) & mask
-      while (ncounts[i] !== 0) i = (i + 1) & mask
-      nhi[i] = u
-      nlo[i] = l
-      ncounts[i] = c
+      while (next[3 * i + 2] !== 0) i = (i + 1) & mask
+      next[3 * i] = u
+      next[3 * i + 1] = l
+      next[3 * i + 2] = c
     }
-    this.khi = nhi
-    this.klo = nlo
-    this.counts = ncounts
+    this.slots = next
     this.mask = mask
   }
 }

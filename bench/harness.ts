@@ -1,0 +1,118 @@
+/**
+ * Benchmark harness: every figure is measured next to its baseline in the same run and reported
+ * as a ratio, because absolute numbers on shared machines are noise.
+ */
+
+import { performance } from "node:perf_hooks"
+
+export interface BenchEntry {
+  readonly name: string
+  readonly unit: string
+  readonly value: number
+  readonly baseline: number | null
+  readonly ratio: number | null
+  readonly note?: string
+}
+
+export interface BenchContext {
+  readonly quick: boolean
+  readonly results: Array<BenchEntry>
+  log(line: string): void
+}
+
+/**
+ * Run `round` (which returns the number of operations it performed) repeatedly for at least
+ * `minMs`, after one warm-up round, and return operations per second of the best round. The best
+ * round is the least disturbed by other load on the machine.
+ */
+export const throughput = (round: () => number, minMs: number, rounds = 5): number => {
+  round()
+  let best = 0
+  const deadline = performance.now() + minMs
+  for (let r = 0; r < rounds || performance.now() < deadline; r++) {
+    const start = performance.now()
+    const ops = round()
+    const elapsed = performance.now() - start
+    if (elapsed > 0) best = Math.max(best, (ops * 1000) / elapsed)
+    if (r > 50) break
+  }
+  return best
+}
+
+/** Time one call in milliseconds (best of `rounds`). */
+export const timeOnce = (fn: () => void, rounds = 3): number => {
+  let best = Number.POSITIVE_INFINITY
+  for (let r = 0; r < rounds; r++) {
+    const start = performance.now()
+    fn()
+    best = Math.min(best, performance.now() - start)
+  }
+  return best
+}
+
+export const gc = (): void => {
+  const collect = (globalThis as { gc?: () => void }).gc
+  if (collect !== undefined) {
+    collect()
+    collect()
+  }
+}
+
+/** Heap plus array-buffer bytes in use, after a full collection when `--expose-gc` is on. */
+export const memoryInUse = (): number => {
+  gc()
+  const usage = process.memoryUsage()
+  return usage.heapUsed + usage.arrayBuffers
+}
+
+export const record = (
+  ctx: BenchContext,
+  name: string,
+  unit: string,
+  value: number,
+  baseline: number | null,
+  note?: string,
+  invert = false
+): BenchEntry => {
+  const ratio = baseline === null || baseline === 0 ? null : invert ? baseline / value : value / baseline
+  const entry: BenchEntry =
+    note === undefined ? { name, unit, value, baseline, ratio } : { name, unit, value, baseline, ratio, note }
+  ctx.results.push(entry)
+  const fmt = (v: number) => (Math.abs(v) >= 1000 ? Math.round(v).toLocaleString("en-US") : v.toPrecision(4))
+  ctx.log(
+    `${name.padEnd(34)} ${fmt(value).padStart(14)} ${unit.padEnd(12)}` +
+      (baseline === null
+        ? ""
+        : ` baseline ${fmt(baseline).padStart(14)}  ratio ${ratio === null ? "-" : `${ratio.toFixed(2)}x`}`) +
+      (note === undefined ? "" : `  (${note})`)
+  )
+  return entry
+}
+
+/** Deterministic 64-bit-ish hash stream for workloads (xorshift over two u32 halves). */
+export class HashStream {
+  private a: number
+  private b: number
+  constructor(seed: number) {
+    this.a = seed | 1
+    this.b = (seed * 0x9e3779b1) | 1
+  }
+  /** Next hash as (hi, lo) written into `out` at `offset`. */
+  next(out: Uint32Array, offset: number): void {
+    let a = this.a
+    let b = this.b
+    a ^= a << 13
+    a ^= a >>> 17
+    a ^= a << 5
+    b ^= b << 7
+    b ^= b >>> 9
+    b ^= b << 8
+    this.a = a
+    this.b = b
+    out[offset] = a >>> 0
+    out[offset + 1] = b >>> 0
+  }
+}
+
+export const percentile = (sorted: ArrayLike<number>, p: number): number =>
+  sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!

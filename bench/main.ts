@@ -1,0 +1,52 @@
+/**
+ * `kvrelay bench` / `npm run bench`: every suite, printed as ratios against baselines measured in
+ * the same run, and written to bench/results.json (`--json` also prints the JSON to stdout).
+ */
+
+import { mkdirSync, writeFileSync } from "node:fs"
+import { dirname, join } from "node:path"
+import { fileURLToPath } from "node:url"
+import { benchMemoryPerEdge, benchMixedChurn, benchProducerApply, benchReplaceRanks } from "./ckf.js"
+import type { BenchContext, BenchEntry } from "./harness.js"
+
+export interface BenchOptions {
+  readonly quick: boolean
+  readonly json: boolean
+  readonly only?: ReadonlyArray<string>
+  readonly output?: string
+}
+
+type Suite = readonly [string, (ctx: BenchContext) => void | Promise<void>]
+
+const suites: ReadonlyArray<Suite> = [
+  ["producer_apply", benchProducerApply],
+  ["mixed_churn", benchMixedChurn],
+  ["replace_ranks", benchReplaceRanks],
+  ["memory", benchMemoryPerEdge]
+]
+
+/** Repository root: bench/ compiles to dist/bench/, so the root is two levels up from there. */
+const repoRoot = (): string => {
+  const here = dirname(fileURLToPath(import.meta.url))
+  return here.endsWith(join("dist", "bench")) ? join(here, "..", "..") : join(here, "..")
+}
+
+export const runBenchmarks = async (options: BenchOptions): Promise<ReadonlyArray<BenchEntry>> => {
+  const results: Array<BenchEntry> = []
+  const log = (line: string) => (options.json ? process.stderr : process.stdout).write(`${line}\n`)
+  const ctx: BenchContext = { quick: options.quick, results, log }
+  log(
+    `kvrelay bench${options.quick ? " --quick" : ""} (node ${process.version}, ${new Date().toISOString()})`
+  )
+  for (const [name, run] of suites) {
+    if (options.only !== undefined && options.only.length > 0 && !options.only.some((o) => name.includes(o)))
+      continue
+    await run(ctx)
+  }
+  const output = options.output ?? join(repoRoot(), "bench", "results.json")
+  mkdirSync(dirname(output), { recursive: true })
+  writeFileSync(output, `${JSON.stringify(results, null, 2)}\n`)
+  if (options.json) process.stdout.write(`${JSON.stringify(results, null, 2)}\n`)
+  else log(`results written to ${output}`)
+  return results
+}

@@ -1,0 +1,760 @@
+/**
+ * `effect/Schema` codecs for the JSON of PROTOCOL.md §2 (discovery records) and §5 (relay HTTP).
+ *
+ * Conventions enforced here: a u64 is canonical decimal text (a JSON number ≤ 2^53 is accepted on
+ * input only), digests are lowercase hex, names are camelCase, and `decodeJson` rejects unknown
+ * fields. Decoded values are the CKF core's identity classes and the `model.ts` values.
+ */
+
+import { Data, Either, ParseResult, Schema, type SchemaAST } from "effect"
+import {
+  CacheSemanticsId,
+  DcCkfFormatIdentity,
+  DcId,
+  IndexerDomainId,
+  PoolId,
+  ProducerIdentity,
+  RoutingScopeId
+} from "../ckf/identity.js"
+import type { WorkerId } from "./events.js"
+import { validateDcName, validateExplicitMap } from "./identity.js"
+import {
+  type CanonicalModelRegistration,
+  type CatalogSnapshot,
+  type DcPoolDescriptor,
+  DcRelayIdentity,
+  EndpointId,
+  endpointPartProblem,
+  isModelTarget,
+  KV_QUERY_HASH_FORMATS,
+  KvQuerySemantics,
+  ModelTarget,
+  makePoolDescriptor,
+  type RelayInfo,
+  validateCanonicalModelId,
+  validateModelAlias,
+  WORKER_ROLES,
+  WORKER_TYPES,
+  withTarget
+} from "./model.js"
+import { utf8Length } from "./text.js"
+
+// ---------------------------------------------------------------------------------------------
+// Decode / encode helpers
+
+export class JsonDecodeError extends Data.TaggedError("JsonDecodeError")<{ readonly message: string }> {}
+export class JsonEncodeError extends Data.TaggedError("JsonEncodeError")<{ readonly message: string }> {}
+
+const pathText = (path: ReadonlyArray<PropertyKey>): string => {
+  let out = ""
+  for (const key of path) {
+    if (typeof key === "number") out += `[${key}]`
+    else out += out.length === 0 ? String(key) : `.${String(key)}`
+  }
+  return out
+}
+
+const OPTIONAL_MISMATCH = /^Expected (undefined|null), actual /
+
+/** One line per document: `unknown field "card.foo"`, `missing field "dcId"`, `seed: <why>`. */
+export const formatParseError = (error: ParseResult.ParseError): string => {
+  const issues = ParseResult.ArrayFormatter.formatErrorSync(error)
+  // An optional or nullable field is a union with undefined/null; their mismatches only hide the cause.
+  const relevant = issues.filter((issue) => !OPTIONAL_MISMATCH.test(issue.message))
+  return (relevant.length > 0 ? relevant : issues)
+    .map((issue) => {
+      const at = pathText(issue.path)
+      if (issue._tag === "Unexpected") return `unknown field ${JSON.stringify(at)}`
+      if (issue._tag === "Missing") return `missing field ${JSON.stringify(at)}`
+      return at.length === 0 ? issue.message : `${at}: ${issue.message}`
+    })
+    .join("; ")
+    .replace(/\s*\n\s*/g, " ")
+}
+
+/** Decodes an already parsed JSON value; unknown fields are errors. */
+export const decodeJson = <A, I>(schema: Schema.Schema<A, I, never>) => {
+  const decode = Schema.decodeUnknownEither(schema, { onExcessProperty: "error" })
+  return (input: unknown): Either.Either<A, JsonDecodeError> =>
+    Either.mapLeft(decode(input), (error) => new JsonDecodeError({ message: formatParseError(error) }))
+}
+
+/** Parses JSON text, then decodes it like `decodeJson`. */
+export const decodeJsonText = <A, I>(schema: Schema.Schema<A, I, never>) => {
+  const decode = decodeJson(schema)
+  return (text: string): Either.Either<A, JsonDecodeError> => {
+    let parsed: unknown
+    try {
+      parsed = JSON.parse(text)
+    } catch (cause) {
+      return Either.left(
+        new JsonDecodeError({
+          message: `invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`
+        })
+      )
+    }
+    return decode(parsed)
+  }
+}
+
+/** Encodes a domain value to its JSON value (u64s as decimal strings). */
+export const encodeJson = <A, I>(schema: Schema.Schema<A, I, never>) => {
+  const encode = Schema.encodeEither(schema)
+  return (value: A): Either.Either<I, JsonEncodeError> =>
+    Either.mapLeft(encode(value), (error) => new JsonEncodeError({ message: formatParseError(error) }))
+}
+
+/** Encodes a domain value to JSON text. */
+export const encodeJsonText = <A, I>(schema: Schema.Schema<A, I, never>) => {
+  const encode = encodeJson(schema)
+  return (value: A): Either.Either<string, JsonEncodeError> =>
+    Either.map(encode(value), (json) => JSON.stringify(json))
+}
+
+const failType = (ast: SchemaAST.AST, actual: unknown, message: string) =>
+  ParseResult.fail(new ParseResult.Type(ast, actual, message))
+
+// ---------------------------------------------------------------------------------------------
+// Scalars
+
+const U64_MAX = 0xffff_ffff_ffff_ffffn
+const CANONICAL_DECIMAL = /^(0|[1-9][0-9]{0,19})$/
+const MAX_JSON_NUMBER = 2 ** 53
+
+/**
+ * A u64 from canonical decimal text (no sign, no leading zeros, ≤ 2^64 − 1) or from a JSON
+ * number that is an integer in 0..=2^53; undefined otherwise.
+ */
+export const parseU64 = (input: string | number): bigint | undefined => {
+  if (typeof input === "number") {
+    return Number.isInteger(input) && input >= 0 && input <= MAX_JSON_NUMBER ? BigInt(input) : undefined
+  }
+  if (!CANONICAL_DECIMAL.test(input)) return undefined
+  const value = BigInt(input)
+  return value <= U64_MAX ? value : undefined
+}
+
+const U64Input = Schema.Union(Schema.String, Schema.Number).annotations({
+  message: (issue) => ({
+    message: `expected a u64 as a decimal string or a JSON number, got ${JSON.stringify(issue.actual)}`,
+    override: true
+  })
+})
+
+const u64Problem = (input: string | number): string =>
+  typeof input === "number"
+    ? `expected a u64: a JSON number must be an integer in 0..=2^53, got ${input}`
+    : `expected a u64 as canonical decimal text (no sign, no leading zeros, at most 18446744073709551615), got ${JSON.stringify(input)}`
+
+/** u64 ↔ `bigint`; always encoded as a decimal string. */
+export const U64 = Schema.transformOrFail(U64Input, Schema.BigIntFromSelf, {
+  strict: true,
+  decode: (input, _, ast) => {
+    const value = parseU64(input)
+    return value === undefined ? failType(ast, input, u64Problem(input)) : ParseResult.succeed(value)
+  },
+  encode: (value, _, ast) =>
+    value >= 0n && value <= U64_MAX
+      ? ParseResult.succeed(value.toString())
+      : failType(ast, value, `expected a u64, got ${value}`)
+}).annotations({ identifier: "U64" })
+
+/** A u64 worker id ↔ its canonical decimal text (`WorkerId`), never a bigint. */
+export const WorkerIdJson: Schema.Schema<WorkerId, string | number> = Schema.transformOrFail(
+  U64Input,
+  Schema.String,
+  {
+    strict: true,
+    decode: (input, _, ast) => {
+      const value = parseU64(input)
+      return value === undefined
+        ? failType(ast, input, u64Problem(input))
+        : ParseResult.succeed(value.toString())
+    },
+    encode: (value, _, ast) =>
+      parseU64(value) === undefined
+        ? failType(ast, value, `worker id must be canonical decimal u64 text, got ${JSON.stringify(value)}`)
+        : ParseResult.succeed(value)
+  }
+).annotations({ identifier: "WorkerId" })
+
+/** A JSON number that is a u32. */
+export const U32 = Schema.Number.pipe(
+  Schema.filter((n) => (Number.isInteger(n) && n >= 0 && n <= 0xffff_ffff) || `expected a u32, got ${n}`)
+).annotations({ identifier: "U32" })
+
+const NonEmptyString = Schema.String.pipe(Schema.filter((s) => s.length > 0 || "must not be empty"))
+
+/** 32 lowercase hex digits (a 16-byte identity digest). */
+export const Digest = Schema.String.pipe(
+  Schema.filter(
+    (s) =>
+      /^[0-9a-f]{32}$/.test(s) || `expected a digest of 32 lowercase hex digits, got ${JSON.stringify(s)}`
+  )
+).annotations({ identifier: "Digest" })
+
+/** 16 lowercase hex digits ↔ `DcId`. */
+export const DcIdHex = Schema.transformOrFail(Schema.String, Schema.instanceOf(DcId), {
+  strict: true,
+  decode: (text, _, ast) =>
+    /^[0-9a-f]{16}$/.test(text)
+      ? ParseResult.succeed(new DcId(BigInt(`0x${text}`)))
+      : failType(ast, text, `expected a dc id of 16 lowercase hex digits, got ${JSON.stringify(text)}`),
+  encode: (dcId) => ParseResult.succeed(dcId.hex)
+}).annotations({ identifier: "DcId" })
+
+const hexToBytes = (hex: string): Uint8Array => {
+  const out = new Uint8Array(hex.length / 2)
+  for (let i = 0; i < out.length; i++) out[i] = Number.parseInt(hex.slice(2 * i, 2 * i + 2), 16)
+  return out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Identities
+
+export const IdentitySourceJson = Schema.Literal("default_derived", "explicit")
+
+const DigestIdentityFields = Schema.Struct({ digest: Digest, source: IdentitySourceJson })
+
+export const CacheSemanticsJson = Schema.transform(
+  DigestIdentityFields,
+  Schema.instanceOf(CacheSemanticsId),
+  {
+    strict: true,
+    decode: ({ digest, source }) => new CacheSemanticsId(hexToBytes(digest), source),
+    encode: (id) => ({ digest: id.hex, source: id.source })
+  }
+).annotations({ identifier: "CacheSemanticsId" })
+
+export const RoutingScopeJson = Schema.transform(DigestIdentityFields, Schema.instanceOf(RoutingScopeId), {
+  strict: true,
+  decode: ({ digest, source }) => new RoutingScopeId(hexToBytes(digest), source),
+  encode: (id) => ({ digest: id.hex, source: id.source })
+}).annotations({ identifier: "RoutingScopeId" })
+
+/** `{cacheSemantics, routingScope}` ↔ `IndexerDomainId` (the `poolDomain` of §7). */
+export const IndexerDomainJson = Schema.transform(
+  Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }),
+  Schema.instanceOf(IndexerDomainId),
+  {
+    strict: true,
+    decode: ({ cacheSemantics, routingScope }) => new IndexerDomainId(cacheSemantics, routingScope),
+    encode: (id) => ({ cacheSemantics: id.cacheSemantics, routingScope: id.routingScope })
+  }
+).annotations({ identifier: "IndexerDomainId" })
+
+/** Wire `POOL_IDENTITY_VERSION`; the native PoolId carries no version. */
+export const POOL_IDENTITY_VERSION = 1 as const
+
+export const PoolIdJson = Schema.transform(
+  Schema.Struct({
+    identityVersion: Schema.Literal(POOL_IDENTITY_VERSION),
+    cacheSemantics: CacheSemanticsJson,
+    routingScope: RoutingScopeJson,
+    dcId: DcIdHex
+  }),
+  Schema.instanceOf(PoolId),
+  {
+    strict: true,
+    decode: ({ cacheSemantics, routingScope, dcId }) =>
+      new PoolId(new IndexerDomainId(cacheSemantics, routingScope), dcId),
+    encode: (poolId) => ({
+      identityVersion: POOL_IDENTITY_VERSION,
+      cacheSemantics: poolId.indexerDomain.cacheSemantics,
+      routingScope: poolId.indexerDomain.routingScope,
+      dcId: poolId.dcId
+    })
+  }
+).annotations({ identifier: "PoolId" })
+
+const MAX_BUCKET_COUNT = 1 << 24
+
+const isBucketCount = (n: number): boolean =>
+  Number.isInteger(n) && n >= 2 && n <= MAX_BUCKET_COUNT && (n & (n - 1)) === 0
+
+/** A power of two in 2..=2^24 (CBI1 carries at most 2^24 buckets). */
+export const BucketCount = Schema.Number.pipe(
+  Schema.filter(
+    (n) => isBucketCount(n) || `bucketCount must be a power of two in 2..=${MAX_BUCKET_COUNT}, got ${n}`
+  )
+).annotations({ identifier: "BucketCount" })
+
+export const CkfFormatJson = Schema.transformOrFail(
+  Schema.Struct({
+    formatVersion: Schema.Literal(1),
+    seed: U64,
+    bucketCount: BucketCount,
+    fingerprintBits: Schema.Literal(16),
+    slotsPerBucket: Schema.Literal(4)
+  }),
+  Schema.instanceOf(DcCkfFormatIdentity),
+  {
+    strict: true,
+    decode: ({ seed, bucketCount, formatVersion, fingerprintBits, slotsPerBucket }) =>
+      ParseResult.succeed(
+        new DcCkfFormatIdentity(seed, bucketCount, formatVersion, fingerprintBits, slotsPerBucket)
+      ),
+    // The native class admits any numbers; only the one published format has a JSON form.
+    encode: (format, _, ast) =>
+      format.formatVersion === 1 &&
+      format.fingerprintBits === 16 &&
+      format.slotsPerBucket === 4 &&
+      isBucketCount(format.bucketCount)
+        ? ParseResult.succeed({
+            formatVersion: 1 as const,
+            seed: format.seed,
+            bucketCount: format.bucketCount,
+            fingerprintBits: 16 as const,
+            slotsPerBucket: 4 as const
+          })
+        : failType(
+            ast,
+            format,
+            `CKF format ${format.key} has no JSON form (expected version 1, 16 bits, 4 slots)`
+          )
+  }
+).annotations({ identifier: "CkfFormat" })
+
+/** Layout generations start at 1; 0 is invalid on the wire. */
+export const LayoutGeneration = U64.pipe(
+  Schema.filter((value) => value !== 0n || "layoutGeneration must not be 0")
+).annotations({ identifier: "LayoutGeneration" })
+
+export const ProducerIdentityJson = Schema.transform(
+  Schema.Struct({
+    poolId: PoolIdJson,
+    producerIncarnation: U64,
+    layoutGeneration: LayoutGeneration,
+    format: CkfFormatJson
+  }),
+  Schema.instanceOf(ProducerIdentity),
+  {
+    strict: true,
+    decode: ({ poolId, producerIncarnation, layoutGeneration, format }) =>
+      new ProducerIdentity(poolId, producerIncarnation, layoutGeneration, format),
+    encode: (producer) => ({
+      poolId: producer.poolId,
+      producerIncarnation: producer.producerIncarnation,
+      layoutGeneration: producer.layoutGeneration,
+      format: producer.format
+    })
+  }
+).annotations({ identifier: "ProducerIdentity" })
+
+// ---------------------------------------------------------------------------------------------
+// Endpoints, models, semantics, roles
+
+const endpointPart = (part: "namespace" | "component" | "endpoint") =>
+  Schema.String.pipe(Schema.filter((value) => endpointPartProblem(value, part)?.message ?? true))
+
+export const EndpointIdJson = Schema.transform(
+  Schema.Struct({
+    namespace: endpointPart("namespace"),
+    component: endpointPart("component"),
+    endpoint: endpointPart("endpoint")
+  }),
+  Schema.instanceOf(EndpointId),
+  {
+    strict: true,
+    decode: (fields) => new EndpointId(fields),
+    encode: (id) => ({ namespace: id.namespace, component: id.component, endpoint: id.endpoint })
+  }
+).annotations({ identifier: "EndpointId" })
+
+/** `"namespace.component.endpoint"` ↔ `EndpointId`. */
+export const EndpointTextJson = Schema.transformOrFail(Schema.String, Schema.instanceOf(EndpointId), {
+  strict: true,
+  decode: (text, _, ast) =>
+    Either.match(EndpointId.parse(text), {
+      onLeft: (error) => failType(ast, text, error.message),
+      onRight: ParseResult.succeed
+    }),
+  encode: (id, _, ast) =>
+    Either.match(EndpointId.make(id.namespace, id.component, id.endpoint), {
+      onLeft: (error) => failType(ast, id, error.message),
+      onRight: (valid) => ParseResult.succeed(valid.toString())
+    })
+}).annotations({ identifier: "EndpointText" })
+
+export const CanonicalModelIdJson = Schema.String.pipe(
+  Schema.filter((value) =>
+    Either.match(validateCanonicalModelId(value), { onLeft: (e) => e.message, onRight: () => true })
+  ),
+  Schema.brand("CanonicalModelId")
+).annotations({ identifier: "CanonicalModelId" })
+
+export const ModelAliasJson = Schema.String.pipe(
+  Schema.filter((value) =>
+    Either.match(validateModelAlias(value), { onLeft: (e) => e.message, onRight: () => true })
+  ),
+  Schema.brand("ModelAlias")
+).annotations({ identifier: "ModelAlias" })
+
+/** Externally tagged: exactly one of `base` / `lora`. */
+export const ModelTargetJson = Schema.transform(
+  Schema.Struct({
+    base: Schema.optional(Schema.Struct({ baseModel: CanonicalModelIdJson })),
+    lora: Schema.optional(Schema.Struct({ baseModel: CanonicalModelIdJson, adapter: CanonicalModelIdJson }))
+  }).pipe(
+    Schema.filter(
+      (json) =>
+        (json.base === undefined) !== (json.lora === undefined) ||
+        "target must have exactly one of the fields base, lora"
+    )
+  ),
+  Schema.declare(isModelTarget, { identifier: "ModelTarget" }),
+  {
+    strict: true,
+    decode: (json) =>
+      json.lora !== undefined
+        ? ModelTarget.Lora({ baseModel: json.lora.baseModel, adapter: json.lora.adapter })
+        : ModelTarget.Base({ baseModel: json.base!.baseModel }),
+    encode: (target) =>
+      target._tag === "Base"
+        ? { base: { baseModel: target.baseModel } }
+        : { lora: { baseModel: target.baseModel, adapter: target.adapter } }
+  }
+)
+
+const isRegistration = (u: unknown): u is CanonicalModelRegistration =>
+  typeof u === "object" &&
+  u !== null &&
+  "model" in u &&
+  typeof u.model === "string" &&
+  "target" in u &&
+  isModelTarget(u.target) &&
+  "aliases" in u &&
+  Array.isArray(u.aliases)
+
+/** Registrations decode through `withTarget`, so aliases come out sorted, unique and ≠ model. */
+export const RegistrationJson = Schema.transform(
+  Schema.Struct({
+    model: CanonicalModelIdJson,
+    target: ModelTargetJson,
+    aliases: Schema.Array(ModelAliasJson)
+  }),
+  Schema.declare(isRegistration, { identifier: "CanonicalModelRegistration" }),
+  {
+    strict: true,
+    decode: ({ model, target, aliases }) => withTarget(model, target, aliases),
+    encode: (registration) => ({
+      model: registration.model,
+      target: registration.target,
+      aliases: registration.aliases
+    })
+  }
+)
+
+export const KvQueryHashFormatJson = Schema.Literal(...KV_QUERY_HASH_FORMATS)
+
+export const QuerySemanticsJson = Schema.transformOrFail(
+  Schema.Struct({ kvBlockSize: Schema.Number, hashFormat: KvQueryHashFormatJson }),
+  Schema.instanceOf(KvQuerySemantics),
+  {
+    strict: true,
+    decode: ({ kvBlockSize, hashFormat }, _, ast, input) =>
+      Either.match(KvQuerySemantics.make(kvBlockSize, hashFormat), {
+        onLeft: (error) => failType(ast, input, error.message),
+        onRight: ParseResult.succeed
+      }),
+    encode: (semantics) =>
+      ParseResult.succeed({ kvBlockSize: semantics.kvBlockSize, hashFormat: semantics.hashFormat })
+  }
+).annotations({ identifier: "KvQuerySemantics" })
+
+export const WorkerRoleJson = Schema.Literal(...WORKER_ROLES)
+
+// ---------------------------------------------------------------------------------------------
+// Relay documents (§5)
+
+const isPoolDescriptor = (u: unknown): u is DcPoolDescriptor =>
+  typeof u === "object" &&
+  u !== null &&
+  "producer" in u &&
+  u.producer instanceof ProducerIdentity &&
+  "servingEndpoint" in u &&
+  u.servingEndpoint instanceof EndpointId &&
+  "querySemantics" in u &&
+  u.querySemantics instanceof KvQuerySemantics &&
+  "registrations" in u &&
+  Array.isArray(u.registrations) &&
+  "poolRoles" in u &&
+  Array.isArray(u.poolRoles)
+
+export const PoolDescriptorJson = Schema.transformOrFail(
+  Schema.Struct({
+    producer: ProducerIdentityJson,
+    servingEndpoint: EndpointIdJson,
+    registrations: Schema.Array(RegistrationJson),
+    querySemantics: QuerySemanticsJson,
+    poolRoles: Schema.Array(WorkerRoleJson)
+  }),
+  Schema.declare(isPoolDescriptor, { identifier: "DcPoolDescriptor" }),
+  {
+    strict: true,
+    decode: (fields, _, ast, input) =>
+      Either.match(makePoolDescriptor(fields), {
+        onLeft: (error) => failType(ast, input, error.message),
+        onRight: ParseResult.succeed
+      }),
+    encode: (descriptor) => ParseResult.succeed(descriptor)
+  }
+)
+
+export const RelayIdentityJson = Schema.transform(
+  Schema.Struct({ drtInstanceId: U64, relayIncarnation: U64 }),
+  Schema.instanceOf(DcRelayIdentity),
+  {
+    strict: true,
+    decode: (fields) => new DcRelayIdentity(fields),
+    encode: (identity) => ({
+      drtInstanceId: identity.drtInstanceId,
+      relayIncarnation: identity.relayIncarnation
+    })
+  }
+).annotations({ identifier: "DcRelayIdentity" })
+
+export const PROTOCOL_VERSION = 1 as const
+
+const isCatalogSnapshot = (u: unknown): u is CatalogSnapshot =>
+  typeof u === "object" &&
+  u !== null &&
+  "relay" in u &&
+  u.relay instanceof DcRelayIdentity &&
+  "revision" in u &&
+  typeof u.revision === "bigint" &&
+  "pools" in u &&
+  Array.isArray(u.pools)
+
+/** `GET /v1/catalog`; the catalog is a map by PoolId, so a repeated pool is an error. */
+export const CatalogSnapshotJson = Schema.transformOrFail(
+  Schema.Struct({
+    protocolVersion: Schema.Literal(PROTOCOL_VERSION),
+    relay: RelayIdentityJson,
+    revision: U64,
+    pools: Schema.Array(PoolDescriptorJson)
+  }),
+  Schema.declare(isCatalogSnapshot, { identifier: "CatalogSnapshot" }),
+  {
+    strict: true,
+    decode: ({ relay, revision, pools }, _, ast, input) => {
+      const seen = new Set<string>()
+      for (const pool of pools) {
+        const key = pool.producer.poolId.key
+        if (seen.has(key))
+          return failType(ast, input, `pools lists pool ${pool.producer.poolId} more than once`)
+        seen.add(key)
+      }
+      return ParseResult.succeed({ relay, revision, pools })
+    },
+    encode: (catalog) =>
+      ParseResult.succeed({
+        protocolVersion: PROTOCOL_VERSION,
+        relay: catalog.relay,
+        revision: catalog.revision,
+        pools: catalog.pools
+      })
+  }
+)
+
+const DcNameJson = Schema.String.pipe(
+  Schema.filter((value) =>
+    Either.match(validateDcName(value), { onLeft: (e) => e.message, onRight: () => true })
+  )
+)
+
+const isRelayInfo = (u: unknown): u is RelayInfo =>
+  typeof u === "object" &&
+  u !== null &&
+  "relay" in u &&
+  u.relay instanceof DcRelayIdentity &&
+  "dcName" in u &&
+  typeof u.dcName === "string" &&
+  "dcId" in u &&
+  u.dcId instanceof DcId
+
+/** `GET /v1/relay`. */
+export const RelayInfoJson = Schema.transform(
+  Schema.Struct({
+    protocolVersion: Schema.Literal(PROTOCOL_VERSION),
+    relay: RelayIdentityJson,
+    dcName: DcNameJson,
+    dcId: DcIdHex
+  }),
+  Schema.declare(isRelayInfo, { identifier: "RelayInfo" }),
+  {
+    strict: true,
+    decode: ({ relay, dcName, dcId }) => ({ relay, dcName, dcId }),
+    encode: (info) => ({
+      protocolVersion: PROTOCOL_VERSION,
+      relay: info.relay,
+      dcName: info.dcName,
+      dcId: info.dcId
+    })
+  }
+)
+
+export const ERROR_REASONS = [
+  "INVALID_REQUEST",
+  "POOL_NOT_FOUND",
+  "PRODUCER_CHANGED",
+  "UNSUPPORTED_FEATURE",
+  "RESOURCE_LIMIT",
+  "PUBLICATION_UNAVAILABLE",
+  "INTERNAL",
+  "SUBSCRIBER_LAGGED"
+] as const
+export type ErrorReason = (typeof ERROR_REASONS)[number]
+
+/** Body of an HTTP error and payload of a terminal stream frame. */
+export const ErrorBodyJson = Schema.Struct({
+  reason: Schema.Literal(...ERROR_REASONS),
+  message: Schema.String
+})
+export type ErrorBody = typeof ErrorBodyJson.Type
+
+/** `GET /v1/health`. */
+export const HealthJson = Schema.Struct({
+  healthy: Schema.Boolean,
+  shuttingDown: Schema.Boolean,
+  endpointCount: U32,
+  activeEndpointCount: U32,
+  fencedEndpointCount: U32
+})
+export type Health = typeof HealthJson.Type
+
+/** 1..=128 bytes of UTF-8 without control characters. */
+export const SubscriberIdJson = Schema.String.pipe(
+  Schema.filter((value) => {
+    const bytes = utf8Length(value)
+    if (bytes === 0 || bytes > 128) return `subscriberId must be 1..=128 bytes of UTF-8, got ${bytes}`
+    return (
+      !/\p{Cc}/u.test(value) || `subscriberId ${JSON.stringify(value)} must not contain control characters`
+    )
+  })
+).annotations({ identifier: "SubscriberId" })
+
+/** Body of `POST /v1/pools/subscribe`. */
+export const SubscribeRequestJson = Schema.Struct({
+  subscriberId: SubscriberIdJson,
+  expectedProducer: ProducerIdentityJson
+})
+export type SubscribeRequest = typeof SubscribeRequestJson.Type
+
+// ---------------------------------------------------------------------------------------------
+// Discovery records (§2)
+
+export const WorkerTypeJson = Schema.Literal(...WORKER_TYPES)
+
+const ExplicitMapJson = Schema.Record({ key: Schema.String, value: Schema.String })
+
+export const IndexerIdentityJson = Schema.Struct({
+  semantics: Schema.optional(ExplicitMapJson),
+  routingScope: Schema.optional(ExplicitMapJson)
+}).pipe(
+  Schema.filter((spec) => {
+    for (const field of ["semantics", "routingScope"] as const) {
+      const map = spec[field]
+      if (map === undefined) continue
+      const checked = validateExplicitMap(field, map)
+      if (Either.isLeft(checked)) return checked.left.message
+    }
+    return true
+  })
+)
+
+export const LoraJson = Schema.Struct({ name: Schema.String, maxGpuLoraCount: Schema.optional(U32) })
+
+const nullDefault = { default: () => null } as const
+
+/** `ModelRuntimeConfig`; every field has the reference's default when absent (relay-service §2.2). */
+export const RuntimeConfigJson = Schema.Struct({
+  dataParallelStartRank: Schema.optionalWith(U32, { default: () => 0 }),
+  dataParallelSize: Schema.optionalWith(U32, { default: () => 1 }),
+  enableLocalIndexer: Schema.optionalWith(Schema.Boolean, { default: () => true }),
+  /** null = the serving endpoint. */
+  kvStateEndpoint: Schema.optionalWith(Schema.NullOr(EndpointTextJson), nullDefault),
+  enableEagle: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  totalKvBlocks: Schema.optionalWith(Schema.NullOr(U64), nullDefault),
+  maxNumBatchedTokens: Schema.optionalWith(Schema.NullOr(U64), nullDefault),
+  maxNumSeqs: Schema.optionalWith(Schema.NullOr(U64), nullDefault),
+  contextLength: Schema.optionalWith(Schema.NullOr(U32), nullDefault)
+})
+export type RuntimeConfig = typeof RuntimeConfigJson.Type
+
+export const DEFAULT_RUNTIME_CONFIG: RuntimeConfig = {
+  dataParallelStartRank: 0,
+  dataParallelSize: 1,
+  enableLocalIndexer: true,
+  kvStateEndpoint: null,
+  enableEagle: false,
+  totalKvBlocks: null,
+  maxNumBatchedTokens: null,
+  maxNumSeqs: null,
+  contextLength: null
+}
+
+/**
+ * The card fields the relay reads. `name` and `aliases` stay raw strings: an invalid name is a
+ * soft error of membership projection (a conflict or a dropped alias), not a malformed card.
+ */
+export const ModelCardJson = Schema.Struct({
+  name: Schema.String,
+  sourcePath: Schema.String,
+  /** 0 decodes; identity resolution reports it as `ZeroBlockSize`. */
+  kvCacheBlockSize: U32,
+  aliases: Schema.optionalWith(Schema.Array(Schema.String), { default: () => [] }),
+  /** null = legacy. */
+  workerType: Schema.optionalWith(Schema.NullOr(WorkerTypeJson), nullDefault),
+  lora: Schema.optionalWith(Schema.NullOr(LoraJson), nullDefault),
+  indexerIdentity: Schema.optionalWith(Schema.NullOr(IndexerIdentityJson), nullDefault),
+  runtimeConfig: Schema.optionalWith(RuntimeConfigJson, { default: () => DEFAULT_RUNTIME_CONFIG })
+})
+export type ModelCard = typeof ModelCardJson.Type
+
+/** One model card instance: one per worker per model; `modelSuffix` marks a LoRA adapter card. */
+export const ModelCardInstanceJson = Schema.Struct({
+  namespace: endpointPart("namespace"),
+  component: endpointPart("component"),
+  endpoint: endpointPart("endpoint"),
+  instanceId: WorkerIdJson,
+  modelSuffix: Schema.optionalWith(Schema.NullOr(Schema.String), nullDefault),
+  card: ModelCardJson
+})
+export type ModelCardInstance = typeof ModelCardInstanceJson.Type
+
+export const DynamoZmqTransportJson = Schema.Struct({
+  kind: Schema.Literal("dynamo-zmq"),
+  endpoint: NonEmptyString,
+  topic: Schema.String
+})
+
+export const EngineZmqTransportJson = Schema.Struct({
+  kind: Schema.Literal("engine-zmq"),
+  endpoint: NonEmptyString,
+  topic: Schema.String,
+  replayEndpoint: Schema.optionalWith(Schema.NullOr(NonEmptyString), nullDefault)
+})
+
+export const KvEventTransportJson = Schema.Union(DynamoZmqTransportJson, EngineZmqTransportJson)
+export type KvEventTransport = typeof KvEventTransportJson.Type
+
+/** One KV event source advertisement: one per worker rank publisher incarnation. */
+export const KvEventSourceJson = Schema.Struct({
+  kvStateEndpoint: EndpointTextJson,
+  workerId: WorkerIdJson,
+  dpRank: U32,
+  publisherId: U64,
+  transport: KvEventTransportJson,
+  /** null = live only (no worker-query recovery). */
+  recoveryTarget: Schema.optionalWith(Schema.NullOr(Schema.Struct({ endpoint: NonEmptyString })), nullDefault)
+})
+export type KvEventSource = typeof KvEventSourceJson.Type
+
+/** The file backend's document. */
+export const DiscoveryDocumentJson = Schema.Struct({
+  version: Schema.Literal(1),
+  cards: Schema.Array(ModelCardInstanceJson),
+  sources: Schema.Array(KvEventSourceJson)
+})
+export type DiscoveryDocument = typeof DiscoveryDocumentJson.Type
