@@ -3,8 +3,23 @@
  * edge, each against the Map/Set baseline (and the bloom-filters CuckooFilter for the filter part).
  */
 
+import { CkfAddressing, DEFAULT_SEED } from "../src/ckf/addressing.js"
+import { decodeCbi1, encodeCbi1Snapshot } from "../src/ckf/cbi1.js"
 import { ckfConfig } from "../src/ckf/config.js"
 import type { CkfEvent } from "../src/ckf/events.js"
+import { GlobalCkfIndexer, GlobalCkfManifest } from "../src/ckf/global.js"
+import {
+  CacheSemanticsId,
+  DcCkfFormatIdentity,
+  DcId,
+  IndexerDomainId,
+  LaneLease,
+  PoolId,
+  ProducerIdentity,
+  RoutingScopeId
+} from "../src/ckf/identity.js"
+import { type DcCkfDelta, DcCkfPublisher } from "../src/ckf/publisher.js"
+import { linearPrefixDepths } from "../src/ckf/search.js"
 import { DcCkfState } from "../src/ckf/state.js"
 import { toBigInt } from "../src/ckf/u64.js"
 import { MapSetOwnership } from "./baseline.js"
@@ -75,7 +90,7 @@ export const benchProducerApply = async (ctx: BenchContext): Promise<void> => {
     rounds,
     () => new MapSetOwnership(),
     (model) => {
-      for (const values of workload.bigints) for (const v of values) model.store("1/0", v)
+      for (const event of workload.events) model.applyEvent(event)
       return workload.blocks
     }
   )
@@ -98,7 +113,7 @@ export const benchProducerApply = async (ctx: BenchContext): Promise<void> => {
     "blocks/s",
     ours,
     baseline,
-    `Map/Set exact ownership; ${blocks} blocks to 80% load, ${omissions} capacity omissions`
+    `Map/Set exact ownership fed the same hash pairs; ${blocks} blocks to 80% load, ${omissions} capacity omissions`
   )
   record(
     ctx,
@@ -145,13 +160,13 @@ export const benchMixedChurn = (ctx: BenchContext): void => {
     ctx.quick ? 2 : 3,
     () => {
       const model = new MapSetOwnership()
-      for (let i = 0; i < residentEvents; i++) for (const v of workload.bigints[i]!) model.store("1/0", v)
+      for (let i = 0; i < residentEvents; i++) model.applyEvent(events[i]!)
       return model
     },
     (model) => {
       for (let i = residentEvents; i < events.length; i++) {
-        for (const v of workload.bigints[i]!) model.store("1/0", v)
-        for (const v of workload.bigints[i - residentEvents]!) model.remove("1/0", v)
+        model.applyEvent(events[i]!)
+        model.applyEvent(removals[i - residentEvents]!)
       }
       return (events.length - residentEvents) * BLOCKS_PER_EVENT * 2
     }
@@ -168,7 +183,6 @@ export const benchReplaceRanks = (ctx: BenchContext): void => {
   after.events.forEach((e, i) => {
     replacement.set((e.data as { blockHashes: Uint32Array }).blockHashes, i * BLOCKS_PER_EVENT * 2)
   })
-  const afterValues = after.bigints.flat()
   const rounds = ctx.quick ? 2 : 4
   const ours = bestRate(
     rounds,
@@ -188,11 +202,11 @@ export const benchReplaceRanks = (ctx: BenchContext): void => {
     rounds,
     () => {
       const model = new MapSetOwnership()
-      for (const values of before.bigints) for (const v of values) model.store("1/0", v)
+      for (const event of before.events) model.applyEvent(event)
       return model
     },
     (model) => {
-      model.replace("1/0", afterValues)
+      model.replacePairs("1/0", replacement)
       return blocks
     }
   )
@@ -206,44 +220,299 @@ export const benchReplaceRanks = (ctx: BenchContext): void => {
   )
 }
 
-export const benchMemoryPerEdge = (ctx: BenchContext): void => {
-  const edges = ctx.quick ? 262_144 : 1_048_576
-  const members = 8
-  const perMember = edges / members
-  const workloads = Array.from({ length: members }, (_, m) =>
-    storedWorkload(perMember, 1000 + m, String(m + 1))
-  )
-
-  const baseBefore = memoryInUse()
-  let model: MapSetOwnership | undefined = new MapSetOwnership()
-  for (let m = 0; m < members; m++) {
-    // The baseline owns its keys, as it would after decoding them from the wire.
-    for (const e of workloads[m]!.events) {
+/** Bytes retained by the Map/Set baseline holding every workload edge (it owns its keys, as it would after decoding them from the wire). */
+const baselineFootprint = (workloads: ReadonlyArray<Workload>): { bytes: number; edges: number } => {
+  const before = memoryInUse()
+  const model = new MapSetOwnership()
+  workloads.forEach((w, m) => {
+    for (const e of w.events) {
       const pairs = (e.data as { blockHashes: Uint32Array }).blockHashes
       for (let i = 0; i < pairs.length; i += 2) model.store(`${m + 1}/0`, toBigInt(pairs[i]!, pairs[i + 1]!))
     }
-  }
-  const baselineBytes = memoryInUse() - baseBefore
-  const baselineEdges = [...model.members.values()].reduce((n, s) => n + s.size, 0)
-  model = undefined
+  })
+  const bytes = memoryInUse() - before
+  let edges = 0
+  for (const set of model.members.values()) edges += set.size
+  return { bytes, edges }
+}
 
-  const oursBefore = memoryInUse()
-  let state: DcCkfState | undefined = new DcCkfState(ckfConfig(edges))
+const ownFootprint = (
+  workloads: ReadonlyArray<Workload>,
+  expected: number
+): { bytes: number; edges: number; filterBytes: number } => {
+  const before = memoryInUse()
+  const state = new DcCkfState(ckfConfig(expected))
   for (const w of workloads) for (const e of w.events) state.applyEvent(e)
   state.flush()
-  const oursBytes = memoryInUse() - oursBefore
+  const bytes = memoryInUse() - before
   const stats = state.stats()
-  const ourEdges = stats.aggregation.contributionCount
-  state = undefined
-  const ours = oursBytes / ourEdges
-  const base = baselineBytes / baselineEdges
+  return { bytes, edges: stats.aggregation.contributionCount, filterBytes: stats.memory.filterBytes }
+}
+
+export const benchMemoryPerEdge = (ctx: BenchContext): void => {
+  const edges = ctx.quick ? 262_144 : 1_048_576
+  const members = 8
+  const workloads = Array.from({ length: members }, (_, m) =>
+    storedWorkload(edges / members, 1000 + m, String(m + 1))
+  )
+  // Each footprint is measured in its own frame, so nothing of one is alive during the other.
+  const ours = ownFootprint(workloads, edges)
+  const base = baselineFootprint(workloads)
   record(
     ctx,
     "memory_per_edge",
     "bytes/edge",
+    ours.bytes / ours.edges,
+    base.bytes / base.edges,
+    `${ours.edges} edges over ${members} members incl. the ${ours.filterBytes / 1048576} MiB filter; ratio = ours/baseline (lower is better)`
+  )
+  // Keeps the workload reachable until both measurements are done.
+  if (workloads.length !== members) throw new Error("unreachable")
+}
+
+// ------------------------------------------------------------------------------------------------
+// Consumer side: prefix search, CBI1 and delta apply
+
+const benchPool = (dc: number): PoolId =>
+  new PoolId(
+    new IndexerDomainId(
+      new CacheSemanticsId(new Uint8Array(16).fill(7), "explicit"),
+      new RoutingScopeId(new Uint8Array(16).fill(9), "explicit")
+    ),
+    new DcId(BigInt(dc))
+  )
+
+interface SearchFixture {
+  readonly indexer: GlobalCkfIndexer
+  /** Query chains of 64 hash pairs each. */
+  readonly queries: Array<Uint32Array>
+}
+
+/**
+ * 16 ready lanes, each a distinct producer that tracks a random-depth prefix of every query
+ * chain, topped up with random fingerprints to 50% slot occupancy (occupancy, not history, is what
+ * probes and false positives depend on).
+ */
+const searchFixture = (expected: number, queryCount: number): SearchFixture => {
+  const stream = new HashStream(4242)
+  const queries: Array<Uint32Array> = []
+  for (let q = 0; q < queryCount; q++) {
+    const chain = new Uint32Array(128)
+    for (let i = 0; i < 64; i++) stream.next(chain, 2 * i)
+    queries.push(chain)
+  }
+  const config = ckfConfig(expected, { publishEveryNEvents: 1_000_000 })
+  const lanes: Array<PoolId> = Array.from({ length: 16 }, (_, lane) => benchPool(lane + 1))
+  const probeState = new DcCkfState(config)
+  const manifest = new GlobalCkfManifest(77n, lanes[0]!.indexerDomain, probeState.format, lanes)
+  const indexer = new GlobalCkfIndexer(manifest)
+  let rng = 0x2545f491
+  const random = () => {
+    rng ^= rng << 13
+    rng ^= rng >>> 17
+    rng ^= rng << 5
+    return rng >>> 0
+  }
+  for (let lane = 0; lane < 16; lane++) {
+    const state = new DcCkfState(config)
+    for (const chain of queries) {
+      const depth = random() % 65
+      for (let i = 0; i < depth; i++) state.storeHalves("1", 0, chain[2 * i]!, chain[2 * i + 1]!)
+    }
+    const identity = new ProducerIdentity(lanes[lane]!, 1n, 1n, state.format)
+    const publisher = new DcCkfPublisher(identity, 0n, { enqueue: () => undefined })
+    const lease = new LaneLease(77n, lane, 1n)
+    const snapshot = publisher.snapshotAfterBarrier(state, lease)
+    if (snapshot instanceof Error) throw snapshot
+    const slots = new Uint16Array(snapshot.words.buffer, snapshot.words.byteOffset, snapshot.words.length * 2)
+    let occupied = 0
+    for (let i = 0; i < slots.length; i++) if (slots[i] !== 0) occupied++
+    const target = Math.floor(slots.length / 2)
+    while (occupied < target) {
+      const i = random() % slots.length
+      if (slots[i] === 0) {
+        slots[i] = (random() % 65535) + 1
+        occupied++
+      }
+    }
+    const ingestor = indexer.claimLane(lane)
+    if (ingestor instanceof Error) throw ingestor
+    ingestor.assign(identity, lease)
+    const outcome = ingestor.installSnapshot(snapshot)
+    if (outcome._tag !== "SnapshotInstalled") throw new Error(`lane ${lane}: ${outcome._tag}`)
+  }
+  return { indexer, queries }
+}
+
+export const benchPrefixSearch = (ctx: BenchContext): void => {
+  const expected = ctx.quick ? 65_536 : 1_048_576
+  const { indexer, queries } = searchFixture(expected, 2048)
+  const ready = indexer.readyLanes()
+  const rounds = ctx.quick ? 3 : 5
+  // The linear oracle probes every position for every lane: the same table, no search.
+  const addressing = new CkfAddressing(DEFAULT_SEED, indexer.bucketCount)
+  const linear = bestRate(
+    rounds,
+    () => undefined,
+    () => {
+      let sink = 0
+      for (const chain of queries) {
+        const depths = linearPrefixDepths(64, ready, (pos) => {
+          addressing.prepareHalves(chain[2 * pos]!, chain[2 * pos + 1]!)
+          return indexer.probeFor(addressing.fp, addressing.a, addressing.b)
+        })
+        sink += depths[0]!
+      }
+      return sink >= 0 ? queries.length : 0
+    }
+  )
+  const ours = bestRate(
+    rounds,
+    () => undefined,
+    () => {
+      let sink = 0
+      for (const chain of queries) {
+        const result = indexer.findPrefixMatches(chain)
+        if (result !== "Unavailable") sink += result.lanes[0]!.prefixDepth
+      }
+      return sink >= 0 ? queries.length : 0
+    }
+  )
+  record(
+    ctx,
+    "prefix_search_16x64",
+    "queries/s",
     ours,
-    base,
-    `${ourEdges} edges incl. the ${stats.memory.filterBytes / 1048576} MiB filter; ratio = ours/baseline (lower is better)`,
-    false
+    linear,
+    `16 ready lanes of ${indexer.bucketCount} buckets at 50% slot load, 64-block queries, tracked prefixes of random depth; baseline = linear scan of every position (target >= 100k q/s)`
+  )
+}
+
+export const benchCbi1 = (ctx: BenchContext): void => {
+  const bucketCount = 524_288
+  const format = new DcCkfFormatIdentity(DEFAULT_SEED, bucketCount)
+  const expected = { format, dcId: 2n }
+  const words = new Uint32Array(bucketCount * 2)
+  const stream = new HashStream(31)
+  for (let i = 0; i < words.length; i += 2) stream.next(words, i)
+  const mb = (words.byteLength + 64) / 1_048_576
+  const rounds = ctx.quick ? 5 : 10
+  let frames: Array<Uint8Array> = []
+  const encode = bestRate(
+    rounds,
+    () => undefined,
+    () => {
+      const out = encodeCbi1Snapshot(expected, 5n, words)
+      if (out instanceof Error) throw out
+      frames = out
+      return mb
+    }
+  )
+  const copy = bestRate(
+    rounds,
+    () => new Uint8Array(words.byteLength + 64),
+    (target) => {
+      target.set(new Uint8Array(words.buffer), 64)
+      return mb
+    }
+  )
+  const decode = bestRate(
+    rounds,
+    () => undefined,
+    () => {
+      for (const frame of frames) {
+        const decoded = decodeCbi1(frame, expected)
+        if (decoded instanceof Error) throw decoded
+      }
+      return mb
+    }
+  )
+  record(
+    ctx,
+    "cbi1_encode_4mib",
+    "MB/s",
+    encode,
+    copy,
+    "one 524288-bucket snapshot chunk incl. checksum; baseline = bare memcpy"
+  )
+  record(ctx, "cbi1_decode_4mib", "MB/s", decode, copy, "validate + checksum + copy; baseline = bare memcpy")
+}
+
+export const benchDeltaApply = (ctx: BenchContext): void => {
+  const expected = ctx.quick ? 65_536 : 1_048_576
+  const state = new DcCkfState(ckfConfig(expected))
+  const pool = benchPool(1)
+  const identity = new ProducerIdentity(pool, 1n, 1n, state.format)
+  const lease = new LaneLease(5n, 0, 1n)
+  const manifest = new GlobalCkfManifest(5n, pool.indexerDomain, state.format, [pool])
+  const indexer = new GlobalCkfIndexer(manifest)
+  const ingestor = indexer.claimLane(0)
+  if (ingestor instanceof Error) throw ingestor
+  ingestor.assign(identity, lease)
+  const publisher = new DcCkfPublisher(identity, 0n, { enqueue: () => undefined })
+  const snapshot = publisher.snapshotAfterBarrier(state, lease)
+  if (snapshot instanceof Error) throw snapshot
+  ingestor.installSnapshot(snapshot)
+  // 1k-image deltas with unique random buckets.
+  const deltaCount = ctx.quick ? 200 : 1000
+  const deltas: Array<DcCkfDelta> = []
+  const stream = new HashStream(5)
+  const pair = new Uint32Array(2)
+  for (let d = 0; d < deltaCount; d++) {
+    const images = new Uint32Array(3000)
+    const used = new Set<number>()
+    for (let i = 0; i < 1000; i++) {
+      let bucket: number
+      do {
+        stream.next(pair, 0)
+        bucket = pair[0]! & (state.bucketCount - 1)
+      } while (used.has(bucket))
+      used.add(bucket)
+      images[3 * i] = bucket
+      images[3 * i + 1] = pair[1]!
+      images[3 * i + 2] = pair[0]!
+    }
+    deltas.push({ identity, lease, baseSequence: BigInt(d), sequence: BigInt(d + 1), images })
+  }
+  let installedRound = 0
+  const ours = bestRate(
+    ctx.quick ? 3 : 5,
+    () => {
+      // Each round replays the same contiguous deltas on a fresh snapshot.
+      installedRound++
+      const reset = new LaneLease(5n, 0, BigInt(installedRound + 1))
+      ingestor.assign(identity, reset)
+      ingestor.installSnapshot({ ...snapshot, lease: reset })
+      return deltas.map((d) => ({ ...d, lease: reset }))
+    },
+    (round) => {
+      for (const delta of round) {
+        const outcome = ingestor.applyDelta(delta)
+        if (outcome._tag !== "DeltaApplied") throw new Error(outcome._tag)
+      }
+      return round.length * 1000
+    }
+  )
+  const bare = bestRate(
+    ctx.quick ? 3 : 5,
+    () => new Uint32Array(state.bucketCount * 2),
+    (words) => {
+      for (const delta of deltas) {
+        const images = delta.images
+        for (let i = 0; i < images.length; i += 3) {
+          words[2 * images[i]!] = images[i + 1]!
+          words[2 * images[i]! + 1] = images[i + 2]!
+        }
+      }
+      return deltas.length * 1000
+    }
+  )
+  record(
+    ctx,
+    "delta_apply_1k_images",
+    "images/s",
+    ours,
+    bare,
+    "validated lane ingest; baseline = unvalidated writes into a plain word array"
   )
 }

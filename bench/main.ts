@@ -6,7 +6,15 @@
 import { mkdirSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
-import { benchMemoryPerEdge, benchMixedChurn, benchProducerApply, benchReplaceRanks } from "./ckf.js"
+import {
+  benchCbi1,
+  benchDeltaApply,
+  benchMemoryPerEdge,
+  benchMixedChurn,
+  benchPrefixSearch,
+  benchProducerApply,
+  benchReplaceRanks
+} from "./ckf.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 
 export interface BenchOptions {
@@ -22,7 +30,10 @@ const suites: ReadonlyArray<Suite> = [
   ["producer_apply", benchProducerApply],
   ["mixed_churn", benchMixedChurn],
   ["replace_ranks", benchReplaceRanks],
-  ["memory", benchMemoryPerEdge]
+  ["memory", benchMemoryPerEdge],
+  ["prefix_search", benchPrefixSearch],
+  ["cbi1", benchCbi1],
+  ["delta_apply", benchDeltaApply]
 ]
 
 /** Repository root: bench/ compiles to dist/bench/, so the root is two levels up from there. */

@@ -327,23 +327,21 @@ export class GlobalCkfIndexer {
   private queryHashes: Uint32Array = EMPTY_HASHES
   private generation = 0
   private stamps = new Uint32Array(0)
-  private fps = new Uint16Array(0)
-  private bucketsA = new Int32Array(0)
-  private bucketsB = new Int32Array(0)
+  private masks = new Uint16Array(0)
   private readonly depths = new Uint32Array(CKF_LANE_COUNT)
 
+  // A position's lane mask is computed once per query: different lanes' binary searches and the
+  // verification window revisit positions, and a probe already answers for all 16 lanes.
   private readonly probeAt = (pos: number): number => {
+    if (this.stamps[pos] === this.generation) return this.masks[pos]!
     const shared = this.shared
-    if (this.stamps[pos] !== this.generation) {
-      const hashes = this.queryHashes
-      const addressing = shared.addressing
-      addressing.prepareHalves(hashes[2 * pos]!, hashes[2 * pos + 1]!)
-      this.fps[pos] = addressing.fp
-      this.bucketsA[pos] = addressing.a
-      this.bucketsB[pos] = addressing.b
-      this.stamps[pos] = this.generation
-    }
-    return shared.table.probe(this.fps[pos]!, this.bucketsA[pos]!, this.bucketsB[pos]!)
+    const hashes = this.queryHashes
+    const addressing = shared.addressing
+    addressing.prepareHalves(hashes[2 * pos]!, hashes[2 * pos + 1]!)
+    const mask = shared.table.probe(addressing.fp, addressing.a, addressing.b)
+    this.masks[pos] = mask
+    this.stamps[pos] = this.generation
+    return mask
   }
 
   /** Throws `GlobalCkfBuildError`; `GlobalCkfIndexer.make` returns it instead. */
@@ -423,6 +421,11 @@ export class GlobalCkfIndexer {
     return this.shared.table.copyLane(lane)
   }
 
+  /** Raw probe of every lane (no readiness mask): the building block of the linear oracle. */
+  probeFor(fp: number, a: number, b: number): number {
+    return this.shared.table.probe(fp, a, b)
+  }
+
   wordAt(bucket: number, lane: number): bigint {
     return this.shared.table.wordAt(bucket, lane)
   }
@@ -460,9 +463,7 @@ export class GlobalCkfIndexer {
     if (n > this.stamps.length) {
       const capacity = Math.max(n, this.stamps.length * 2, 64)
       this.stamps = new Uint32Array(capacity)
-      this.fps = new Uint16Array(capacity)
-      this.bucketsA = new Int32Array(capacity)
-      this.bucketsB = new Int32Array(capacity)
+      this.masks = new Uint16Array(capacity)
       this.generation = 0
     }
     this.generation = (this.generation + 1) >>> 0

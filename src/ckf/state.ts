@@ -19,8 +19,15 @@ import { bucketCountFor, type CkfConfig, validateCkfConfig } from "./config.js"
 import { CkfBuildError, KvCacheEventError, type KvCacheEventErrorKind } from "./errors.js"
 import { type CkfEvent, type CkfMemberRef, compareMembers, memberKey } from "./events.js"
 import { DcCkfFormatIdentity } from "./identity.js"
+import {
+  mixKey,
+  OWNER_DEGREE_OVERFLOW,
+  OWNER_DUPLICATE,
+  OWNER_LAST,
+  OWNER_UNKNOWN,
+  OwnershipTable
+} from "./ownership.js"
 import { laneRngSeed, SplitMix64 } from "./splitmix.js"
-import { mixKey, U64CountTable, U64Set } from "./tables.js"
 import { hiOf, loOf, toBigInt } from "./u64.js"
 
 if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
@@ -99,12 +106,6 @@ export interface RankReplacement extends CkfMemberRef {
   readonly hashes: Uint32Array
 }
 
-interface Member {
-  readonly workerId: string
-  readonly dpRank: number
-  readonly set: U64Set
-}
-
 // Internal result codes of store/remove; negative codes are errors.
 const CHANGED = 1
 const UNCHANGED = 0
@@ -126,7 +127,6 @@ const errorKindOf = (code: number): KvCacheEventErrorKind => {
   }
 }
 
-const U32_MAX = 0xffff_ffff
 const saturating = (value: number): number => Math.min(value, Number.MAX_SAFE_INTEGER)
 
 export class DcCkfState {
@@ -140,8 +140,7 @@ export class DcCkfState {
   private words32: Uint32Array
   private slots16: Uint16Array
   private readonly rng: SplitMix64
-  private members = new Map<string, Member>()
-  private refcounts = new U64CountTable()
+  private owners = new OwnershipTable()
 
   // Mutation log of the current insert/remove: [bucket, beforeLo, beforeHi]*.
   private readonly log: Uint32Array
@@ -165,9 +164,9 @@ export class DcCkfState {
   // Cache of the last member looked up on the apply path.
   private lastMemberKeyWorker = ""
   private lastMemberKeyRank = -1
-  private lastMember: Member | undefined = undefined
-
-  private scratch: Uint32Array = new Uint32Array(64)
+  private lastMember = -1
+  /** Keeps the prefetching loads of `applyEvent` observable so they are not optimised away. */
+  touchSink = 0
 
   /** Throws `CkfBuildError` for an invalid configuration or a failed allocation. */
   constructor(config: CkfConfig) {
@@ -208,6 +207,10 @@ export class DcCkfState {
     switch (data._tag) {
       case "Stored": {
         const hashes = data.blockHashes
+        let touched = 0
+        for (let i = 0; i + 1 < hashes.length; i += 2)
+          touched |= this.owners.touch(mixKey(hashes[i]!, hashes[i + 1]!))
+        this.touchSink = touched
         for (let i = 0; i + 1 < hashes.length; i += 2) {
           const code = this.storeHalves(event.workerId, event.dpRank, hashes[i]!, hashes[i + 1]!)
           if (code < 0) {
@@ -258,91 +261,104 @@ export class DcCkfState {
     return code < 0 ? new KvCacheEventError(errorKindOf(code)) : code === CHANGED
   }
 
-  private member(workerId: string, dpRank: number): Member | undefined {
+  /** Index of a member in the ownership table, or -1 when it owns nothing (cached per event). */
+  private member(workerId: string, dpRank: number): number {
     if (workerId === this.lastMemberKeyWorker && dpRank === this.lastMemberKeyRank) return this.lastMember
-    const member = this.members.get(memberKey(workerId, dpRank))
+    const index = this.owners.memberIndex(memberKey(workerId, dpRank))
     this.lastMemberKeyWorker = workerId
     this.lastMemberKeyRank = dpRank
-    this.lastMember = member
-    return member
+    this.lastMember = index
+    return index
+  }
+
+  private ensureMember(workerId: string, dpRank: number): number {
+    const index = this.owners.ensureMember(memberKey(workerId, dpRank), workerId, dpRank)
+    this.lastMemberKeyWorker = workerId
+    this.lastMemberKeyRank = dpRank
+    this.lastMember = index
+    return index
+  }
+
+  /** A member entry exists only while it owns at least one hash; indices are recycled. */
+  private releaseIfEmpty(workerId: string, dpRank: number, index: number): void {
+    if (this.owners.blocksOf(index) !== 0) return
+    this.owners.releaseIfEmpty(memberKey(workerId, dpRank), index)
+    this.forgetMemberCache()
   }
 
   private forgetMemberCache(): void {
     this.lastMemberKeyWorker = ""
     this.lastMemberKeyRank = -1
-    this.lastMember = undefined
+    this.lastMember = -1
   }
 
   storeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
     const h = mixKey(hi, lo)
-    const refcounts = this.refcounts
-    const slot = refcounts.find(hi, lo, h)
-    let member = this.member(workerId, dpRank)
-    // A member can only own a hash that has a refcount entry, so a first owner skips the set probe.
-    if (slot >= 0 && member?.set.has(hi, lo, h)) return UNCHANGED
-    if (member !== undefined && !member.set.reserve(1)) return E_ALLOCATION
+    const owners = this.owners
+    let slot = owners.find(hi, lo, h)
+    let m = this.member(workerId, dpRank)
+    if (slot >= 0 && m >= 0 && owners.ownsAt(slot, hi, lo, h, m)) return UNCHANGED
+    const capacity = owners.slotCapacity
+    if (!owners.reserve()) return E_ALLOCATION
+    // Growing the table moves entries; look the hash up again.
+    if (slot >= 0 && owners.slotCapacity !== capacity) slot = owners.find(hi, lo, h)
+    if (m < 0) {
+      m = this.ensureMember(workerId, dpRank)
+      if (m < 0) return E_ALLOCATION
+    }
     if (slot < 0) {
-      // Reserving may rehash the refcount table; no slot index is held across it on this branch.
-      if (!refcounts.reserve(1) || !this.reserveDirty(this.config.maxKicks + 1)) return E_ALLOCATION
+      if (!this.reserveDirty(this.config.maxKicks + 1)) {
+        this.releaseIfEmpty(workerId, dpRank, m)
+        return E_ALLOCATION
+      }
       const addressing = this.addressing
       addressing.prepareHalves(hi, lo)
-      if (!this.insertFingerprint(addressing.fp, addressing.a, addressing.b)) return E_CAPACITY
+      if (!this.insertFingerprint(addressing.fp, addressing.a, addressing.b)) {
+        // A capacity omission leaves no exact-state trace, not even an empty member.
+        this.releaseIfEmpty(workerId, dpRank, m)
+        return E_CAPACITY
+      }
       this.commitLog()
-      refcounts.insertAbsent(hi, lo, h, 1)
-    } else {
-      const current = refcounts.countAt(slot)
-      if (current === U32_MAX) return E_DEGREE
-      refcounts.setCountAt(slot, current + 1)
+      owners.insertFirst(hi, lo, h, m)
+      return CHANGED
     }
-    // The member's set is created only after the transition succeeded, so an omission leaves none.
-    if (member === undefined) member = this.createMember(workerId, dpRank)
-    member.set.insertAbsent(hi, lo, h)
+    const added = owners.addOwner(slot, hi, lo, h, m)
+    if (added === OWNER_DUPLICATE) return UNCHANGED
+    if (added === OWNER_DEGREE_OVERFLOW) {
+      this.releaseIfEmpty(workerId, dpRank, m)
+      return E_DEGREE
+    }
     return CHANGED
   }
 
-  private createMember(workerId: string, dpRank: number): Member {
-    const member: Member = { workerId, dpRank, set: new U64Set() }
-    this.members.set(memberKey(workerId, dpRank), member)
-    this.lastMember = member
-    this.lastMemberKeyWorker = workerId
-    this.lastMemberKeyRank = dpRank
-    return member
-  }
-
   removeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
-    const member = this.member(workerId, dpRank)
-    if (member === undefined) return UNCHANGED
+    const m = this.member(workerId, dpRank)
+    if (m < 0) return UNCHANGED
     const h = mixKey(hi, lo)
-    if (!member.set.has(hi, lo, h)) return UNCHANGED
-    const refcounts = this.refcounts
-    const slot = refcounts.find(hi, lo, h)
-    if (slot < 0) return E_INVARIANT
-    const current = refcounts.countAt(slot)
-    if (current === 1) {
+    const owners = this.owners
+    const slot = owners.find(hi, lo, h)
+    if (slot < 0) return UNCHANGED
+    const removed = owners.removeOwner(slot, hi, lo, h, m)
+    if (removed === OWNER_UNKNOWN) return UNCHANGED
+    if (removed === OWNER_LAST) {
+      // The final owner removes one fingerprint copy; a missing copy is reported before any
+      // exact-state change.
       if (!this.reserveDirty(1)) return E_ALLOCATION
       const addressing = this.addressing
       addressing.prepareHalves(hi, lo)
       if (!this.removeFingerprint(addressing.fp, addressing.a, addressing.b)) return E_INVARIANT
       this.commitLog()
+      owners.deleteLast(slot, hi, lo, h, m)
     }
-    member.set.delete(hi, lo, h)
-    if (current === 1) refcounts.removeAt(slot)
-    else refcounts.setCountAt(slot, current - 1)
-    if (member.set.size === 0) {
-      this.members.delete(memberKey(workerId, dpRank))
-      this.forgetMemberCache()
-    }
+    this.releaseIfEmpty(workerId, dpRank, m)
     return CHANGED
   }
 
   private removeMemberCode(workerId: string, dpRank: number): number {
-    const member = this.member(workerId, dpRank)
-    if (member === undefined) return UNCHANGED
-    const count = member.set.size
-    if (this.scratch.length < count * 2) this.scratch = new Uint32Array(count * 2)
-    const hashes = this.scratch
-    member.set.copyTo(hashes, 0)
-    for (let i = 0; i < count * 2; i += 2) {
+    const m = this.member(workerId, dpRank)
+    if (m < 0) return UNCHANGED
+    const hashes = this.owners.hashesOf(m)
+    for (let i = 0; i < hashes.length; i += 2) {
       const code = this.removeHalves(workerId, dpRank, hashes[i]!, hashes[i + 1]!)
       // The first error aborts; earlier removals stay applied and the member keeps the suffix,
       // so the state remains exact and a retry can finish the clear.
@@ -366,7 +382,10 @@ export class DcCkfState {
 
   /** `remove_worker`: clear every member of a worker, then drain. */
   removeWorker(workerId: string): DcCkfPublicationBatch | undefined | KvCacheEventError {
-    const ranks = [...this.members.values()].filter((m) => m.workerId === workerId).map((m) => m.dpRank)
+    const ranks = this.owners
+      .memberIndices()
+      .filter((m) => this.owners.workerOf(m) === workerId)
+      .map((m) => this.owners.rankOf(m))
     for (const rank of ranks) {
       const error = this.removeMember(workerId, rank)
       if (error !== undefined) return error
@@ -595,16 +614,19 @@ export class DcCkfState {
       return error instanceof CkfBuildError ? error : new CkfBuildError("AllocationFailed", String(error))
     }
     const replaced = new Set(replacements.map((r) => memberKey(r.workerId, r.dpRank)))
-    const retained = [...this.members.values()]
-      .filter((m) => !replaced.has(memberKey(m.workerId, m.dpRank)))
-      .sort(compareMembers)
-    for (const member of retained) {
-      const pairs = member.set.toPairs()
-      for (let i = 0; i < pairs.length; i += 2) {
-        const code = next.storeHalves(member.workerId, member.dpRank, pairs[i]!, pairs[i + 1]!)
-        if (code < 0) return new KvCacheEventError(errorKindOf(code))
-      }
-    }
+    // Retained owners are re-stored in table order: placement may differ from the old layout,
+    // but ownership and refcounts are identical (placement is history-dependent anyway).
+    let failure = 0
+    const owners = this.owners
+    owners.forEachEdge((m, hi, lo) => {
+      if (failure < 0) return
+      const workerId = owners.workerOf(m)
+      const dpRank = owners.rankOf(m)
+      if (replaced.has(memberKey(workerId, dpRank))) return
+      const code = next.storeHalves(workerId, dpRank, hi, lo)
+      if (code < 0) failure = code
+    })
+    if (failure < 0) return new KvCacheEventError(errorKindOf(failure))
     for (const replacement of [...replacements].sort(compareMembers)) {
       const pairs = replacement.hashes
       for (let i = 0; i + 1 < pairs.length; i += 2) {
@@ -658,8 +680,7 @@ export class DcCkfState {
   private adopt(next: DcCkfState): void {
     this.words32 = next.words32
     this.slots16 = next.slots16
-    this.members = next.members
-    this.refcounts = next.refcounts
+    this.owners = next.owners
     this.dirtyBits = next.dirtyBits
     this.dirtyBuckets = next.dirtyBuckets
     this.dirtyOriginals = next.dirtyOriginals
@@ -708,17 +729,20 @@ export class DcCkfState {
     const h = BigInt.asUintN(64, hash)
     const hi = hiOf(h)
     const lo = loOf(h)
-    return this.refcounts.get(hi, lo, mixKey(hi, lo))
+    const slot = this.owners.find(hi, lo, mixKey(hi, lo))
+    return slot < 0 ? 0 : this.owners.countAt(slot)
   }
 
   /** Whether a member owns a hash. */
   owns(workerId: string, dpRank: number, hash: bigint): boolean {
-    const member = this.members.get(memberKey(workerId, dpRank))
-    if (member === undefined) return false
-    const h = BigInt.asUintN(64, hash)
-    const hi = hiOf(h)
-    const lo = loOf(h)
-    return member.set.has(hi, lo, mixKey(hi, lo))
+    const m = this.owners.memberIndex(memberKey(workerId, dpRank))
+    if (m < 0) return false
+    const v = BigInt.asUintN(64, hash)
+    const hi = hiOf(v)
+    const lo = loOf(v)
+    const h = mixKey(hi, lo)
+    const slot = this.owners.find(hi, lo, h)
+    return slot >= 0 && this.owners.ownsAt(slot, hi, lo, h, m)
   }
 
   /** One bucket word (diagnostic and test use). */
@@ -732,42 +756,38 @@ export class DcCkfState {
   }
 
   memberBlockCount(workerId: string, dpRank: number): number {
-    return this.members.get(memberKey(workerId, dpRank))?.set.size ?? 0
+    return this.owners.blocksOf(this.owners.memberIndex(memberKey(workerId, dpRank)))
   }
 
   /** The hashes a member owns, as hash pairs. */
   memberHashes(workerId: string, dpRank: number): Uint32Array {
-    return this.members.get(memberKey(workerId, dpRank))?.set.toPairs() ?? new Uint32Array(0)
+    const m = this.owners.memberIndex(memberKey(workerId, dpRank))
+    return m < 0 ? new Uint32Array(0) : this.owners.hashesOf(m)
   }
 
   /** Block counts per member, sorted by (worker id, dp rank). */
   memberCounts(): Array<MemberCount> {
-    return [...this.members.values()]
-      .map((m) => ({ workerId: m.workerId, dpRank: m.dpRank, count: m.set.size }))
+    const owners = this.owners
+    return owners
+      .memberIndices()
+      .map((m) => ({ workerId: owners.workerOf(m), dpRank: owners.rankOf(m), count: owners.blocksOf(m) }))
       .sort(compareMembers)
   }
 
   stats(): DcCkfStats {
-    let contributions = 0
-    let memberSetCapacity = 0
-    let memberBytes = 0
-    for (const m of this.members.values()) {
-      contributions += m.set.size
-      memberSetCapacity += m.set.capacity
-      memberBytes += m.set.byteSize
-    }
+    const owners = this.owners
     let occupied = 0
     const words = this.words32
     for (let b = 0; b < this.bucketCount; b++) if ((words[2 * b]! | words[2 * b + 1]!) !== 0) occupied++
     return {
       aggregation: {
-        memberCount: this.members.size,
-        contributionCount: contributions,
-        uniqueBlockCount: this.refcounts.size,
+        memberCount: owners.memberCount,
+        contributionCount: owners.contributions,
+        uniqueBlockCount: owners.size,
         unknownRemovals: this.unknownRemovals,
         capacityFailures: this.capacityFailures,
         occupiedBucketCount: occupied,
-        occupiedSlotCount: this.refcounts.size
+        occupiedSlotCount: owners.size
       },
       publication: {
         pendingEvents: this.pendingEvents,
@@ -777,13 +797,13 @@ export class DcCkfState {
         netRevertedBuckets: this.netRevertedBuckets
       },
       memory: {
-        memberSetCapacity,
-        refcountCapacity: this.refcounts.capacity,
+        memberSetCapacity: owners.edgeCapacity,
+        refcountCapacity: owners.slotCapacity,
         filterBytes: this.bucketCount * 8,
         dirtyTrackingBytes:
           this.dirtyBits.byteLength + this.dirtyBuckets.byteLength + this.dirtyOriginals.byteLength,
         insertionScratchCapacity: this.log.length / 3,
-        ownershipBytes: memberBytes + this.refcounts.byteSize
+        ownershipBytes: owners.byteSize
       }
     }
   }

@@ -6,6 +6,7 @@
 const usage = `kvrelay <command> [options]
 
 Commands:
+  demo                                     an in-process tour of the CKF core (producers, CBI1, consumer)
   bench [--quick] [--json] [--only NAME]   run the benchmarks (ratios against same-run baselines)
 
 Options:
@@ -17,6 +18,11 @@ const main = async (argv: ReadonlyArray<string>): Promise<number> => {
   if (command === undefined || command === "--help" || command === "-h" || command === "help") {
     process.stdout.write(usage)
     return command === undefined ? 2 : 0
+  }
+  if (command === "demo") {
+    const { runCkfDemo } = await import("./ckfDemo.js")
+    runCkfDemo((line) => process.stdout.write(`${line}\n`))
+    return 0
   }
   if (command === "bench") {
     if (rest.includes("--help")) {

@@ -1,0 +1,43 @@
+/**
+ * The worker query (recovery) protocol as the source supervisor sees it, independent of the wire:
+ * `src/transport` implements `WorkerQueryTransport` over ZeroMQ (the Dynamo worker-query
+ * DEALER/ROUTER exchange for `dynamo-zmq` sources, the engine replay ROUTER for `engine-zmq`).
+ */
+
+import { Data, type Effect } from "effect"
+import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
+import type { KvEventSource } from "../domain/sources.js"
+
+export interface WorkerKvQueryRequest {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  /** Inclusive start; undefined asks for a full tree dump. */
+  readonly startEventId: number | undefined
+  /** Inclusive end; used for validation only, replies run to the current tail. */
+  readonly endEventId: number | undefined
+  readonly supportsTreeDumpFailed: boolean
+}
+
+export type WorkerKvQueryResponse =
+  | { readonly _tag: "Events"; readonly events: ReadonlyArray<RouterEvent>; readonly lastEventId: number }
+  | { readonly _tag: "TreeDump"; readonly events: ReadonlyArray<RouterEvent>; readonly lastEventId: number }
+  | { readonly _tag: "TreeDumpFailed"; readonly lastEventId: number; readonly message: string }
+  | {
+      readonly _tag: "TooNew"
+      readonly requestedStart: number | undefined
+      readonly requestedEnd: number | undefined
+      readonly newestAvailable: number
+    }
+  | { readonly _tag: "InvalidRange"; readonly startId: number; readonly endId: number }
+  /** A failure serialized as text by the worker; callers retry it like a transport error. */
+  | { readonly _tag: "Error"; readonly message: string }
+
+/** The query could not be delivered or answered (send failure, timeout, undecodable reply). */
+export class WorkerQueryError extends Data.TaggedError("WorkerQueryError")<{ readonly message: string }> {}
+
+export interface WorkerQueryTransport {
+  readonly queryWorker: (
+    source: KvEventSource,
+    request: WorkerKvQueryRequest
+  ) => Effect.Effect<WorkerKvQueryResponse, WorkerQueryError>
+}
