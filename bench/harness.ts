@@ -11,7 +11,6 @@ export interface BenchEntry {
   readonly value: number
   readonly baseline: number | null
   readonly ratio: number | null
-  readonly note?: string
 }
 
 export interface BenchContext {
@@ -75,8 +74,8 @@ export const record = (
   invert = false
 ): BenchEntry => {
   const ratio = baseline === null || baseline === 0 ? null : invert ? baseline / value : value / baseline
-  const entry: BenchEntry =
-    note === undefined ? { name, unit, value, baseline, ratio } : { name, unit, value, baseline, ratio, note }
+  // The JSON entries carry exactly {name, unit, value, baseline, ratio}; the note is for the console.
+  const entry: BenchEntry = { name, unit, value, baseline, ratio }
   ctx.results.push(entry)
   const fmt = (v: number) => (Math.abs(v) >= 1000 ? Math.round(v).toLocaleString("en-US") : v.toPrecision(4))
   ctx.log(
