@@ -1,0 +1,1114 @@
+/**
+ * The source supervisor: the seed's `WorkerQueryClient` (seed 003, `worker_query.rs`) in Effect.
+ *
+ * It coordinates KV recovery for the sources advertised under one exact KV-state endpoint. The
+ * discovery advertisement is the sole authority for the relationship between a logical rank, its
+ * event publisher incarnation and its optional recovery target; the membership view only says which
+ * logical ranks are currently expected (recovery-events.md §3).
+ *
+ * Concurrency model. JavaScript runs one fiber at a time, so shared maps are mutated in synchronous
+ * steps. Each (worker, dp rank) slot has a 1-permit semaphore standing for the seed's async slot
+ * mutex: it is held across target admissions, resets and the join of a cancelled recovery, and it
+ * serialises everything that touches the slot's `RankState`. Different ranks never share a lock, so
+ * one blocked rank does not stall another (seed test
+ * `independent_source_handlers_enter_worker_query_concurrently_and_keep_fifo`).
+ *
+ * Recovery runs as one fiber per rank in a `FiberMap`; cancelling a recovery marks its task
+ * cancelled and interrupts and joins its fiber, so a cancelled recovery never reaches
+ * `finishRecovery`.
+ */
+
+import {
+  Duration,
+  Effect,
+  Either,
+  Equal,
+  FiberMap,
+  FiberSet,
+  Option,
+  Random,
+  Schedule,
+  type Scope
+} from "effect"
+import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
+import {
+  activeSource,
+  isRecoverableSource,
+  type KvEventSource,
+  type KvSourceMembershipView,
+  type KvSourceStatus,
+  type RankKey,
+  rankKey
+} from "../domain/sources.js"
+import { type CommitGroup, commitGroups, RankState } from "./RankState.js"
+import type {
+  RecoveryResetReason,
+  RecoveryTarget,
+  RecoveryTargetError,
+  SourceEpoch
+} from "./RecoveryTarget.js"
+import {
+  type WorkerKvQueryRequest,
+  type WorkerKvQueryResponse,
+  WorkerQueryError,
+  type WorkerQueryTransport
+} from "./WorkerQuery.js"
+
+export const RECOVERY_MAX_RETRIES = 8
+export const RECOVERY_INITIAL_BACKOFF_MS = 200
+export const RECOVERY_CONCURRENCY_LIMIT = 16
+export const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT: Duration.Duration = Duration.seconds(30)
+/** Full restores wait a uniform 0–3000 µs first, so a membership wave does not query in lockstep. */
+export const FULL_RESTORE_JITTER_MICROS = 3000
+
+/** Span attribute of a recovery attempt: the response tag, `Timeout` or `TransportError`. */
+const OUTCOME = "kvrelay.recovery.outcome"
+
+/** 200 ms × 2^k after failed attempt k, no sleep after the last of the 8 attempts. */
+const recoveryRetrySchedule = Schedule.exponential(Duration.millis(RECOVERY_INITIAL_BACKOFF_MS), 2).pipe(
+  Schedule.intersect(Schedule.recurs(RECOVERY_MAX_RETRIES - 1))
+)
+
+export type TargetFaultDisposition = "Recovering" | "ResetLiveOnly" | "Fenced" | "Stale"
+
+/**
+ * Key of a preconnected source incarnation for `syncMembershipWithReadySources`: transport
+ * readiness is per publisher incarnation AND lifecycle generation, so a socket connected for an
+ * older generation cannot activate a newer one.
+ */
+export const readySourceKey = (publisherId: bigint, lifecycleGeneration: number): string =>
+  `${publisherId}@${lifecycleGeneration}`
+
+/** One activation of a source in a slot. Identity matters: a replaced binding is a different object. */
+export interface SourceBinding {
+  readonly source: KvEventSource
+  readonly key: RankKey
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly epoch: SourceEpoch
+  readonly recoverable: boolean
+}
+
+interface MutableBinding extends SourceBinding {
+  /** The seed's per-binding `lifetime` token; the supervisor's shutdown is its parent. */
+  lifetimeCancelled: boolean
+}
+
+interface RecoveryTask {
+  cancelled: boolean
+}
+
+class SourceSlot {
+  /** Stands for the seed's async slot mutex (see the module comment). */
+  readonly lock = Effect.unsafeMakeSemaphore(1)
+  active: MutableBinding | undefined = undefined
+  rank = new RankState()
+  /**
+   * NOTE: The coordinator's cumulative generation is the sole history of reset-relevant
+   * membership transitions. Keep it optional so the first observed source does not reset.
+   */
+  lifecycleGeneration: number | undefined
+  /** This flag represents only a failed acknowledged reset, not membership history. */
+  resetPending = false
+  /** A protocol-faulted incarnation remains ineligible until discovery advances generation. */
+  rejectedGeneration: number | undefined = undefined
+
+  constructor(
+    readonly key: RankKey,
+    readonly workerId: WorkerId,
+    readonly dpRank: DpRank,
+    lifecycleGeneration: number | undefined
+  ) {
+    this.lifecycleGeneration = lifecycleGeneration
+  }
+
+  generationChanged(generation: number): boolean {
+    return this.lifecycleGeneration !== undefined && this.lifecycleGeneration !== generation
+  }
+
+  acceptGeneration(generation: number): void {
+    this.lifecycleGeneration = generation
+    this.resetPending = false
+    this.rejectedGeneration = undefined
+  }
+
+  fenceForReset(): void {
+    this.resetPending = true
+    this.rank.finishFailedRecovery()
+  }
+}
+
+interface ActivePublisherBinding {
+  readonly binding: MutableBinding
+  readonly slot: SourceSlot
+}
+
+export interface SourceSupervisorHealth {
+  readonly workerCount: number
+  readonly rankCount: number
+  readonly recoveringRankCount: number
+  readonly pendingLiveEventCount: number
+  readonly discoveredEndpointCount: number
+}
+
+/** A read-only copy of one slot, for diagnostics and tests. */
+export interface SourceSlotSnapshot {
+  readonly active: SourceBinding | undefined
+  readonly resetPending: boolean
+  readonly lifecycleGeneration: number | undefined
+  readonly rejectedGeneration: number | undefined
+  readonly lastAdmittedId: number | undefined
+  readonly recoveryInflight: boolean
+  readonly pendingLiveEventCount: number
+}
+
+/**
+ * Entry points below the public API, used by the seed-test ports (the seed's tests call the same
+ * private methods). Not for production control flow.
+ */
+export interface SourceSupervisorInternals {
+  /** Reconcile an explicit view without the membership lock (`reconcile_view`). */
+  readonly reconcileView: (view: KvSourceMembershipView) => Effect.Effect<void>
+  /** `finish_recovery` with a fresh, uncancelled task token, followed by any hole scheduling. */
+  readonly finishRecovery: (
+    binding: SourceBinding,
+    result: Either.Either<WorkerKvQueryResponse, WorkerQueryError>
+  ) => Effect.Effect<void>
+  /** `fetch_recovery_response`: the retried, permit-limited query alone. */
+  readonly fetchRecoveryResponse: (
+    source: KvEventSource,
+    startEventId: number | undefined,
+    endEventId: number | undefined
+  ) => Effect.Effect<WorkerKvQueryResponse, WorkerQueryError>
+  readonly publisherBinding: (publisherId: bigint) => SourceBinding | undefined
+  readonly slot: (workerId: WorkerId, dpRank: DpRank) => SourceSlotSnapshot | undefined
+  readonly slotCount: () => number
+  readonly runningRecoveryCount: () => number
+}
+
+export interface SourceSupervisor {
+  /**
+   * Apply the latest membership snapshot. Re-reading after taking the membership lock prevents a
+   * delayed reconciler from applying an older value after a newer one.
+   */
+  readonly syncMembership: Effect.Effect<KvSourceMembershipView>
+  /**
+   * Apply membership only for source incarnations whose direct transport is preconnected
+   * (`readySourceKey`). Readiness can only suppress an otherwise active source, never introduce one.
+   */
+  readonly syncMembershipWithReadySources: (
+    readySources: ReadonlySet<string>
+  ) => Effect.Effect<KvSourceMembershipView>
+  /** One event envelope, routed by its publisher id with a single lookup. */
+  readonly handleLiveBatch: (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Effect.Effect<void>
+  /**
+   * Fence one active publisher after a direct transport discontinuity. Unlike a protocol rejection,
+   * the same generation may reactivate once a replacement socket is preconnected; the reset barrier
+   * makes any already-enqueued old event visible before that.
+   */
+  readonly fenceTransport: (publisherId: bigint) => Effect.Effect<boolean>
+  /**
+   * An asynchronous target failure for a rank. `sourceEpoch` (when given) must match the active
+   * binding, otherwise the fault is `Stale`; `barrierFailed` reports `Fenced` without acting.
+   */
+  readonly handleTargetFault: (
+    workerId: WorkerId,
+    dpRank: DpRank,
+    sourceEpoch?: SourceEpoch,
+    barrierFailed?: boolean
+  ) => Effect.Effect<TargetFaultDisposition>
+  /** A protocol-faulted source: deactivate and reset; ineligible until its generation advances. */
+  readonly rejectSource: (
+    workerId: WorkerId,
+    dpRank: DpRank,
+    sourceEpoch: SourceEpoch
+  ) => Effect.Effect<TargetFaultDisposition>
+  readonly healthSnapshot: Effect.Effect<SourceSupervisorHealth>
+  /** Cancel every recovery and deactivate (reset) every rank. Idempotent; the scope's close runs it. */
+  readonly shutdown: Effect.Effect<void>
+  readonly internals: SourceSupervisorInternals
+}
+
+export interface SourceSupervisorOptions {
+  readonly target: RecoveryTarget
+  readonly transport: WorkerQueryTransport
+  /** The latest membership view; a `SubscriptionRef` is such an effect. */
+  readonly membership: Effect.Effect<KvSourceMembershipView>
+  /** Limits in-flight worker queries; the host shares one relay-wide (default: a new 16-permit one). */
+  readonly recoverySemaphore?: Effect.Semaphore
+  /** Bound of each query attempt (default 30 s). */
+  readonly recoveryAttemptTimeout?: Duration.DurationInput
+}
+
+const recoveryEventsMatchSource = (
+  workerId: WorkerId,
+  dpRank: DpRank,
+  events: ReadonlyArray<RouterEvent>
+): boolean => events.every((event) => event.workerId === workerId && event.dpRank === dpRank)
+
+const describeResponse = (response: WorkerKvQueryResponse): string => {
+  switch (response._tag) {
+    case "TooNew":
+      return `TooNew(requested ${response.requestedStart}..${response.requestedEnd}, newest ${response.newestAvailable})`
+    case "InvalidRange":
+      return `InvalidRange(${response.startId}..${response.endId})`
+    case "Error":
+      return `Error(${response.message})`
+    default:
+      return response._tag
+  }
+}
+
+export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupervisor, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const { target, transport } = options
+    const recoverySemaphore =
+      options.recoverySemaphore ?? (yield* Effect.makeSemaphore(RECOVERY_CONCURRENCY_LIMIT))
+    const attemptTimeout = Duration.decode(options.recoveryAttemptTimeout ?? DEFAULT_RECOVERY_ATTEMPT_TIMEOUT)
+    const membershipSync = yield* Effect.makeSemaphore(1)
+    const recoveries = yield* FiberMap.make<RankKey>()
+    // Recovery fibers are roots owned by the FiberMap (not children of whichever fiber launched
+    // them, which may be a short-lived batch handler), on the runtime captured here.
+    const runRecovery = yield* FiberMap.runtime(recoveries)<never>()
+    const helpers = yield* FiberSet.make()
+    const runHelper = yield* FiberSet.runtime(helpers)<never>()
+
+    const slots = new Map<RankKey, SourceSlot>()
+    const generationTombstones = new Map<RankKey, number>()
+    /** Immutable publisher binding and rank slot lookup performed once per event envelope. */
+    const publisherBindings = new Map<bigint, ActivePublisherBinding>()
+    const recoveryTasks = new Map<RankKey, RecoveryTask>()
+    /** The seed's root cancellation token: every binding lifetime is its child. */
+    let shuttingDown = false
+
+    const lifetimeCancelled = (binding: MutableBinding): boolean => shuttingDown || binding.lifetimeCancelled
+    const taskCancelled = (task: RecoveryTask, binding: MutableBinding): boolean =>
+      task.cancelled || lifetimeCancelled(binding)
+
+    const rankLogs = (workerId: WorkerId, dpRank: DpRank) => Effect.annotateLogs({ workerId, dpRank })
+
+    // -------------------------------------------------------------------------------------------
+    // Target commands
+
+    const admitEvents = (
+      epoch: SourceEpoch,
+      events: Iterable<RouterEvent>
+    ): Effect.Effect<void, RecoveryTargetError> =>
+      Effect.forEach(events, (event) => target.admitEvent(epoch, event), { discard: true })
+
+    const resetRank = (slot: SourceSlot, epoch: SourceEpoch, reason: RecoveryResetReason) =>
+      // NOTE: This completion barrier is intentional. Rank reset is an infallible lane operation
+      // whose removal must be visible before activation or clearing reset_pending.
+      target.resetRank(epoch, slot.workerId, slot.dpRank, reason).pipe(
+        Effect.withSpan("kvrelay.recovery.reset_rank", {
+          attributes: {
+            "kvrelay.worker_id": slot.workerId,
+            "kvrelay.dp_rank": slot.dpRank,
+            "kvrelay.source_epoch": epoch,
+            "kvrelay.reset_reason": reason
+          }
+        })
+      )
+
+    const resetRankOrFence = (
+      slot: SourceSlot,
+      epoch: SourceEpoch,
+      reason: RecoveryResetReason = "Lifecycle"
+    ): Effect.Effect<void, RecoveryTargetError> =>
+      resetRank(slot, epoch, reason).pipe(Effect.tapError(() => Effect.sync(() => slot.fenceForReset())))
+
+    // -------------------------------------------------------------------------------------------
+    // Recovery tasks
+
+    const cancelRecovery = (key: RankKey): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const task = recoveryTasks.get(key)
+        if (task !== undefined) {
+          recoveryTasks.delete(key)
+          task.cancelled = true
+        }
+        const fiber = FiberMap.unsafeGet(recoveries, key)
+        if (Option.isNone(fiber)) return Effect.void
+        // A recovery never cancels itself today; joining oneself would deadlock, so guard anyway.
+        return Effect.fiberIdWith((self) =>
+          Equal.equals(fiber.value.id(), self) ? Effect.void : FiberMap.remove(recoveries, key)
+        )
+      })
+
+    const fetchRecoveryResponse = (
+      source: KvEventSource,
+      startEventId: number | undefined,
+      endEventId: number | undefined
+    ): Effect.Effect<WorkerKvQueryResponse, WorkerQueryError> =>
+      Effect.suspend(() => {
+        const request: WorkerKvQueryRequest = {
+          workerId: source.workerId,
+          dpRank: source.dpRank,
+          startEventId,
+          endEventId,
+          supportsTreeDumpFailed: true
+        }
+        let attempt = 0
+        const once = Effect.suspend(() => {
+          attempt += 1
+          const query = transport.queryWorker(source, request).pipe(
+            Effect.tapError(() => Effect.annotateCurrentSpan(OUTCOME, "TransportError")),
+            Effect.timeoutOption(attemptTimeout),
+            Effect.flatMap(
+              Option.match({
+                onNone: () =>
+                  Effect.annotateCurrentSpan(OUTCOME, "Timeout").pipe(
+                    Effect.zipRight(
+                      Effect.fail(
+                        new WorkerQueryError({
+                          message: `KV recovery attempt timed out after ${Duration.format(attemptTimeout)}`
+                        })
+                      )
+                    )
+                  ),
+                onSome: (response) =>
+                  Effect.annotateCurrentSpan(OUTCOME, response._tag).pipe(
+                    // An `Error` response is a failure serialized by the worker: retried like a
+                    // transport error (recovery-events.md §5).
+                    Effect.zipRight(
+                      response._tag === "Error"
+                        ? Effect.fail(
+                            new WorkerQueryError({ message: `worker query failed: ${response.message}` })
+                          )
+                        : Effect.succeed(response)
+                    )
+                  )
+              })
+            )
+          )
+          // Limit only the in-flight query. The shared permit is deliberately released before the
+          // retry backoff so unresponsive targets cannot starve unrelated pools.
+          return recoverySemaphore
+            .withPermits(1)(query)
+            .pipe(
+              Effect.withSpan("kvrelay.recovery.attempt", {
+                attributes: {
+                  "kvrelay.worker_id": source.workerId,
+                  "kvrelay.dp_rank": source.dpRank,
+                  "kvrelay.publisher_id": source.publisherId.toString(),
+                  "kvrelay.recovery.attempt": attempt,
+                  "kvrelay.recovery.start_event_id": startEventId ?? "full"
+                }
+              })
+            )
+        })
+        return Effect.retry(once, recoveryRetrySchedule)
+      })
+
+    const launchRecovery = (
+      key: RankKey,
+      binding: MutableBinding,
+      startEventId: number | undefined,
+      endEventId: number | undefined
+    ): void => {
+      const task: RecoveryTask = { cancelled: false }
+      recoveryTasks.set(key, task)
+      runRecovery(key, recoveryProgram(key, binding, task, startEventId, endEventId))
+    }
+
+    const spawnRecovery = (
+      key: RankKey,
+      binding: MutableBinding,
+      startEventId: number | undefined,
+      endEventId: number | undefined
+    ): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        if (!binding.recoverable) return
+        yield* cancelRecovery(key)
+        if (lifetimeCancelled(binding)) return
+        launchRecovery(key, binding, startEventId, endEventId)
+      })
+
+    const recoveryProgram = (
+      key: RankKey,
+      binding: MutableBinding,
+      task: RecoveryTask,
+      startEventId: number | undefined,
+      endEventId: number | undefined
+    ): Effect.Effect<void> => {
+      const initialRecovery = startEventId === undefined
+      return Effect.gen(function* () {
+        if (initialRecovery) {
+          const jitter = yield* Random.nextIntBetween(0, FULL_RESTORE_JITTER_MICROS)
+          yield* Effect.sleep(Duration.micros(BigInt(jitter)))
+        }
+        const result = yield* Effect.either(fetchRecoveryResponse(binding.source, startEventId, endEventId))
+        // Cancellation wins over a completed query.
+        if (taskCancelled(task, binding)) return
+        const next = yield* finishRecovery(key, binding, task, result)
+        if (initialRecovery) yield* target.completeInitialRecovery(binding.workerId, binding.dpRank)
+        // Scheduled last so the helper's join of this fiber cannot cut `completeInitialRecovery` short.
+        if (next !== undefined) scheduleRecoveryAfterCurrent(key, binding, next, task)
+      }).pipe(
+        Effect.catchAllCause((cause) => Effect.logError("KV recovery task failed", cause)),
+        rankLogs(binding.workerId, binding.dpRank),
+        Effect.annotateLogs({ publisherId: binding.source.publisherId.toString() })
+      )
+    }
+
+    /**
+     * The drain found a hole: replace the current recovery by an incremental one from `start`.
+     * Runs in its own fiber because it joins the recovery that asked for it.
+     */
+    const scheduleRecoveryAfterCurrent = (
+      key: RankKey,
+      binding: MutableBinding,
+      startEventId: number,
+      origin: RecoveryTask | undefined
+    ): void => {
+      if (!binding.recoverable) return
+      runHelper(
+        Effect.gen(function* () {
+          const slot = slots.get(key)
+          if (slot === undefined) return
+          yield* slot.lock.withPermits(1)(
+            Effect.gen(function* () {
+              if (lifetimeCancelled(binding) || !slot.rank.recoveryInflight || slot.active !== binding) return
+              // Another recovery (a clear, a target fault) superseded the one that found the hole.
+              if (origin !== undefined && recoveryTasks.get(key) !== origin) return
+              yield* cancelRecovery(key)
+              if (lifetimeCancelled(binding)) return
+              launchRecovery(key, binding, startEventId, undefined)
+            })
+          )
+        })
+      )
+    }
+
+    // -------------------------------------------------------------------------------------------
+    // Completing a recovery (recovery-events.md §3.4)
+
+    const finishDegradedLocked = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        const pending = slot.rank.takeFailedRecoveryDegraded()
+        const lastEventId = pending.length === 0 ? undefined : pending[pending.length - 1]!.eventId
+        if (pending.length > 0) {
+          const admitted = yield* Effect.either(admitEvents(epoch, pending))
+          if (Either.isLeft(admitted)) {
+            slot.fenceForReset()
+            yield* Effect.logError(
+              "KV indexer rejected degraded live events; rank remains fenced",
+              admitted.left
+            )
+            return
+          }
+        }
+        slot.rank.commitFailedRecoveryDegraded(lastEventId)
+      })
+
+    const fenceCorruptRecoveryLocked = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        // NOTE: A foreign/corrupt response is not a recoverable transport failure. Do not replay
+        // buffered live events around untrusted history; clear the rank and keep KV handling
+        // fenced while ordinary serving continues.
+        const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
+        if (Either.isLeft(reset)) {
+          yield* Effect.logError("Failed to reset rank after corrupt recovery response", reset.left)
+        }
+        slot.fenceForReset()
+      })
+
+    /** Returns the start of a follow-up recovery when the drain found a hole. */
+    const finishRecovery = (
+      key: RankKey,
+      binding: MutableBinding,
+      task: RecoveryTask,
+      result: Either.Either<WorkerKvQueryResponse, WorkerQueryError>
+    ): Effect.Effect<number | undefined> =>
+      Effect.suspend(() => {
+        if (taskCancelled(task, binding)) return Effect.succeed(undefined)
+        const slot = slots.get(key)
+        if (slot === undefined) return Effect.succeed(undefined)
+        return slot.lock.withPermits(1)(finishRecoveryLocked(slot, binding, task, result))
+      })
+
+    const finishRecoveryLocked = (
+      slot: SourceSlot,
+      binding: MutableBinding,
+      task: RecoveryTask,
+      result: Either.Either<WorkerKvQueryResponse, WorkerQueryError>
+    ): Effect.Effect<number | undefined> =>
+      Effect.gen(function* () {
+        if (taskCancelled(task, binding) || slot.active !== binding) return undefined
+        const epoch = binding.epoch
+        if (Either.isLeft(result)) {
+          yield* Effect.logWarning("KV recovery failed; continuing with degraded live events", result.left)
+          yield* finishDegradedLocked(slot, epoch)
+          return undefined
+        }
+        const response = result.right
+        let recoveredEvents: ReadonlyArray<RouterEvent>
+        let recoveredCursor: number
+        switch (response._tag) {
+          case "Events": {
+            if (!recoveryEventsMatchSource(slot.workerId, slot.dpRank, response.events)) {
+              yield* Effect.logError("Discarding recovery events for another logical source")
+              yield* fenceCorruptRecoveryLocked(slot, epoch)
+              return undefined
+            }
+            recoveredEvents = response.events
+            recoveredCursor = Math.max(slot.rank.lastAdmittedId() ?? 0, response.lastEventId)
+            break
+          }
+          case "TreeDump": {
+            if (!recoveryEventsMatchSource(slot.workerId, slot.dpRank, response.events)) {
+              yield* Effect.logError("Discarding recovery tree dump for another logical source")
+              yield* fenceCorruptRecoveryLocked(slot, epoch)
+              return undefined
+            }
+            const replaced = yield* Effect.either(
+              target.replaceRank(epoch, slot.workerId, slot.dpRank, response.events)
+            )
+            if (Either.isLeft(replaced)) {
+              slot.fenceForReset()
+              yield* Effect.logError(
+                "Failed to transactionally replace rank from recovery tree dump; rank remains fenced",
+                replaced.left
+              )
+              return undefined
+            }
+            recoveredEvents = []
+            recoveredCursor = response.lastEventId
+            break
+          }
+          case "TreeDumpFailed": {
+            yield* Effect.logWarning("Worker tree dump failed; applying explicit degraded rank reset").pipe(
+              Effect.annotateLogs({ lastEventId: response.lastEventId, reason: response.message })
+            )
+            const reset = yield* Effect.either(resetRankOrFence(slot, epoch, "TreeDumpFailed"))
+            if (Either.isLeft(reset)) {
+              yield* Effect.logError(
+                "Failed degraded rank reset; recovery cursor remains unchanged",
+                reset.left
+              )
+              return undefined
+            }
+            recoveredEvents = []
+            recoveredCursor = response.lastEventId
+            break
+          }
+          default: {
+            yield* Effect.logWarning("KV recovery returned no applicable state").pipe(
+              Effect.annotateLogs({ response: describeResponse(response) })
+            )
+            yield* finishDegradedLocked(slot, epoch)
+            return undefined
+          }
+        }
+
+        // See RankState.cursor for the admission-based cursor contract. Planning against a clone
+        // preserves the old cursor and buffer until the complete recovery group is admitted.
+        const rankAfterAdmission = slot.rank.clone()
+        rankAfterAdmission.beginSuccessfulRecoveryDrain(recoveredCursor)
+        const plan = rankAfterAdmission.planPendingDrain()
+        const admitted = yield* Effect.either(admitEvents(epoch, [...recoveredEvents, ...plan.events]))
+        if (Either.isLeft(admitted)) {
+          slot.fenceForReset()
+          yield* Effect.logError("KV indexer rejected a recovery event; rank remains fenced", admitted.left)
+          return undefined
+        }
+        rankAfterAdmission.commitPendingDrain(plan.cursor, plan.nextRecoveryStart)
+        slot.rank = rankAfterAdmission
+        return plan.nextRecoveryStart
+      }).pipe(rankLogs(slot.workerId, slot.dpRank))
+
+    // -------------------------------------------------------------------------------------------
+    // Membership (recovery-events.md §3.6)
+
+    /** Removes the active binding, cancels its lifetime and joins its recovery. Slot lock held. */
+    const deactivateLocked = (slot: SourceSlot): Effect.Effect<boolean> =>
+      Effect.suspend(() => {
+        const binding = slot.active
+        if (binding === undefined) return Effect.succeed(false)
+        slot.active = undefined
+        const publisherId = binding.source.publisherId
+        if (publisherBindings.get(publisherId)?.binding === binding) publisherBindings.delete(publisherId)
+        binding.lifetimeCancelled = true
+        return Effect.as(cancelRecovery(slot.key), true)
+      })
+
+    const removeUnexpectedKey = (key: RankKey): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const slot = slots.get(key)
+        if (slot === undefined) return Effect.void
+        return slot.lock
+          .withPermits(1)(
+            Effect.gen(function* () {
+              const hadActive = yield* deactivateLocked(slot)
+              const epoch = slot.lifecycleGeneration ?? 0
+              if (slot.resetPending || hadActive) {
+                const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
+                if (Either.isLeft(reset)) {
+                  yield* Effect.logError(
+                    "Failed to clear KV state for a worker removed from serving membership; retaining reset-pending slot",
+                    reset.left
+                  )
+                  return false
+                }
+              }
+              if (slot.lifecycleGeneration !== undefined) {
+                // Preserve reset-relevant history after the active slot is removed. A later source
+                // incarnation must compare against this tombstone before it can admit events.
+                generationTombstones.set(key, slot.lifecycleGeneration)
+              }
+              return true
+            }).pipe(rankLogs(slot.workerId, slot.dpRank))
+          )
+          .pipe(
+            Effect.flatMap((removable) =>
+              Effect.sync(() => {
+                if (removable && slots.get(key) === slot) slots.delete(key)
+              })
+            )
+          )
+      })
+
+    const reconcileKey = (
+      key: RankKey,
+      workerId: WorkerId,
+      dpRank: DpRank,
+      status: KvSourceStatus,
+      lifecycleGeneration: number
+    ): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const previousGeneration = generationTombstones.get(key)
+        generationTombstones.delete(key)
+        let slot = slots.get(key)
+        if (slot === undefined) {
+          slot = new SourceSlot(key, workerId, dpRank, previousGeneration)
+          slots.set(key, slot)
+        }
+        const locked = slot
+        return locked.lock.withPermits(1)(
+          Effect.gen(function* () {
+            const selected = activeSource(status)
+            const generationChanged = locked.generationChanged(lifecycleGeneration)
+            if (locked.rejectedGeneration === lifecycleGeneration) return
+            if (
+              locked.active !== undefined &&
+              selected !== undefined &&
+              locked.active.source.publisherId === selected.publisherId &&
+              !generationChanged &&
+              !locked.resetPending
+            ) {
+              return
+            }
+
+            yield* deactivateLocked(locked)
+            if (locked.resetPending || generationChanged) {
+              const reset = yield* Effect.either(resetRankOrFence(locked, lifecycleGeneration))
+              if (Either.isLeft(reset)) {
+                yield* selected === undefined
+                  ? Effect.logError(
+                      "Failed to clear inactive KV source state; reset remains pending",
+                      reset.left
+                    )
+                  : Effect.logError(
+                      "KV source activation remains disabled because cold reset failed",
+                      reset.left
+                    ).pipe(Effect.annotateLogs({ publisherId: selected.publisherId.toString() }))
+                return
+              }
+            }
+            locked.acceptGeneration(lifecycleGeneration)
+            if (selected === undefined) {
+              locked.rank = new RankState()
+              return
+            }
+            const binding: MutableBinding = {
+              source: selected,
+              key,
+              workerId: selected.workerId,
+              dpRank: selected.dpRank,
+              epoch: lifecycleGeneration,
+              recoverable: isRecoverableSource(selected),
+              lifetimeCancelled: false
+            }
+            locked.rank.activate(binding.recoverable)
+            locked.active = binding
+            publisherBindings.set(selected.publisherId, { binding, slot: locked })
+            if (binding.recoverable) {
+              yield* spawnRecovery(key, binding, undefined, undefined)
+            } else {
+              yield* Effect.logWarning(
+                "KV source is live-only; serving and best-effort KV routing continue without recovery"
+              ).pipe(
+                Effect.annotateLogs({
+                  kvStateEndpoint: selected.kvStateEndpoint.toString(),
+                  publisherId: selected.publisherId.toString()
+                })
+              )
+            }
+          }).pipe(rankLogs(workerId, dpRank))
+        )
+      })
+
+    const reconcileView = (view: KvSourceMembershipView): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        // After shutdown nothing may be re-activated: shutdown already reset every rank.
+        if (shuttingDown) return
+        for (const key of [...slots.keys()]) {
+          if (!view.ranks.has(key)) yield* removeUnexpectedKey(key)
+        }
+        for (const [key, expected] of view.ranks) {
+          yield* reconcileKey(
+            key,
+            expected.workerId,
+            expected.dpRank,
+            expected.status,
+            expected.lifecycleGeneration
+          )
+        }
+      }).pipe(
+        Effect.withSpan("kvrelay.recovery.reconcile", {
+          attributes: {
+            "kvrelay.serving_endpoint": view.servingEndpoint.toString(),
+            "kvrelay.expected_rank_count": view.ranks.size
+          }
+        })
+      )
+
+    const syncMembership: Effect.Effect<KvSourceMembershipView> = membershipSync.withPermits(1)(
+      Effect.gen(function* () {
+        const view = yield* options.membership
+        yield* reconcileView(view)
+        return view
+      })
+    )
+
+    const syncMembershipWithReadySources = (
+      readySources: ReadonlySet<string>
+    ): Effect.Effect<KvSourceMembershipView> =>
+      membershipSync.withPermits(1)(
+        Effect.gen(function* () {
+          const view = yield* options.membership
+          const ranks = new Map(view.ranks)
+          for (const [key, expected] of view.ranks) {
+            const source = activeSource(expected.status)
+            if (source === undefined) continue
+            if (!readySources.has(readySourceKey(source.publisherId, expected.lifecycleGeneration))) {
+              ranks.set(key, { ...expected, status: { _tag: "Missing" } })
+            }
+          }
+          yield* reconcileView({ ...view, ranks })
+          return view
+        })
+      )
+
+    // -------------------------------------------------------------------------------------------
+    // Faults and fences
+
+    const handleTargetFault = (
+      workerId: WorkerId,
+      dpRank: DpRank,
+      sourceEpoch?: SourceEpoch,
+      barrierFailed = false
+    ): Effect.Effect<TargetFaultDisposition> =>
+      Effect.suspend(() => {
+        const key = rankKey(workerId, dpRank)
+        const slot = slots.get(key)
+        if (slot === undefined) return Effect.succeed<TargetFaultDisposition>("Stale")
+        return slot.lock
+          .withPermits(1)(
+            Effect.gen(function* () {
+              const binding = slot.active
+              if (binding === undefined) return { disposition: "Stale" as const }
+              if (sourceEpoch !== undefined && binding.epoch !== sourceEpoch)
+                return { disposition: "Stale" as const }
+              if (barrierFailed || slot.resetPending) return { disposition: "Fenced" as const }
+              if (binding.recoverable) {
+                slot.rank.recoveryInflight = true
+                return { disposition: "Recovering" as const, binding }
+              }
+              const reset = yield* Effect.either(resetRankOrFence(slot, binding.epoch, "TargetFault"))
+              if (Either.isLeft(reset)) {
+                yield* Effect.logError(
+                  "Failed to reset live-only rank after asynchronous target failure",
+                  reset.left
+                )
+                return { disposition: "Fenced" as const }
+              }
+              slot.rank.activate(false)
+              return { disposition: "ResetLiveOnly" as const }
+            }).pipe(rankLogs(workerId, dpRank))
+          )
+          .pipe(
+            Effect.flatMap((outcome) =>
+              outcome.disposition === "Recovering"
+                ? Effect.as(spawnRecovery(key, outcome.binding, undefined, undefined), outcome.disposition)
+                : Effect.succeed(outcome.disposition)
+            )
+          )
+      })
+
+    const rejectSource = (
+      workerId: WorkerId,
+      dpRank: DpRank,
+      sourceEpoch: SourceEpoch
+    ): Effect.Effect<TargetFaultDisposition> =>
+      Effect.suspend(() => {
+        const slot = slots.get(rankKey(workerId, dpRank))
+        if (slot === undefined) return Effect.succeed<TargetFaultDisposition>("Stale")
+        return slot.lock.withPermits(1)(
+          Effect.gen(function* () {
+            const binding = slot.active
+            if (binding === undefined || binding.epoch !== sourceEpoch) return "Stale" as const
+            yield* deactivateLocked(slot)
+            const reset = yield* Effect.either(resetRankOrFence(slot, sourceEpoch, "TargetFault"))
+            if (Either.isLeft(reset)) {
+              yield* Effect.logError("Failed to clear a protocol-faulted KV source", reset.left)
+            }
+            slot.rank = new RankState()
+            slot.rejectedGeneration = sourceEpoch
+            return "Fenced" as const
+          }).pipe(rankLogs(workerId, dpRank))
+        )
+      })
+
+    const fenceTransport = (publisherId: bigint): Effect.Effect<boolean> =>
+      membershipSync.withPermits(1)(
+        Effect.suspend(() => {
+          const active = publisherBindings.get(publisherId)
+          if (active === undefined) return Effect.succeed(false)
+          const { binding, slot } = active
+          return slot.lock.withPermits(1)(
+            Effect.gen(function* () {
+              if (slot.active !== binding) return false
+              yield* deactivateLocked(slot)
+              const reset = yield* Effect.either(resetRankOrFence(slot, binding.epoch, "Lifecycle"))
+              if (Either.isLeft(reset)) {
+                yield* Effect.logError(
+                  "Failed to reset KV state after direct-ZMQ transport discontinuity",
+                  reset.left
+                ).pipe(Effect.annotateLogs({ publisherId: publisherId.toString() }))
+              }
+              slot.rank = new RankState()
+              return true
+            }).pipe(rankLogs(slot.workerId, slot.dpRank))
+          )
+        })
+      )
+
+    // -------------------------------------------------------------------------------------------
+    // Live batches (recovery-events.md §3.2)
+
+    const handleLiveBatch = (publisherId: bigint, events: ReadonlyArray<RouterEvent>): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const active = publisherBindings.get(publisherId)
+        if (active === undefined) {
+          return Effect.logDebug("Dropping KV event batch from an inactive or ambiguous source").pipe(
+            Effect.annotateLogs({ publisherId: publisherId.toString() })
+          )
+        }
+        const { binding, slot } = active
+        const expected = binding.source
+        const foreign = events.find(
+          (event) => event.workerId !== expected.workerId || event.dpRank !== expected.dpRank
+        )
+        if (foreign !== undefined) {
+          return Effect.logError(
+            "Dropping KV event batch whose payload disagrees with its source advertisement"
+          ).pipe(
+            Effect.annotateLogs({
+              publisherId: publisherId.toString(),
+              expectedWorkerId: expected.workerId,
+              expectedDpRank: expected.dpRank,
+              eventWorkerId: foreign.workerId,
+              eventDpRank: foreign.dpRank
+            })
+          )
+        }
+        if (events.length === 0) return Effect.void
+        return slot.lock.withPermits(1)(handleLiveBatchLocked(slot, binding, commitGroups(events)))
+      })
+
+    const admitGroupOrFence = (
+      slot: SourceSlot,
+      epoch: SourceEpoch,
+      group: CommitGroup,
+      message: string
+    ): Effect.Effect<boolean> =>
+      admitEvents(epoch, group.events).pipe(
+        Effect.as(true),
+        Effect.catchAll((error) =>
+          Effect.sync(() => slot.fenceForReset()).pipe(
+            Effect.zipRight(
+              Effect.logError(message, error).pipe(Effect.annotateLogs({ eventId: group.eventId }))
+            ),
+            Effect.as(false)
+          )
+        )
+      )
+
+    const handleLiveBatchLocked = (
+      slot: SourceSlot,
+      binding: MutableBinding,
+      groups: ReadonlyArray<CommitGroup>
+    ): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        if (slot.active !== binding || slot.resetPending) return
+        const key = slot.key
+        const epoch = binding.epoch
+        for (const group of groups) {
+          const action = slot.rank.observeLiveGroup(group, binding.recoverable)
+          switch (action._tag) {
+            case "Ignore":
+              break
+            case "Apply": {
+              const admitted = yield* admitGroupOrFence(
+                slot,
+                epoch,
+                action.group,
+                "KV event queue rejected a live event; rank remains fenced pending reset"
+              )
+              if (!admitted) return
+              slot.rank.commitLiveAdmission(action.eventId)
+              break
+            }
+            case "Clear": {
+              // NOTE: A clear is ordered only in this publisher's rank stream. It may supersede this
+              // rank's gap recovery, but it has no causal cutoff for sibling ranks and must never
+              // scan, lock, cancel, or mutate their slots.
+              yield* cancelRecovery(key)
+              slot.rank.discardRecoveryBeforeClear()
+              const admitted = yield* admitGroupOrFence(
+                slot,
+                epoch,
+                action.group,
+                "KV event queue rejected a rank clear; rank remains fenced pending reset"
+              )
+              if (!admitted) return
+              slot.rank.commitLiveAdmission(action.eventId)
+              break
+            }
+            case "Recover": {
+              if (action.reset) {
+                yield* cancelRecovery(key)
+                const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
+                if (Either.isLeft(reset)) {
+                  yield* Effect.logError(
+                    "Failed to clear KV state before gap recovery; rank remains fenced",
+                    reset.left
+                  )
+                  return
+                }
+              }
+              yield* spawnRecovery(key, binding, action.startEventId, action.endEventId)
+              break
+            }
+            case "ResetDegraded": {
+              yield* cancelRecovery(key)
+              const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
+              if (Either.isLeft(reset)) {
+                yield* Effect.logError(
+                  "Failed to clear KV state after an event sequence gap; rank remains fenced",
+                  reset.left
+                )
+                return
+              }
+              const admitted = yield* admitGroupOrFence(
+                slot,
+                epoch,
+                action.group,
+                "KV indexer rejected degraded gap event; rank remains fenced"
+              )
+              if (!admitted) return
+              slot.rank.commitLiveAdmission(action.group.eventId)
+              break
+            }
+          }
+        }
+      }).pipe(rankLogs(slot.workerId, slot.dpRank))
+
+    // -------------------------------------------------------------------------------------------
+    // Health and shutdown
+
+    // Reads without the slot locks: every slot mutation is a synchronous step or installs a whole
+    // RankState at once, so a snapshot never sees half an update.
+    const healthSnapshot = Effect.sync((): SourceSupervisorHealth => {
+      const workers = new Set<WorkerId>()
+      const endpoints = new Set<string>()
+      let recoveringRankCount = 0
+      let pendingLiveEventCount = 0
+      for (const slot of slots.values()) {
+        if (slot.rank.recoveryInflight) recoveringRankCount += 1
+        pendingLiveEventCount += slot.rank.pendingLiveEventCount()
+        if (slot.active !== undefined) {
+          workers.add(slot.active.source.workerId)
+          endpoints.add(slot.active.source.kvStateEndpoint.toString())
+        }
+      }
+      return {
+        workerCount: workers.size,
+        rankCount: slots.size,
+        recoveringRankCount,
+        pendingLiveEventCount,
+        discoveredEndpointCount: endpoints.size
+      }
+    })
+
+    const shutdown = yield* Effect.cached(
+      Effect.suspend(() => {
+        shuttingDown = true
+        return Effect.forEach([...slots.keys()], removeUnexpectedKey, { discard: true })
+      }).pipe(Effect.withSpan("kvrelay.recovery.shutdown"))
+    )
+    // Added last so it runs before the FiberMap and FiberSet close: ranks are reset while their
+    // recoveries are still joined one by one, as in the seed.
+    yield* Effect.addFinalizer(() => shutdown)
+
+    const snapshotOf = (slot: SourceSlot): SourceSlotSnapshot => ({
+      active: slot.active,
+      resetPending: slot.resetPending,
+      lifecycleGeneration: slot.lifecycleGeneration,
+      rejectedGeneration: slot.rejectedGeneration,
+      lastAdmittedId: slot.rank.lastAdmittedId(),
+      recoveryInflight: slot.rank.recoveryInflight,
+      pendingLiveEventCount: slot.rank.pendingLiveEventCount()
+    })
+
+    const internals: SourceSupervisorInternals = {
+      reconcileView,
+      finishRecovery: (binding, result) =>
+        Effect.suspend(() => {
+          // Every binding handed out is the supervisor's own MutableBinding object.
+          const mutable = binding as MutableBinding
+          return finishRecovery(binding.key, mutable, { cancelled: false }, result).pipe(
+            Effect.flatMap((next) =>
+              Effect.sync(() => {
+                if (next !== undefined) scheduleRecoveryAfterCurrent(binding.key, mutable, next, undefined)
+              })
+            )
+          )
+        }),
+      fetchRecoveryResponse,
+      publisherBinding: (publisherId) => publisherBindings.get(publisherId)?.binding,
+      slot: (workerId, dpRank) => {
+        const slot = slots.get(rankKey(workerId, dpRank))
+        return slot === undefined ? undefined : snapshotOf(slot)
+      },
+      slotCount: () => slots.size,
+      runningRecoveryCount: () => {
+        let count = 0
+        for (const _ of recoveries) count += 1
+        return count
+      }
+    }
+
+    return {
+      syncMembership,
+      syncMembershipWithReadySources,
+      handleLiveBatch,
+      fenceTransport,
+      handleTargetFault,
+      rejectSource,
+      healthSnapshot,
+      shutdown,
+      internals
+    }
+  })
