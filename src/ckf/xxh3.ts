@@ -357,6 +357,44 @@ const accumulate512 = (io: number, so: number): void => {
   }
 }
 
+/**
+ * `stripes` consecutive stripes from 32-bit word `w` of an aligned input, with the secret
+ * advancing 8 bytes per stripe from word `sw`. The body of the checksum: everything stays in
+ * locals and typed arrays (no module-level number writes, which would box), and the 32×32
+ * multiply is split into 16-bit halves with `Math.imul`.
+ */
+const accumulateAligned = (input: Uint32Array, w: number, stripes: number, secret: Uint32Array, sw: number): void => {
+  const acc = ACC
+  for (let s = 0; s < stripes; s++) {
+    const iw = w + s * 16
+    const kw = sw + s * 2
+    for (let i = 0; i < 8; i++) {
+      const dL = input[iw + 2 * i]!
+      const dH = input[iw + 2 * i + 1]!
+      const kL = dL ^ secret[kw + 2 * i]!
+      const kH = dH ^ secret[kw + 2 * i + 1]!
+      const j = (i ^ 1) << 1
+      let sum = acc[j + 1]! + dL
+      acc[j + 1] = sum
+      acc[j] = acc[j]! + dH + (sum >= TWO_32 ? 1 : 0)
+      const a0 = kL & 0xffff
+      const a1 = kL >>> 16
+      const b0 = kH & 0xffff
+      const b1 = kH >>> 16
+      const p00 = Math.imul(a0, b0)
+      const p01 = Math.imul(a0, b1)
+      const p10 = Math.imul(a1, b0)
+      const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+      const lo = ((mid << 16) | (p00 & 0xffff)) >>> 0
+      const hi = Math.imul(a1, b1) + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+      const k = i << 1
+      sum = acc[k + 1]! + lo
+      acc[k + 1] = sum
+      acc[k] = acc[k]! + hi + (sum >= TWO_32 ? 1 : 0)
+    }
+  }
+}
+
 const scramble = (so: number): void => {
   for (let i = 0; i < 8; i++) {
     const k = i << 1
@@ -371,6 +409,11 @@ const scramble = (so: number): void => {
     ACC[k + 1] = lo
   }
 }
+
+// The long path reads the input as 32-bit words when it is 4-byte aligned, else from a copy.
+const EMPTY_WORDS = new Uint32Array(0)
+let alignedInput: Uint32Array = EMPTY_WORDS
+let alignedScratch = new Uint8Array(0)
 
 const hashLong = (len: number): void => {
   ACC[0] = 0
@@ -390,14 +433,15 @@ const hashLong = (len: number): void => {
   ACC[14] = 0
   ACC[15] = P32_1
   const blocks = Math.floor((len - 1) / BLOCK_LEN)
+  const input = alignedInput
+  const secret = new Uint32Array(secView.buffer, secView.byteOffset, SECRET_SIZE >>> 2)
   for (let n = 0; n < blocks; n++) {
-    const base = n * BLOCK_LEN
-    for (let s = 0; s < STRIPES_PER_BLOCK; s++) accumulate512(base + s * STRIPE_LEN, s * 8)
+    accumulateAligned(input, (n * BLOCK_LEN) >>> 2, STRIPES_PER_BLOCK, secret, 0)
     scramble(SECRET_SIZE - STRIPE_LEN)
   }
   const stripes = Math.floor((len - 1 - BLOCK_LEN * blocks) / STRIPE_LEN)
-  const base = blocks * BLOCK_LEN
-  for (let s = 0; s < stripes; s++) accumulate512(base + s * STRIPE_LEN, s * 8)
+  accumulateAligned(input, (blocks * BLOCK_LEN) >>> 2, stripes, secret, 0)
+  // The last stripe ends at the input's end with the secret at an odd offset: unaligned reads.
   accumulate512(len - STRIPE_LEN, SECRET_SIZE - STRIPE_LEN - 7)
   // merge: start = len * PRIME64_1, then += mul128_fold64(acc[2i] ^ s, acc[2i+1] ^ s') for i < 4
   accL = mul64(0, len, P64_1_H, P64_1_L)
@@ -457,7 +501,15 @@ export const xxh3Into = (
   else if (length <= 240) hashLen129to240(length, seedHi, seedLo)
   else {
     if (seedHi !== 0 || seedLo !== 0) secView = secretForSeed(seedHi, seedLo)
+    const start = bytes.byteOffset + offset
+    if ((start & 3) === 0) alignedInput = new Uint32Array(bytes.buffer, start, length >>> 2)
+    else {
+      if (alignedScratch.length < length) alignedScratch = new Uint8Array(length)
+      alignedScratch.set(bytes.subarray(offset, offset + length))
+      alignedInput = new Uint32Array(alignedScratch.buffer, 0, length >>> 2)
+    }
     hashLong(length)
+    alignedInput = EMPTY_WORDS
   }
   secView = SECRET_VIEW
   inView = SECRET_VIEW
