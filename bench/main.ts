@@ -6,6 +6,7 @@
 import { mkdirSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
+import { benchActor } from "./actor.js"
 import {
   benchCbi1,
   benchDeltaApply,
@@ -33,7 +34,8 @@ const suites: ReadonlyArray<Suite> = [
   ["memory", benchMemoryPerEdge],
   ["prefix_search", benchPrefixSearch],
   ["cbi1", benchCbi1],
-  ["delta_apply", benchDeltaApply]
+  ["delta_apply", benchDeltaApply],
+  ["pool_actor", benchActor]
 ]
 
 /** Repository root: bench/ compiles to dist/bench/, so the root is two levels up from there. */

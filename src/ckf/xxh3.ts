@@ -363,7 +363,13 @@ const accumulate512 = (io: number, so: number): void => {
  * locals and typed arrays (no module-level number writes, which would box), and the 32×32
  * multiply is split into 16-bit halves with `Math.imul`.
  */
-const accumulateAligned = (input: Uint32Array, w: number, stripes: number, secret: Uint32Array, sw: number): void => {
+const accumulateAligned = (
+  input: Uint32Array,
+  w: number,
+  stripes: number,
+  secret: Uint32Array,
+  sw: number
+): void => {
   const acc = ACC
   for (let s = 0; s < stripes; s++) {
     const iw = w + s * 16

@@ -1,0 +1,324 @@
+/**
+ * The publication source (relay-service §3.4): one pool stream per consumer, bootstrapped from a
+ * CBI1 snapshot of the hub's mirror and continued with contiguous CBI1 deltas.
+ *
+ * Admission validates the expected producer before taking any permit, then takes one of the
+ * total pool-stream permits without waiting and waits (cancellably) for a snapshot-encoding
+ * permit. The snapshot chunks are pushed through a one-frame hand-over; if the consumer does not
+ * take a chunk within `snapshotProgressTimeout`, the producer stops, releases its encoding permit
+ * and the stream ends with `SnapshotProgressTimeout` (the generation is not fenced).
+ *
+ * The stream's resources (stream permit, hub subscriber, encoding permit) are released as soon
+ * as the stream ends or its consumer stops, and at the latest when the caller's scope closes.
+ * Relay shutdown ends every stream silently.
+ */
+
+import { Data, Deferred, Duration, Effect, Exit, Option, Queue, Scope, Stream } from "effect"
+import { Cbi1Error, encodeCbi1Snapshot } from "../ckf/cbi1.js"
+import type { ProducerIdentity } from "../ckf/identity.js"
+import type { PoolRegistry } from "./PoolRegistry.js"
+import {
+  DEFAULT_ENCODING_CONCURRENCY,
+  type EncodingPermits,
+  type GenerationSignal,
+  GenerationToken,
+  makeEncodingPermits,
+  OwnedPermits,
+  type PublicationHubError
+} from "./PublicationHub.js"
+
+export const DEFAULT_MAX_POOL_STREAMS = 64
+export const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration.Duration = Duration.seconds(60)
+
+export type PublicationErrorKind =
+  | "NotFound"
+  | "ProducerMismatch"
+  | "Unavailable"
+  | "ResourceExhausted"
+  | "SubscriberLagged"
+  | "SnapshotProgressTimeout"
+  | "InvalidPublication"
+  | "Internal"
+
+export class PublicationError extends Data.TaggedError("PublicationError")<{
+  readonly kind: PublicationErrorKind
+  readonly message: string
+}> {}
+
+/** The driver-level kind of a hub error (relay-service §3.3). */
+export const publicationErrorOf = (error: PublicationHubError): PublicationError => {
+  switch (error._tag) {
+    case "UnknownPool":
+      return new PublicationError({ kind: "NotFound", message: error.message })
+    case "ProducerMismatch":
+      return new PublicationError({ kind: "ProducerMismatch", message: error.message })
+    case "PublicationUnavailable":
+      return new PublicationError({ kind: "Unavailable", message: error.message })
+    case "SubscriberLimit":
+    case "InitializedHubLimit":
+      return new PublicationError({ kind: "ResourceExhausted", message: error.message })
+    case "SubscriberLagged":
+      return new PublicationError({ kind: "SubscriberLagged", message: error.message })
+    case "InvalidHubPublication":
+      return new PublicationError({ kind: "InvalidPublication", message: error.message })
+  }
+}
+
+export type PublicationFrameKind = "SnapshotChunk" | "Delta"
+
+export interface PublicationFrame {
+  readonly kind: PublicationFrameKind
+  readonly identity: ProducerIdentity
+  readonly baseSequence: bigint
+  readonly sequence: bigint
+  /** One CBI1 frame. */
+  readonly payload: Uint8Array
+}
+
+export interface PublicationSourceOptions {
+  /** Pool streams open at once across all pools (default 64). */
+  readonly maxActiveStreams?: number | undefined
+  /** Snapshot-encoding permits (default 2 of its own). */
+  readonly encodingPermits?: EncodingPermits | undefined
+  /** How long a snapshot chunk may wait for its consumer (default 60 s). */
+  readonly snapshotProgressTimeout?: Duration.DurationInput | undefined
+}
+
+export interface PublicationSource {
+  /**
+   * Opens a pool stream. Errors before the first frame (not found, producer changed, limits,
+   * unavailable, invalid publication) fail this effect; later ones end the stream.
+   */
+  readonly subscribePool: (
+    expected: ProducerIdentity,
+    subscriberId: string
+  ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
+  /** Ends every stream silently and rejects new ones as unavailable. */
+  readonly shutdown: Effect.Effect<void>
+  /** Completes once `shutdown` ran (`wait_for_shutdown` in the seed). */
+  readonly awaitShutdown: Effect.Effect<void>
+  /** Open pool streams. */
+  readonly activeStreams: () => number
+}
+
+const invalid = (message: string) => new PublicationError({ kind: "InvalidPublication", message })
+
+/** A publication source over `registry`, shut down when the current scope closes. */
+export const make = (
+  registry: PoolRegistry,
+  options: PublicationSourceOptions = {}
+): Effect.Effect<PublicationSource, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const maxActiveStreams = options.maxActiveStreams ?? DEFAULT_MAX_POOL_STREAMS
+    const streamPermits = new OwnedPermits(maxActiveStreams)
+    const encodingPermits = options.encodingPermits ?? makeEncodingPermits(DEFAULT_ENCODING_CONCURRENCY)
+    const progressTimeout = Duration.decode(
+      options.snapshotProgressTimeout ?? DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT
+    )
+    const lifecycle = new GenerationToken()
+
+    const fence = (expected: ProducerIdentity, reason: string) =>
+      registry.fenceGeneration(expected.poolId, expected.layoutGeneration, `publication source: ${reason}`)
+
+    /** Admission and bootstrap; every resource lands in `streamScope`. */
+    const open = (
+      expected: ProducerIdentity,
+      generation: GenerationSignal,
+      streamScope: Scope.CloseableScope
+    ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError> =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.gen(function* () {
+          // Waiting for an encoding permit is cancellable: the wait is interruptible.
+          const releaseEncoding = yield* restore(encodingPermits.acquire).pipe(
+            Effect.mapError((error) => new PublicationError({ kind: "Unavailable", message: error.message }))
+          )
+          yield* Scope.addFinalizer(streamScope, releaseEncoding)
+          const subscription = yield* restore(registry.subscribePool(expected)).pipe(
+            Scope.extend(streamScope),
+            Effect.mapError(publicationErrorOf)
+          )
+          const snapshot = subscription.snapshot
+          if (snapshot === undefined) {
+            return yield* Effect.fail(
+              new PublicationError({
+                kind: "Internal",
+                message: "publication subscription lost its snapshot"
+              })
+            )
+          }
+          if (!snapshot.identity.equals(expected)) {
+            const message = `snapshot identity ${snapshot.identity.key} differs from the expected ${expected.key}`
+            yield* fence(expected, message)
+            return yield* Effect.fail(invalid(message))
+          }
+          const chunks = encodeCbi1Snapshot(
+            { format: expected.format, dcId: expected.poolId.dcId.value },
+            snapshot.sequence,
+            snapshot.words
+          )
+          subscription.releaseSnapshot()
+          if (chunks instanceof Cbi1Error) {
+            const message = `CBI1 snapshot encoding failed: ${chunks.message}`
+            yield* fence(expected, message)
+            return yield* Effect.fail(invalid(message))
+          }
+
+          // The producer side of the one-chunk hand-over: it holds the encoding permit (and the
+          // encoded chunks) only until the last chunk was taken or the consumer stalled.
+          const handover = yield* Queue.bounded<Uint8Array>(1)
+          const stalled = yield* Deferred.make<never, PublicationError>()
+          const produce = Effect.gen(function* () {
+            for (const chunk of chunks) {
+              const offered = yield* Queue.offer(handover, chunk).pipe(Effect.timeoutOption(progressTimeout))
+              if (Option.isNone(offered)) {
+                yield* Effect.logWarning("KV DC Relay snapshot consumer made no progress; closing its stream")
+                yield* Deferred.fail(
+                  stalled,
+                  new PublicationError({
+                    kind: "SnapshotProgressTimeout",
+                    message: `snapshot chunk not taken within ${Duration.format(progressTimeout)}; open a fresh stream`
+                  })
+                )
+                return
+              }
+            }
+          }).pipe(Effect.ensuring(releaseEncoding), Effect.interruptible)
+          yield* Effect.forkIn(produce, streamScope)
+
+          // A retired generation ends the stream at the next pull, even mid-snapshot: whatever is
+          // still queued belongs to a producer the consumer must drop.
+          const retired = Effect.fail(
+            new PublicationError({
+              kind: "Unavailable",
+              message: "pool generation retired; open a fresh stream"
+            })
+          )
+          const unlessRetired = <A>(
+            effect: Effect.Effect<A, PublicationError>
+          ): Effect.Effect<A, PublicationError> =>
+            Effect.suspend(() =>
+              generation.isCancelled
+                ? retired
+                : Effect.interruptible(Effect.raceFirst(effect, Effect.zipRight(generation.await, retired)))
+            )
+
+          const sequence = snapshot.sequence
+          let taken = 0
+          const nextChunk: Effect.Effect<PublicationFrame, Option.Option<PublicationError>> = Effect.suspend(
+            () => {
+              if (taken === chunks.length) return Effect.fail(Option.none())
+              // A chunk already handed over goes out before a stall is reported.
+              return unlessRetired(
+                Queue.poll(handover).pipe(
+                  Effect.flatMap((ready) =>
+                    Option.isSome(ready)
+                      ? Effect.succeed(ready.value)
+                      : Effect.interruptible(Effect.raceFirst(Queue.take(handover), Deferred.await(stalled)))
+                  )
+                )
+              ).pipe(
+                Effect.map((payload): PublicationFrame => {
+                  taken++
+                  return {
+                    kind: "SnapshotChunk",
+                    identity: expected,
+                    baseSequence: sequence,
+                    sequence,
+                    payload
+                  }
+                }),
+                Effect.mapError(Option.some)
+              )
+            }
+          )
+
+          let current = sequence
+          const nextDelta: Effect.Effect<PublicationFrame, PublicationError> = unlessRetired(
+            subscription.recv.pipe(Effect.mapError(publicationErrorOf))
+          ).pipe(
+            Effect.flatMap((frame) => {
+              if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
+                const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
+                return Effect.zipRight(fence(expected, message), Effect.fail(invalid(message)))
+              }
+              current = frame.sequence
+              return Effect.succeed<PublicationFrame>({
+                kind: "Delta",
+                identity: expected,
+                baseSequence: frame.baseSequence,
+                sequence: frame.sequence,
+                payload: frame.payload
+              })
+            })
+          )
+
+          return Stream.concat(Stream.repeatEffectOption(nextChunk), Stream.repeatEffect(nextDelta))
+        })
+      )
+
+    const subscribePool = (
+      expected: ProducerIdentity,
+      subscriberId: string
+    ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope> =>
+      Effect.gen(function* () {
+        if (lifecycle.isCancelled) {
+          return yield* Effect.fail(
+            new PublicationError({ kind: "Unavailable", message: "relay is shutting down" })
+          )
+        }
+        // Validated before any permit is taken, so a stale consumer never occupies one.
+        const generation = yield* registry
+          .validateActiveProducer(expected)
+          .pipe(Effect.mapError(publicationErrorOf))
+        const callerScope = yield* Effect.scope
+        return yield* Effect.uninterruptibleMask((restore) =>
+          Effect.gen(function* () {
+            const permit = streamPermits.tryAcquire()
+            if (permit === undefined) {
+              return yield* Effect.fail(
+                new PublicationError({
+                  kind: "ResourceExhausted",
+                  message: `Relay total pool stream limit ${maxActiveStreams} reached`
+                })
+              )
+            }
+            const streamScope = yield* Scope.make()
+            yield* Scope.addFinalizer(
+              streamScope,
+              Effect.sync(() => permit.release())
+            )
+            yield* Scope.addFinalizer(callerScope, Scope.close(streamScope, Exit.void))
+            const stream = yield* restore(open(expected, generation, streamScope)).pipe(
+              Effect.onError(() => Scope.close(streamScope, Exit.void))
+            )
+            return stream.pipe(
+              Stream.interruptWhen(lifecycle.await),
+              Stream.ensuring(Scope.close(streamScope, Exit.void))
+            )
+          })
+        )
+      }).pipe(
+        Effect.annotateLogs({
+          poolId: expected.poolId.toString(),
+          layoutGeneration: String(expected.layoutGeneration),
+          subscriberId
+        }),
+        Effect.withSpan("PublicationSource.subscribePool", {
+          attributes: {
+            "kvrelay.pool": expected.poolId.toString(),
+            "kvrelay.layout_generation": String(expected.layoutGeneration),
+            "kvrelay.subscriber": subscriberId
+          }
+        })
+      )
+
+    const shutdown = Effect.sync(() => lifecycle.cancel())
+    yield* Effect.addFinalizer(() => shutdown)
+
+    return {
+      subscribePool,
+      shutdown,
+      awaitShutdown: lifecycle.await,
+      activeStreams: () => maxActiveStreams - streamPermits.available
+    }
+  })

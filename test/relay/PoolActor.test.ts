@@ -1,0 +1,200 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Fiber, Option, Queue, Scope, TestClock } from "effect"
+import { type CkfConfig, ckfConfig } from "../../src/ckf/config.js"
+import {
+  CacheSemanticsId,
+  DcId,
+  IndexerDomainId,
+  LaneLease,
+  PoolId,
+  RoutingScopeId
+} from "../../src/ckf/identity.js"
+import { DcCkfState } from "../../src/ckf/state.js"
+import { storedEvent } from "../../src/domain/events.js"
+import { make, type PoolActorOptions, type StreamScope } from "../../src/relay/PoolActor.js"
+
+const streamScope: StreamScope = {
+  relayIncarnation: 1n,
+  layoutGeneration: 1n,
+  poolId: new PoolId(
+    new IndexerDomainId(
+      new CacheSemanticsId(new Uint8Array(16).fill(1), "explicit"),
+      new RoutingScopeId(new Uint8Array(16).fill(3), "explicit")
+    ),
+    new DcId(2n)
+  )
+}
+const lease = (epoch: number) => new LaneLease(4n, 0, BigInt(epoch))
+const stored = (eventId: number, hashes: ReadonlyArray<number>) => storedEvent("1", 0, eventId, hashes)
+const spawn = (config: CkfConfig, options: PoolActorOptions = {}) =>
+  make(new DcCkfState(config), streamScope, options)
+const settle = Effect.forEach(Array.from({ length: 50 }), () => Effect.yieldNow(), { discard: true })
+
+describe("PoolActor", () => {
+  it.scoped("graceful shutdown publishes the tail, then receivers drain and close", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32, { publishEveryNEvents: 16 }), {
+        publicationDelay: "10 seconds"
+      })
+      const subscription = yield* actor.subscribe(lease(1))
+      yield* actor.admitEvent(0, stored(1, [1]))
+      yield* actor.admitEvent(0, stored(2, [2]))
+      yield* actor.shutdown
+
+      const tail = yield* subscription.deltas.take
+      expect([tail.baseSequence, tail.sequence]).toEqual([0n, 1n])
+      expect((yield* Effect.flip(subscription.deltas.take))._tag).toBe("DeltaStreamClosed")
+      const diagnostics = yield* actor.diagnostics
+      expect(diagnostics.shuttingDown).toBe(true)
+      expect(diagnostics.appliedEvents).toBe(2)
+      expect((yield* Effect.flip(actor.shutdown))._tag).toBe("RelayShuttingDown")
+    })
+  )
+
+  it.scoped("a fence discards deltas a receiver had not taken yet", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32))
+      const subscription = yield* actor.subscribe(lease(1))
+      yield* actor.admitEvent(0, stored(1, [1]))
+      yield* actor.flush
+      expect(Option.isSome(yield* subscription.deltas.poll)).toBe(true)
+      yield* actor.admitEvent(0, stored(2, [2]))
+      yield* actor.flush
+      yield* actor.fence
+      expect((yield* Effect.flip(subscription.deltas.take))._tag).toBe("DeltaStreamClosed")
+    })
+  )
+
+  it.effect("closing the scope fences the actor", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const actor = yield* Scope.extend(spawn(ckfConfig(32, { publishEveryNEvents: 16 })), scope)
+      const subscription = yield* Scope.extend(actor.subscribe(lease(1)), scope)
+      yield* actor.admitEvent(0, stored(1, [1]))
+      yield* Scope.close(scope, Exit.void)
+      yield* actor.awaitStopped
+      expect((yield* Effect.flip(subscription.deltas.take))._tag).toBe("DeltaStreamClosed")
+      expect((yield* Effect.flip(actor.admitEvent(0, stored(2, [2]))))._tag).toBe("RelayShuttingDown")
+      expect((yield* Effect.flip(actor.flush))._tag).toBe("RelayShuttingDown")
+    })
+  )
+
+  it.scoped("a fence fails blocked admissions and stops queued commands", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32), { mailboxCapacity: 1 })
+      const release = yield* actor.pause
+      const queuedFlush = yield* Effect.fork(actor.flush)
+      yield* settle
+      const blocked = yield* Effect.fork(actor.admitEvent(0, stored(1, [1])))
+      yield* settle
+      expect(Option.isNone(yield* Fiber.poll(blocked))).toBe(true)
+
+      yield* actor.fence
+      expect((yield* Effect.flip(Fiber.join(blocked)))._tag).toBe("RelayShuttingDown")
+      expect((yield* Effect.flip(Fiber.join(queuedFlush)))._tag).toBe("ActorStopped")
+      yield* release
+    })
+  )
+
+  it.scoped("payload permits bound admitted blocks before the mailbox does", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32), { pendingBlockPermits: 4 })
+      const release = yield* actor.pause
+      yield* actor.admitEvent(0, stored(1, [1, 2, 3, 4]))
+      const second = yield* Effect.fork(actor.admitEvent(0, stored(2, [5])))
+      yield* settle
+      expect(Option.isNone(yield* Fiber.poll(second))).toBe(true)
+      expect(yield* actor.mailboxDepth).toBe(1)
+
+      yield* release
+      yield* Fiber.join(second)
+      yield* actor.flush
+      expect((yield* actor.stateStats).stats.aggregation.uniqueBlockCount).toBe(5)
+    })
+  )
+
+  it.scoped("a receiver that falls behind is lagged without blocking the actor", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32), { publicationCapacity: 2 })
+      const slow = yield* actor.subscribe(lease(1))
+      for (let id = 1; id <= 3; id++) yield* actor.admitEvent(0, stored(id, [id]))
+      yield* actor.flush
+      expect((yield* Effect.flip(slow.deltas.take))._tag).toBe("DeltaStreamLagged")
+
+      // A new subscription recovers with a snapshot covering everything.
+      const fresh = yield* actor.subscribe(lease(2))
+      expect(fresh.snapshot.sequence).toBe(3n)
+      yield* slow.deltas.close
+      yield* actor.admitEvent(0, stored(4, [4]))
+      const next = yield* fresh.deltas.take
+      expect([next.baseSequence, next.sequence]).toEqual([3n, 4n])
+    })
+  )
+
+  it.scoped("the publication timer is disarmed at a boundary", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32, { publishEveryNEvents: 2 }), { publicationDelay: "5 millis" })
+      const subscription = yield* actor.subscribe(lease(1))
+      yield* actor.admitEvent(0, stored(1, [1]))
+      yield* actor.admitEvent(0, stored(2, [2]))
+      const boundary = yield* subscription.deltas.take
+      expect(boundary.sequence).toBe(1n)
+      yield* TestClock.adjust("20 millis")
+      yield* settle
+      expect(Option.isNone(yield* subscription.deltas.poll)).toBe(true)
+
+      // A sparse tail afterwards still goes out on the timer.
+      yield* actor.admitEvent(0, stored(3, [3]))
+      yield* actor.stateStats
+      yield* settle
+      yield* TestClock.adjust("5 millis")
+      const tail = yield* subscription.deltas.take
+      expect(tail.sequence).toBe(2n)
+    })
+  )
+
+  it.scoped("an expired timer fires at a turn's end even while commands keep coming", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(1024, { publishEveryNEvents: 1000 }), {
+        publicationDelay: "1 millis"
+      })
+      const subscription = yield* actor.subscribe(lease(1))
+      yield* actor.admitEvent(0, stored(1, [1]))
+      const release = yield* actor.pause
+      for (let id = 2; id <= 101; id++) yield* actor.admitEvent(0, stored(id, [id]))
+      // The deadline passes while the actor is paused; its tick queues behind the 100 events.
+      yield* TestClock.adjust("1 millis")
+      yield* settle
+      yield* release
+      const { sequence, stats } = yield* actor.stateStats
+      // At the end of the turn (64 commands) that resumed after the pause, not after the backlog.
+      expect(sequence).toBe(1n)
+      expect(stats.publication.pendingEvents).toBeGreaterThan(0)
+      expect(stats.publication.pendingEvents).toBeLessThan(100)
+      expect((yield* subscription.deltas.take).sequence).toBe(1n)
+    })
+  )
+
+  it.scoped("reports an epoch advanced without a barrier as a source-protocol fault", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32))
+      yield* actor.admitEvent(3, stored(1, [1]))
+      yield* actor.admitEvent(4, stored(2, [2]))
+      const fault = yield* Queue.take(actor.faults)
+      expect(fault).toMatchObject({
+        workerId: "1",
+        dpRank: 0,
+        sourceEpoch: 4,
+        eventId: 2,
+        category: "SourceProtocol",
+        message: "source epoch advanced from 3 to 4 without a reset or replacement barrier"
+      })
+      expect(fault.disposition.action).toBe("RejectSource")
+      // The event was not applied; a replacement at the new epoch is accepted.
+      yield* actor.replaceRank(4, "1", 0, [stored(0, [7])])
+      yield* actor.admitEvent(4, stored(3, [8]))
+      yield* actor.flush
+      expect((yield* actor.stateStats).stats.aggregation.uniqueBlockCount).toBe(2)
+    })
+  )
+})
