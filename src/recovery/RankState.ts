@@ -134,12 +134,20 @@ export class RankState {
     this.recoveryInflight = recoverable
   }
 
-  observeLiveEvent(event: RouterEvent, recoverable: boolean): LiveEventAction {
-    return this.observeLiveGroup(singleEventGroup(event), recoverable)
+  observeLiveEvent(event: RouterEvent, recoverable: boolean, incrementalGaps = false): LiveEventAction {
+    return this.observeLiveGroup(singleEventGroup(event), recoverable, incrementalGaps)
   }
 
-  /** The decision table of recovery-events.md §2.3, applied to one commit group. */
-  observeLiveGroup(group: CommitGroup, recoverable: boolean): LiveEventAction {
+  /**
+   * The decision table of recovery-events.md §2.3, applied to one commit group.
+   *
+   * `incrementalGaps` selects the newest reference's gap handling (§2.7(c)): ask for the missing
+   * range from `expected` without pre-clearing the rank. Engine replay endpoints keep a bounded
+   * history of batches, so the snapshot-P answer (clear, then replay everything from seq 0) stops
+   * being possible once that history no longer reaches the start, and every gap would then wipe
+   * the rank; a range replay keeps the rank and degrades only the missing span.
+   */
+  observeLiveGroup(group: CommitGroup, recoverable: boolean, incrementalGaps = false): LiveEventAction {
     const id = group.eventId
     // A clear is handled before the cursor, whatever `recoveryInflight` is: it supersedes any gap
     // recovery of this rank.
@@ -162,6 +170,9 @@ export class RankState {
       if (!recoverable) return { _tag: "ResetDegraded", group }
       this.observeAndBuffer(group)
       this.recoveryInflight = true
+      if (incrementalGaps) {
+        return { _tag: "Recover", startEventId: observation.expected, endEventId: undefined, reset: false }
+      }
       return { _tag: "Recover", startEventId: undefined, endEventId: undefined, reset: true }
     }
     return { _tag: "Apply", eventId: id, group }

@@ -87,6 +87,8 @@ export interface SourceBinding {
   readonly dpRank: DpRank
   readonly epoch: SourceEpoch
   readonly recoverable: boolean
+  /** Gaps ask for the missing range instead of clearing the rank (engine replay sources). */
+  readonly incrementalGaps: boolean
 }
 
 interface MutableBinding extends SourceBinding {
@@ -727,6 +729,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               dpRank: selected.dpRank,
               epoch: lifecycleGeneration,
               recoverable: isRecoverableSource(selected),
+              incrementalGaps: selected.transport.kind === "engine-zmq",
               lifetimeCancelled: false
             }
             locked.rank.activate(binding.recoverable)
@@ -955,7 +958,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         const key = slot.key
         const epoch = binding.epoch
         for (const group of groups) {
-          const action = slot.rank.observeLiveGroup(group, binding.recoverable)
+          const action = slot.rank.observeLiveGroup(group, binding.recoverable, binding.incrementalGaps)
           switch (action._tag) {
             case "Ignore":
               break

@@ -127,6 +127,24 @@ describe("RankState decision table (recovery-events.md §2.3)", () => {
     expect(rank.cursor).toBe(3)
   })
 
+  it("row 4, incremental gaps (engine replay sources): ask for the missing range without a reset", () => {
+    const rank = liveAt(3)
+    expect(rank.observeLiveEvent(store(6), true, true)).toEqual({
+      _tag: "Recover",
+      startEventId: 4,
+      endEventId: undefined,
+      reset: false
+    })
+    expect(rank.recoveryInflight).toBe(true)
+    expect(rank.pendingGroupCount()).toBe(1)
+    expect(rank.cursor).toBe(3)
+    // The first event still asks for a full restore: there is no cursor to continue from.
+    expect(liveAt(undefined).observeLiveEvent(store(1), true, true)).toMatchObject({
+      startEventId: undefined,
+      reset: false
+    })
+  })
+
   it("row 5: a live-only gap degrades with a reset and the event", () => {
     const rank = liveAt(3)
     const action = rank.observeLiveEvent(store(6), false)

@@ -1,0 +1,204 @@
+/**
+ * A simulated Dynamo worker rank publishing on the real event plane wire format (PUB, SNDHWM
+ * 100000, 4-frame messages, `Vec<RouterEvent>` payloads). Event ids are dense per rank from 1;
+ * the envelope carries a random publisher id and a per-publisher sequence from 0. Every event
+ * is also recorded in an optional `WorkerQueryServer`, so recovery queries see what was sent.
+ *
+ * For gap tests a message can be dropped on purpose (its ids and sequence are consumed and the
+ * query server records it, but nothing is sent), and the worker can restart with a new
+ * publisher id (ids restart at 1, the query server forgets the rank's history).
+ */
+
+import { Clock, Effect, type Scope } from "effect"
+import * as zmq from "zeromq"
+import { hashPairs } from "../ckf/u64.js"
+import {
+  clearedEvent,
+  type DpRank,
+  type RouterEvent,
+  type StorageTier,
+  type WorkerId
+} from "../domain/events.js"
+import type { EndpointId } from "../domain/model.js"
+import type { KvEventSource } from "../domain/sources.js"
+import { encodeDynamoMessage, KV_EVENT_TOPIC } from "./DynamoZmq.js"
+import type { RouterEventEncodeOptions } from "./msgpack.js"
+import type { WorkerQueryServer } from "./WorkerQueryServer.js"
+import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "./ZmqSocket.js"
+
+/** Publisher ids stay JSON-safe (Dynamo masks them to `MAX_JSON_SAFE_PUBLISHER_ID`). */
+const MAX_PUBLISHER_ID = 2 ** 53 - 1
+
+/** A random publisher id in 1..2^53 − 1. */
+export const randomPublisherId = (): bigint => {
+  const hi = Math.floor(Math.random() * 0x20_0000)
+  const lo = Math.floor(Math.random() * 4294967296)
+  const id = hi * 4294967296 + lo
+  return BigInt(id === 0 ? 1 : Math.min(id, MAX_PUBLISHER_ID))
+}
+
+export type HashInput = Uint32Array | ReadonlyArray<bigint | number>
+
+const pairsOf = (hashes: HashInput): Uint32Array =>
+  hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
+
+export interface DynamoZmqPublisherOptions {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  /** Default `kv-events`. */
+  readonly topic?: string
+  /** Bind address (default `tcp://127.0.0.1:*`). */
+  readonly endpoint?: string
+  /** Records every event (sent or dropped) for recovery queries. */
+  readonly queryServer?: WorkerQueryServer
+  readonly publisherId?: bigint
+  /** Variant encoding of the payload (older rmp-serde forms for compatibility tests). */
+  readonly encoding?: RouterEventEncodeOptions
+}
+
+export interface StoreOptions {
+  readonly parentHash?: bigint
+  readonly tokensHashes?: HashInput
+  readonly storageTier?: StorageTier
+}
+
+export interface DynamoZmqPublisher {
+  readonly endpoint: string
+  readonly topic: string
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly publisherId: Effect.Effect<bigint>
+  /** The id the next event will get. */
+  readonly nextEventId: Effect.Effect<number>
+  /** Publishes one message holding `events` as given (ids are the caller's). */
+  readonly publish: (events: ReadonlyArray<RouterEvent>) => Effect.Effect<void, ZmqError>
+  /** Publishes one Stored event with the next id. */
+  readonly store: (hashes: HashInput, options?: StoreOptions) => Effect.Effect<RouterEvent, ZmqError>
+  readonly remove: (hashes: HashInput, storageTier?: StorageTier) => Effect.Effect<RouterEvent, ZmqError>
+  readonly clear: Effect.Effect<RouterEvent, ZmqError>
+  /** The next `count` messages are recorded but not sent (a gap on the wire). */
+  readonly dropNext: (count?: number) => Effect.Effect<void>
+  /** Sends arbitrary frames on the PUB socket (garbage tests). */
+  readonly sendRaw: (frames: ReadonlyArray<Uint8Array | string>) => Effect.Effect<void, ZmqError>
+  /** A new incarnation: new publisher id, sequence 0, ids from 1, the rank's query history reset. */
+  readonly restart: (publisherId?: bigint) => Effect.Effect<bigint>
+  /** The discovery advertisement of the current incarnation. */
+  readonly source: (
+    kvStateEndpoint: EndpointId,
+    options?: { readonly recoverable?: boolean }
+  ) => Effect.Effect<KvEventSource>
+  readonly stats: Effect.Effect<{ readonly sent: number; readonly dropped: number }>
+}
+
+export const makeDynamoZmqPublisher = (
+  options: DynamoZmqPublisherOptions
+): Effect.Effect<DynamoZmqPublisher, ZmqError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const topic = options.topic ?? KV_EVENT_TOPIC
+    const socket = yield* acquireSocket(
+      () => new zmq.Publisher({ sendHighWaterMark: EVENT_HWM, sendTimeout: 0, linger: 0 })
+    )
+    const endpoint = yield* bindSocket(socket, options.endpoint ?? "tcp://127.0.0.1:*")
+    let publisherId = options.publisherId ?? randomPublisherId()
+    let sequence = 0
+    let nextEventId = 1
+    let dropping = 0
+    let sent = 0
+    let dropped = 0
+    const server = options.queryServer
+
+    const publish = (events: ReadonlyArray<RouterEvent>): Effect.Effect<void, ZmqError> =>
+      Effect.gen(function* () {
+        if (server !== undefined) for (const event of events) yield* server.record(event)
+        const publishedAtMs = yield* Clock.currentTimeMillis
+        const frames = encodeDynamoMessage(
+          { topic, publisherId, sequence: sequence++, publishedAtMs, events },
+          options.encoding
+        )
+        if (dropping > 0) {
+          dropping--
+          dropped++
+          return
+        }
+        sent++
+        yield* sendFrames(socket, frames, endpoint)
+      })
+
+    const emit = (build: (eventId: number) => RouterEvent): Effect.Effect<RouterEvent, ZmqError> =>
+      Effect.suspend(() => {
+        const event = build(nextEventId++)
+        return publish([event]).pipe(Effect.as(event))
+      })
+
+    return {
+      endpoint,
+      topic,
+      workerId: options.workerId,
+      dpRank: options.dpRank,
+      publisherId: Effect.sync(() => publisherId),
+      nextEventId: Effect.sync(() => nextEventId),
+      publish,
+      store: (hashes, store = {}) =>
+        emit((eventId) => {
+          const blockHashes = pairsOf(hashes)
+          return {
+            workerId: options.workerId,
+            dpRank: options.dpRank,
+            eventId,
+            storageTier: store.storageTier ?? "device",
+            data: {
+              _tag: "Stored",
+              blockHashes,
+              tokensHashes: store.tokensHashes === undefined ? blockHashes : pairsOf(store.tokensHashes),
+              parentHash: store.parentHash === undefined ? undefined : hashPairs([store.parentHash]),
+              startPosition: undefined
+            }
+          }
+        }),
+      remove: (hashes, storageTier = "device") =>
+        emit((eventId) => ({
+          workerId: options.workerId,
+          dpRank: options.dpRank,
+          eventId,
+          storageTier,
+          data: { _tag: "Removed", blockHashes: pairsOf(hashes) }
+        })),
+      clear: emit((eventId) => clearedEvent(options.workerId, options.dpRank, eventId)),
+      dropNext: (count = 1) =>
+        Effect.sync(() => {
+          dropping += count
+        }),
+      sendRaw: (frames) => sendFrames(socket, frames, endpoint),
+      restart: (next) =>
+        Effect.gen(function* () {
+          publisherId = next ?? randomPublisherId()
+          sequence = 0
+          nextEventId = 1
+          dropping = 0
+          if (server !== undefined) yield* server.resetRank(options.dpRank)
+          yield* Effect.logInfo("simulated dynamo publisher restarted").pipe(
+            Effect.annotateLogs({
+              workerId: options.workerId,
+              dpRank: options.dpRank,
+              publisherId: String(publisherId)
+            })
+          )
+          return publisherId
+        }),
+      source: (kvStateEndpoint, sourceOptions = {}) =>
+        Effect.sync(
+          (): KvEventSource => ({
+            kvStateEndpoint,
+            workerId: options.workerId,
+            dpRank: options.dpRank,
+            publisherId,
+            transport: { kind: "dynamo-zmq", endpoint, topic },
+            recoveryTarget:
+              server !== undefined && (sourceOptions.recoverable ?? true)
+                ? { endpoint: server.endpoint }
+                : null
+          })
+        ),
+      stats: Effect.sync(() => ({ sent, dropped }))
+    } satisfies DynamoZmqPublisher
+  })

@@ -1,0 +1,244 @@
+/**
+ * A simulated vLLM / SGLang engine rank: a PUB sending 3-frame `[topic, seq, payload]` messages
+ * (seq from 0) and a replay ROUTER serving its buffer of recent batches (recovery-events B.3–B.4).
+ * vLLM encodes tagged maps with unsigned hashes, SGLang tagged arrays with signed hashes.
+ *
+ * For gap tests a batch can be dropped on the wire (its seq is consumed and it stays in the
+ * replay buffer), the buffer can forget old batches (truncated history), and the engine can
+ * restart with a new publisher id (seq from 0, empty buffer).
+ */
+
+import { Clock, Effect, type Scope } from "effect"
+import * as zmq from "zeromq"
+import { hashPairs } from "../ckf/u64.js"
+import type { DpRank, StorageTier, WorkerId } from "../domain/events.js"
+import type { EndpointId } from "../domain/model.js"
+import type { KvEventSource } from "../domain/sources.js"
+import { type HashInput, randomPublisherId } from "./DynamoZmqPublisher.js"
+import {
+  type EngineEvent,
+  type EngineFormat,
+  encodeEngineBatch,
+  mediumOfTier,
+  REPLAY_END_SEQ,
+  SGLANG_FORMAT,
+  VLLM_FORMAT
+} from "./EngineZmq.js"
+import {
+  acquireSocket,
+  bindSocket,
+  EVENT_HWM,
+  receiveFrames,
+  sendFrames,
+  u64FrameOf,
+  u64FrameValue,
+  type ZmqError
+} from "./ZmqSocket.js"
+
+export interface EngineZmqPublisherOptions {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  /** `vllm`, `sglang` or an explicit format. */
+  readonly format: "vllm" | "sglang" | EngineFormat
+  /** Frame-0 topic (engines default to ""). */
+  readonly topic?: string
+  /** PUB bind address (default `tcp://127.0.0.1:*`). */
+  readonly endpoint?: string
+  /** Replay ROUTER bind address (default `tcp://127.0.0.1:*`); null = no replay endpoint. */
+  readonly replayEndpoint?: string | null
+  /** Batches kept for replay (`buffer_steps`, default 10000). */
+  readonly bufferSteps?: number
+  readonly publisherId?: bigint
+  /** Tokens per block in BlockStored events (default 16). */
+  readonly blockSize?: number
+  /** Write the batch rank (default true; false gives the 2-element `[ts, events]` batch). */
+  readonly includeRank?: boolean
+}
+
+export interface EngineStoreOptions {
+  readonly parentHash?: bigint
+  readonly medium?: string | null
+  readonly storageTier?: StorageTier
+}
+
+export interface EngineZmqPublisher {
+  readonly endpoint: string
+  readonly replayEndpoint: string | null
+  readonly topic: string
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly format: EngineFormat
+  readonly publisherId: Effect.Effect<bigint>
+  /** The seq the next batch will get. */
+  readonly nextSeq: Effect.Effect<number>
+  /** Publishes one batch; returns its seq. */
+  readonly publish: (events: ReadonlyArray<EngineEvent>) => Effect.Effect<number, ZmqError>
+  readonly store: (hashes: HashInput, options?: EngineStoreOptions) => Effect.Effect<number, ZmqError>
+  readonly remove: (hashes: HashInput, medium?: string | null) => Effect.Effect<number, ZmqError>
+  readonly clear: Effect.Effect<number, ZmqError>
+  /** The next `count` batches are buffered for replay but not sent. */
+  readonly dropNext: (count?: number) => Effect.Effect<void>
+  /** Forgets buffered batches with seq < `seq` (a replay then starts later: truncated history). */
+  readonly forgetBefore: (seq: number) => Effect.Effect<void>
+  readonly sendRaw: (frames: ReadonlyArray<Uint8Array | string>) => Effect.Effect<void, ZmqError>
+  /** A new incarnation: new publisher id, seq from 0, empty replay buffer. */
+  readonly restart: (publisherId?: bigint) => Effect.Effect<bigint>
+  readonly source: (kvStateEndpoint: EndpointId) => Effect.Effect<KvEventSource>
+  readonly stats: Effect.Effect<{ readonly sent: number; readonly dropped: number; readonly replays: number }>
+}
+
+const formatOf = (format: EngineZmqPublisherOptions["format"]): EngineFormat =>
+  format === "vllm" ? VLLM_FORMAT : format === "sglang" ? SGLANG_FORMAT : format
+
+export const makeEngineZmqPublisher = (
+  options: EngineZmqPublisherOptions
+): Effect.Effect<EngineZmqPublisher, ZmqError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const format = formatOf(options.format)
+    const topic = options.topic ?? ""
+    const bufferSteps = options.bufferSteps ?? 10_000
+    const blockSize = options.blockSize ?? 16
+    const pub = yield* acquireSocket(
+      () => new zmq.Publisher({ sendHighWaterMark: EVENT_HWM, sendTimeout: 0, linger: 0 })
+    )
+    const endpoint = yield* bindSocket(pub, options.endpoint ?? "tcp://127.0.0.1:*")
+    let publisherId = options.publisherId ?? randomPublisherId()
+    let seq = 0
+    let dropping = 0
+    let sent = 0
+    let dropped = 0
+    let replays = 0
+    // (seq, payload) in seq order, at most `bufferSteps` entries.
+    let buffer: Array<{ readonly seq: number; readonly payload: Uint8Array }> = []
+
+    let replayEndpoint: string | null = null
+    if (options.replayEndpoint !== null) {
+      const router = yield* acquireSocket(() => new zmq.Router({ linger: 0 }))
+      replayEndpoint = yield* bindSocket(router, options.replayEndpoint ?? "tcp://127.0.0.1:*")
+      const boundReplay = replayEndpoint
+      const serve = (frames: Array<Buffer>): Effect.Effect<void, ZmqError> =>
+        Effect.gen(function* () {
+          if (frames.length !== 3 || frames[2]!.length !== 8) {
+            yield* Effect.logWarning("ignoring a replay request of unexpected shape").pipe(
+              Effect.annotateLogs({ endpoint: boundReplay, frames: frames.length })
+            )
+            return
+          }
+          replays++
+          const identity = frames[0]!
+          const start = u64FrameValue(frames[2]!)
+          const empty = Buffer.alloc(0)
+          // Snapshot first: batches published while the replay is being sent are live traffic.
+          const snapshot = buffer.filter((entry) => start >= 0 && entry.seq >= start)
+          for (const entry of snapshot) {
+            yield* sendFrames(router, [identity, empty, u64FrameOf(entry.seq), entry.payload], boundReplay)
+          }
+          yield* sendFrames(router, [identity, empty, REPLAY_END_SEQ, empty], boundReplay)
+        })
+      yield* receiveFrames(router, boundReplay).pipe(
+        Effect.flatMap(serve),
+        Effect.forever,
+        Effect.catchAll(() => Effect.void),
+        Effect.forkScoped
+      )
+    }
+
+    const publish = (events: ReadonlyArray<EngineEvent>): Effect.Effect<number, ZmqError> =>
+      Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const payload = encodeEngineBatch(
+          { ts: now / 1000, events, dpRank: options.includeRank === false ? undefined : options.dpRank },
+          format
+        )
+        const batchSeq = seq++
+        buffer.push({ seq: batchSeq, payload })
+        if (buffer.length > bufferSteps) buffer.shift()
+        if (dropping > 0) {
+          dropping--
+          dropped++
+          return batchSeq
+        }
+        sent++
+        yield* sendFrames(pub, [Buffer.from(topic, "utf8"), u64FrameOf(batchSeq), payload], endpoint)
+        return batchSeq
+      })
+
+    const pairsOf = (hashes: HashInput): Uint32Array =>
+      hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
+
+    return {
+      endpoint,
+      replayEndpoint,
+      topic,
+      workerId: options.workerId,
+      dpRank: options.dpRank,
+      format,
+      publisherId: Effect.sync(() => publisherId),
+      nextSeq: Effect.sync(() => seq),
+      publish,
+      store: (hashes, store = {}) => {
+        const blockHashes = pairsOf(hashes)
+        const blocks = blockHashes.length >>> 1
+        // vLLM always writes a medium ("GPU" for the device); older SGLang writes none for it.
+        const explicit =
+          store.medium !== undefined ? store.medium : mediumOfTier(store.storageTier ?? "device")
+        const medium = explicit ?? (format.medium ? "GPU" : null)
+        return publish([
+          {
+            type: "BlockStored",
+            blockHashes,
+            parentBlockHash: store.parentHash === undefined ? undefined : hashPairs([store.parentHash]),
+            tokenIds: Array.from({ length: blocks * blockSize }, (_, i) => i),
+            blockSize,
+            loraId: null,
+            medium
+          }
+        ])
+      },
+      remove: (hashes, medium) =>
+        publish([
+          {
+            type: "BlockRemoved",
+            blockHashes: pairsOf(hashes),
+            medium: medium !== undefined ? medium : format.medium ? "GPU" : null
+          }
+        ]),
+      clear: publish([{ type: "AllBlocksCleared" }]),
+      dropNext: (count = 1) =>
+        Effect.sync(() => {
+          dropping += count
+        }),
+      forgetBefore: (from) =>
+        Effect.sync(() => {
+          buffer = buffer.filter((entry) => entry.seq >= from)
+        }),
+      sendRaw: (frames) => sendFrames(pub, frames, endpoint),
+      restart: (next) =>
+        Effect.gen(function* () {
+          publisherId = next ?? randomPublisherId()
+          seq = 0
+          dropping = 0
+          buffer = []
+          yield* Effect.logInfo("simulated engine restarted").pipe(
+            Effect.annotateLogs({
+              workerId: options.workerId,
+              dpRank: options.dpRank,
+              publisherId: String(publisherId)
+            })
+          )
+          return publisherId
+        }),
+      source: (kvStateEndpoint) =>
+        Effect.sync(
+          (): KvEventSource => ({
+            kvStateEndpoint,
+            workerId: options.workerId,
+            dpRank: options.dpRank,
+            publisherId,
+            transport: { kind: "engine-zmq", endpoint, topic, replayEndpoint },
+            recoveryTarget: null
+          })
+        ),
+      stats: Effect.sync(() => ({ sent, dropped, replays }))
+    } satisfies EngineZmqPublisher
+  })

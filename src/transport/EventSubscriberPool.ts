@@ -1,0 +1,454 @@
+/**
+ * One subscription per active KV event source, kept in step with discovery by `sync`.
+ *
+ * - `dynamo-zmq` sources that share a publisher endpoint and topic share one SUB socket; its
+ *   batches are routed by the envelope's publisher id.
+ * - every `engine-zmq` source has its own SUB (its decoding depends on the source identity) and
+ *   its batches are routed under the advertised publisher id.
+ *
+ * Each publisher id gets a lane: a bounded queue and one fiber calling the handler, so batches of
+ * one source are handled in arrival order and a slow source never delays another. A full lane
+ * makes its socket's receive loop wait (as Dynamo's bounded channels do); ZeroMQ's high-water
+ * mark then drops at the publisher, which the recovery layer sees as a gap. Batches whose
+ * publisher id matches no active source still reach the handler (it drops them, as the seed's
+ * `handle_live_batch` does) through the subscription's shared fallback lane.
+ *
+ * Malformed messages are counted per source by reason (per subscription when the publisher
+ * cannot be told) and dropped; they never affect another source or stop a subscription.
+ */
+
+import { Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
+import type { RouterEvent } from "../domain/events.js"
+import type { KvEventSource } from "../domain/sources.js"
+import { subscribeDynamo } from "./DynamoZmq.js"
+import { subscribeEngine } from "./EngineZmq.js"
+import { type IngestMessage, MALFORMED_REASONS, type MalformedReason, type ZmqError } from "./ZmqSocket.js"
+
+export type BatchHandler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Effect.Effect<void>
+
+export interface EventSubscriberPoolOptions {
+  readonly handler: BatchHandler
+  /** Batches queued per publisher lane before its socket waits (default 1024). */
+  readonly laneCapacity?: number
+}
+
+export type MalformedCounts = Readonly<Record<MalformedReason, number>>
+
+export interface SourceIngestStats {
+  readonly key: string
+  readonly source: KvEventSource
+  readonly connected: boolean
+  readonly messages: number
+  readonly events: number
+  readonly blocks: number
+  /** Engine events skipped on purpose (unknown media, non-main groups, unknown types). */
+  readonly ignored: number
+  readonly malformed: MalformedCounts
+  readonly malformedTotal: number
+}
+
+export interface SubscriptionIngestStats {
+  readonly key: string
+  readonly endpoint: string
+  readonly connected: boolean
+  readonly sources: number
+  /** Batches whose publisher id matched no active source of this subscription. */
+  readonly unroutedMessages: number
+  /** Malformed messages that could not be attributed to one of the subscription's sources. */
+  readonly unattributedMalformed: MalformedCounts
+}
+
+export interface EventSubscriberPoolStats {
+  readonly sources: ReadonlyArray<SourceIngestStats>
+  readonly subscriptions: ReadonlyArray<SubscriptionIngestStats>
+  readonly totals: {
+    readonly messages: number
+    readonly events: number
+    readonly blocks: number
+    readonly malformed: MalformedCounts
+    readonly malformedTotal: number
+  }
+}
+
+export interface EventSubscriberPool {
+  /** Opens and closes subscriptions so that exactly these sources are subscribed. */
+  readonly sync: (sources: ReadonlyArray<KvEventSource>) => Effect.Effect<void>
+  /** Active sources whose socket has completed its handshake with the publisher. */
+  readonly connectedSources: Effect.Effect<ReadonlyArray<KvEventSource>>
+  readonly isConnected: (source: KvEventSource) => Effect.Effect<boolean>
+  readonly stats: Effect.Effect<EventSubscriberPoolStats>
+}
+
+/** Identity of one source incarnation and its transport. */
+export const sourceKey = (source: KvEventSource): string => {
+  const t = source.transport
+  const replay = t.kind === "engine-zmq" ? (t.replayEndpoint ?? "") : ""
+  return `${source.workerId}/${source.dpRank}@${source.publisherId}|${t.kind}|${t.endpoint}|${t.topic}|${replay}`
+}
+
+const subscriptionKey = (source: KvEventSource): string => {
+  const t = source.transport
+  return t.kind === "dynamo-zmq"
+    ? `dynamo|${t.endpoint}|${t.topic}`
+    : `engine|${t.endpoint}|${t.topic}|${source.workerId}|${source.dpRank}|${source.publisherId}`
+}
+
+const zeroCounts = (): Record<MalformedReason, number> => {
+  const out = {} as Record<MalformedReason, number>
+  for (const reason of MALFORMED_REASONS) out[reason] = 0
+  return out
+}
+
+const sumCounts = (counts: MalformedCounts): number => {
+  let total = 0
+  for (const reason of MALFORMED_REASONS) total += counts[reason]
+  return total
+}
+
+interface SourceEntry {
+  readonly key: string
+  readonly source: KvEventSource
+  readonly subscription: Subscription
+  messages: number
+  events: number
+  blocks: number
+  ignored: number
+  readonly malformed: Record<MalformedReason, number>
+}
+
+interface Lane {
+  readonly queue: Queue.Queue<readonly [bigint, ReadonlyArray<RouterEvent>]>
+  fiber: Fiber.RuntimeFiber<never, never> | undefined
+  /** Sources routed through this lane (two incarnations may share a publisher id only transiently). */
+  readonly sources: Set<SourceEntry>
+  /** Batches offered to the lane and not yet handled (queued or in the handler). */
+  pending: number
+}
+
+interface Subscription {
+  readonly key: string
+  readonly endpoint: string
+  readonly scope: Scope.CloseableScope
+  connected: boolean
+  readonly sources: Map<string, SourceEntry>
+  readonly lanes: Map<bigint, Lane>
+  fallback: Lane | undefined
+  unroutedMessages: number
+  readonly unattributed: Record<MalformedReason, number>
+  /** Reasons already logged at warning level (later ones are logged at debug). */
+  readonly warned: Set<string>
+}
+
+/** Subscription (re)open backoff: 100 ms doubling to 5 s (subscriber.rs). */
+const reopenSchedule = Schedule.exponential("100 millis", 2).pipe(
+  Schedule.either(Schedule.spaced("5 seconds"))
+)
+
+export const makeEventSubscriberPool = (
+  options: EventSubscriberPoolOptions
+): Effect.Effect<EventSubscriberPool, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const poolScope = yield* Effect.scope
+    const laneCapacity = options.laneCapacity ?? 1024
+    const handler = options.handler
+    const subscriptions = new Map<string, Subscription>()
+    const sources = new Map<string, SourceEntry>()
+    const syncLock = yield* Effect.makeSemaphore(1)
+
+    const handle = (
+      subscription: Subscription,
+      publisherId: bigint,
+      events: ReadonlyArray<RouterEvent>
+    ): Effect.Effect<void> =>
+      handler(publisherId, events).pipe(
+        Effect.catchAllCause((cause) =>
+          Effect.logError("KV event batch handler failed; the batch is dropped").pipe(
+            Effect.annotateLogs({
+              endpoint: subscription.endpoint,
+              publisherId: String(publisherId),
+              cause: String(cause)
+            })
+          )
+        )
+      )
+
+    const makeLane = (subscription: Subscription): Effect.Effect<Lane> =>
+      Effect.gen(function* () {
+        const queue = yield* Queue.bounded<readonly [bigint, ReadonlyArray<RouterEvent>]>(laneCapacity)
+        const lane: Lane = { queue, fiber: undefined, sources: new Set<SourceEntry>(), pending: 0 }
+        lane.fiber = yield* Queue.take(queue).pipe(
+          Effect.flatMap(([publisherId, events]) =>
+            handle(subscription, publisherId, events).pipe(
+              Effect.ensuring(
+                Effect.sync(() => {
+                  lane.pending--
+                })
+              )
+            )
+          ),
+          Effect.forever,
+          Effect.forkIn(subscription.scope)
+        )
+        return lane
+      })
+
+    /**
+     * Hands a batch to its lane. A subscription with a single lane and nothing pending calls the
+     * handler inline, saving the queue hop: only its receive loop feeds the lane, so nothing can
+     * be overtaken, and waiting there stalls no other source.
+     */
+    const enqueue = (
+      subscription: Subscription,
+      lane: Lane,
+      publisherId: bigint,
+      events: ReadonlyArray<RouterEvent>
+    ): Effect.Effect<void> => {
+      if (lane.pending === 0 && lane !== subscription.fallback && subscription.lanes.size === 1)
+        return handle(subscription, publisherId, events)
+      lane.pending++
+      return Queue.offer(lane.queue, [publisherId, events])
+    }
+
+    const closeLane = (lane: Lane): Effect.Effect<void> =>
+      (lane.fiber === undefined ? Effect.void : Fiber.interrupt(lane.fiber)).pipe(
+        Effect.zipRight(Queue.shutdown(lane.queue))
+      )
+
+    const deliver =
+      (subscription: Subscription) =>
+      (message: IngestMessage): Effect.Effect<void> => {
+        if (message._tag === "Malformed") {
+          const lane =
+            message.publisherId === undefined ? undefined : subscription.lanes.get(message.publisherId)
+          const entry = lane === undefined ? undefined : lane.sources.values().next().value
+          if (entry !== undefined) entry.malformed[message.reason]++
+          else subscription.unattributed[message.reason]++
+          const first = !subscription.warned.has(message.reason)
+          if (first) subscription.warned.add(message.reason)
+          const log = first ? Effect.logWarning : Effect.logDebug
+          return log("dropping a malformed KV event message").pipe(
+            Effect.annotateLogs({
+              endpoint: subscription.endpoint,
+              reason: message.reason,
+              detail: message.message,
+              publisherId: message.publisherId === undefined ? "unknown" : String(message.publisherId)
+            })
+          )
+        }
+        const lane = subscription.lanes.get(message.publisherId)
+        if (lane === undefined) {
+          subscription.unroutedMessages++
+          const fallback = subscription.fallback
+          return fallback === undefined
+            ? Effect.void
+            : enqueue(subscription, fallback, message.publisherId, message.events)
+        }
+        for (const entry of lane.sources) {
+          entry.messages++
+          entry.events += message.events.length
+          entry.blocks += message.blocks
+          entry.ignored += message.ignored
+          break
+        }
+        return enqueue(subscription, lane, message.publisherId, message.events)
+      }
+
+    const openSubscription = (first: KvEventSource): Effect.Effect<Subscription> =>
+      Effect.gen(function* () {
+        const scope = yield* Scope.fork(poolScope, ExecutionStrategy.sequential)
+        const transport = first.transport
+        const subscription: Subscription = {
+          key: subscriptionKey(first),
+          endpoint: transport.endpoint,
+          scope,
+          connected: false,
+          sources: new Map(),
+          lanes: new Map(),
+          fallback: undefined,
+          unroutedMessages: 0,
+          unattributed: zeroCounts(),
+          warned: new Set()
+        }
+        const onConnection = (connected: boolean) => {
+          subscription.connected = connected
+        }
+        const open: Effect.Effect<void, ZmqError, Scope.Scope> =
+          transport.kind === "dynamo-zmq"
+            ? subscribeDynamo({
+                endpoint: transport.endpoint,
+                topic: transport.topic,
+                deliver: deliver(subscription),
+                onConnection
+              })
+            : subscribeEngine({
+                endpoint: transport.endpoint,
+                source: {
+                  workerId: first.workerId,
+                  dpRank: first.dpRank,
+                  publisherId: first.publisherId,
+                  topic: transport.topic
+                },
+                deliver: deliver(subscription),
+                onConnection
+              })
+        // Each attempt owns a child scope, so a failed attempt releases its socket at once.
+        const attempt = Effect.gen(function* () {
+          const attemptScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+          yield* open.pipe(
+            Scope.extend(attemptScope),
+            Effect.onError(() => Scope.close(attemptScope, Exit.void))
+          )
+        })
+        yield* attempt.pipe(
+          Effect.tapError((error) =>
+            Effect.logWarning("KV event subscription failed; retrying").pipe(
+              Effect.annotateLogs({
+                endpoint: error.endpoint,
+                operation: error.operation,
+                error: error.message
+              })
+            )
+          ),
+          Effect.retry(reopenSchedule),
+          Effect.withSpan("EventSubscriberPool.subscribe", {
+            attributes: { endpoint: transport.endpoint, topic: transport.topic, kind: transport.kind }
+          }),
+          Effect.forkIn(scope)
+        )
+        if (transport.kind === "dynamo-zmq") subscription.fallback = yield* makeLane(subscription)
+        yield* Effect.logInfo("KV event subscription opened").pipe(
+          Effect.annotateLogs({ endpoint: transport.endpoint, topic: transport.topic, kind: transport.kind })
+        )
+        return subscription
+      })
+
+    const closeSubscription = (subscription: Subscription): Effect.Effect<void> =>
+      Scope.close(subscription.scope, Exit.void).pipe(
+        Effect.zipRight(
+          Effect.logInfo("KV event subscription closed").pipe(
+            Effect.annotateLogs({ endpoint: subscription.endpoint })
+          )
+        ),
+        Effect.withSpan("EventSubscriberPool.unsubscribe", {
+          attributes: { endpoint: subscription.endpoint }
+        })
+      )
+
+    const addSource = (source: KvEventSource, key: string): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        const subKey = subscriptionKey(source)
+        let subscription = subscriptions.get(subKey)
+        if (subscription === undefined) {
+          subscription = yield* openSubscription(source)
+          subscriptions.set(subKey, subscription)
+        }
+        const entry: SourceEntry = {
+          key,
+          source,
+          subscription,
+          messages: 0,
+          events: 0,
+          blocks: 0,
+          ignored: 0,
+          malformed: zeroCounts()
+        }
+        let lane = subscription.lanes.get(source.publisherId)
+        if (lane === undefined) {
+          lane = yield* makeLane(subscription)
+          subscription.lanes.set(source.publisherId, lane)
+        }
+        lane.sources.add(entry)
+        subscription.sources.set(key, entry)
+        sources.set(key, entry)
+      })
+
+    const removeSource = (entry: SourceEntry): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        sources.delete(entry.key)
+        const subscription = entry.subscription
+        subscription.sources.delete(entry.key)
+        const lane = subscription.lanes.get(entry.source.publisherId)
+        if (lane !== undefined) {
+          lane.sources.delete(entry)
+          if (lane.sources.size === 0) {
+            subscription.lanes.delete(entry.source.publisherId)
+            yield* closeLane(lane)
+          }
+        }
+        if (subscription.sources.size === 0) {
+          subscriptions.delete(subscription.key)
+          yield* closeSubscription(subscription)
+        }
+      })
+
+    const sync = (desired: ReadonlyArray<KvEventSource>): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        const wanted = new Map<string, KvEventSource>()
+        for (const source of desired) wanted.set(sourceKey(source), source)
+        // Add before removing: a socket shared by an outgoing and an incoming incarnation stays open,
+        // so the new incarnation's first messages are not lost to a reconnect.
+        for (const [key, source] of wanted) if (!sources.has(key)) yield* addSource(source, key)
+        for (const entry of [...sources.values()]) if (!wanted.has(entry.key)) yield* removeSource(entry)
+      }).pipe(
+        syncLock.withPermits(1),
+        Effect.withSpan("EventSubscriberPool.sync", { attributes: { sources: desired.length } })
+      )
+
+    const stats = Effect.sync((): EventSubscriberPoolStats => {
+      const sourceStats: Array<SourceIngestStats> = []
+      const totals = { messages: 0, events: 0, blocks: 0, malformed: zeroCounts() }
+      for (const entry of sources.values()) {
+        const malformed = { ...entry.malformed }
+        sourceStats.push({
+          key: entry.key,
+          source: entry.source,
+          connected: entry.subscription.connected,
+          messages: entry.messages,
+          events: entry.events,
+          blocks: entry.blocks,
+          ignored: entry.ignored,
+          malformed,
+          malformedTotal: sumCounts(malformed)
+        })
+        totals.messages += entry.messages
+        totals.events += entry.events
+        totals.blocks += entry.blocks
+        for (const reason of MALFORMED_REASONS) totals.malformed[reason] += entry.malformed[reason]
+      }
+      const subscriptionStats: Array<SubscriptionIngestStats> = []
+      for (const subscription of subscriptions.values()) {
+        const unattributed = { ...subscription.unattributed }
+        for (const reason of MALFORMED_REASONS) totals.malformed[reason] += unattributed[reason]
+        subscriptionStats.push({
+          key: subscription.key,
+          endpoint: subscription.endpoint,
+          connected: subscription.connected,
+          sources: subscription.sources.size,
+          unroutedMessages: subscription.unroutedMessages,
+          unattributedMalformed: unattributed
+        })
+      }
+      return {
+        sources: sourceStats,
+        subscriptions: subscriptionStats,
+        totals: { ...totals, malformedTotal: sumCounts(totals.malformed) }
+      }
+    })
+
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        subscriptions.clear()
+        sources.clear()
+      })
+    )
+
+    return {
+      sync,
+      connectedSources: Effect.sync(() =>
+        [...sources.values()].filter((entry) => entry.subscription.connected).map((entry) => entry.source)
+      ),
+      isConnected: (source) =>
+        Effect.sync(() => sources.get(sourceKey(source))?.subscription.connected ?? false),
+      stats
+    } satisfies EventSubscriberPool
+  })

@@ -1,0 +1,197 @@
+/**
+ * `WorkerQueryTransport` over ZeroMQ, for both source kinds:
+ *
+ * - `dynamo-zmq` with a `recoveryTarget`: a DEALER to the target's ROUTER sends
+ *   `[empty, request]` and takes the single `[empty, response]` (PROTOCOL.md §4).
+ * - `engine-zmq` with a `replayEndpoint`: the engine replay protocol (§3, recovery-events B.4).
+ *   A full restore replays from seq 0; when the first batch is seq 0 the replay is the complete
+ *   history, folded into the rank's device-tier block set and answered as a `TreeDump` of
+ *   synthetic Stored events (ids from 0) with `lastEventId = last seq + 1`. An incremental
+ *   request for event id N replays from seq N − 1 and answers `Events` (ids seq + 1).
+ *   History that cannot be covered is answered so that the supervisor takes its degraded path:
+ *   - nothing at or after the requested seq → `TooNew{requestedStart, requestedEnd, newestAvailable: 0}`
+ *     (the replay endpoint cannot say what its newest seq is);
+ *   - a replay that starts later than requested, skips a seq, or holds an undecodable batch →
+ *     `InvalidRange{startId: the first id needed, endId: the first id the replay could not supply}`
+ *     (so `startId ≤ endId` tells it apart from a reversed request range).
+ *
+ * Every query uses its own DEALER, acquired in a Scope: the caller's attempt timeout interrupts
+ * the query, the Scope closes the socket with linger 0, and a late reply can never be taken by
+ * the next query. Queries to one target therefore never share a reply stream.
+ */
+
+import { Effect } from "effect"
+import * as zmq from "zeromq"
+import type { RouterEvent } from "../domain/events.js"
+import type { KvEventSource } from "../domain/sources.js"
+import {
+  type WorkerKvQueryRequest,
+  type WorkerKvQueryResponse,
+  WorkerQueryError,
+  type WorkerQueryTransport
+} from "../recovery/WorkerQuery.js"
+import { type ReplayedBatch, replayEngine } from "./EngineZmq.js"
+import { decodeWorkerQueryResponse, encodeWorkerQueryRequest } from "./msgpack.js"
+import { BlockLedger } from "./WorkerQueryServer.js"
+import { acquireSocket, connectSocket, receiveFrames, sendFrames, type ZmqError } from "./ZmqSocket.js"
+
+export interface WorkerQueryClientOptions {
+  /** Refuse engine replays longer than this many batches (default 1,000,000). */
+  readonly maxReplayBatches?: number
+}
+
+const toQueryError = (error: ZmqError): WorkerQueryError =>
+  new WorkerQueryError({ message: `${error.operation} ${error.endpoint}: ${error.message}` })
+
+/** One request/response exchange with a Dynamo worker-query ROUTER, on a socket of its own. */
+export const queryDynamoWorker = (
+  endpoint: string,
+  request: WorkerKvQueryRequest
+): Effect.Effect<WorkerKvQueryResponse, WorkerQueryError> =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const socket = yield* acquireSocket(() => new zmq.Dealer({ linger: 0 }))
+      yield* connectSocket(socket, endpoint)
+      yield* sendFrames(socket, [Buffer.alloc(0), encodeWorkerQueryRequest(request)], endpoint)
+      const frames = yield* receiveFrames(socket, endpoint)
+      const body =
+        frames.length === 2 && frames[0]!.length === 0
+          ? frames[1]!
+          : frames.length === 1
+            ? frames[0]!
+            : undefined
+      if (body === undefined) {
+        return yield* new WorkerQueryError({
+          message: `worker query reply from ${endpoint} has ${frames.length} frames, expected [empty, response]`
+        })
+      }
+      const decoded = decodeWorkerQueryResponse(body)
+      if (!decoded.ok)
+        return yield* new WorkerQueryError({
+          message: `undecodable worker query reply from ${endpoint}: ${decoded.message}`
+        })
+      return decoded.value
+    })
+  ).pipe(Effect.catchTag("ZmqError", (error) => Effect.fail(toQueryError(error))))
+
+/** The first id a replay could not supply, or -1 when `batches` cover `firstSeq..` contiguously. */
+const firstUncovered = (batches: ReadonlyArray<ReplayedBatch>, firstSeq: number): number => {
+  for (let i = 0; i < batches.length; i++) {
+    const batch = batches[i]!
+    if (batch.seq !== firstSeq + i) return firstSeq + i + 1
+    if (batch.batch === undefined) return batch.seq + 1
+  }
+  return -1
+}
+
+const foreignRank = (
+  batches: ReadonlyArray<ReplayedBatch>,
+  request: WorkerKvQueryRequest
+): WorkerKvQueryResponse | undefined => {
+  const foreign = batches.find((b) => b.batch !== undefined && b.batch.dpRank !== request.dpRank)
+  return foreign === undefined
+    ? undefined
+    : {
+        _tag: "Error",
+        message: `replayed batch ${foreign.seq} belongs to dp rank ${foreign.batch!.dpRank}, not ${request.dpRank}`
+      }
+}
+
+/** Answers a worker query from an engine replay endpoint (see the module comment). */
+export const queryEngineReplay = (
+  replayEndpoint: string,
+  request: WorkerKvQueryRequest,
+  options: WorkerQueryClientOptions = {}
+): Effect.Effect<WorkerKvQueryResponse, WorkerQueryError> =>
+  Effect.gen(function* () {
+    const start = request.startEventId
+    const end = request.endEventId
+    if (start !== undefined && end !== undefined && end < start)
+      return { _tag: "InvalidRange", startId: start, endId: end } satisfies WorkerKvQueryResponse
+    // Event id N is batch seq N - 1; id 0 is never published, so it is covered by seq 0.
+    const startSeq = start === undefined ? 0 : Math.max(0, start - 1)
+    const batches = yield* replayEngine({
+      replayEndpoint,
+      startSeq,
+      workerId: request.workerId,
+      dpRank: request.dpRank,
+      ...(options.maxReplayBatches === undefined ? {} : { maxBatches: options.maxReplayBatches })
+    }).pipe(Effect.mapError(toQueryError))
+
+    if (batches.length === 0) {
+      if (start === undefined)
+        return { _tag: "TreeDump", events: [], lastEventId: 0 } satisfies WorkerKvQueryResponse
+      return {
+        _tag: "TooNew",
+        requestedStart: start,
+        requestedEnd: end,
+        newestAvailable: 0
+      } satisfies WorkerKvQueryResponse
+    }
+    const firstNeeded = startSeq + 1
+    const uncovered = firstUncovered(batches, startSeq)
+    if (uncovered >= 0) {
+      return { _tag: "InvalidRange", startId: firstNeeded, endId: uncovered } satisfies WorkerKvQueryResponse
+    }
+    const foreign = foreignRank(batches, request)
+    if (foreign !== undefined) return foreign
+    const lastEventId = batches[batches.length - 1]!.seq + 1
+    if (start === undefined) {
+      const ledger = new BlockLedger()
+      for (const replayed of batches) for (const event of replayed.batch!.events) ledger.apply(event)
+      return {
+        _tag: "TreeDump",
+        events: ledger.dump(request.workerId, request.dpRank),
+        lastEventId
+      } satisfies WorkerKvQueryResponse
+    }
+    const events: Array<RouterEvent> = []
+    for (const replayed of batches) for (const event of replayed.batch!.events) events.push(event)
+    return { _tag: "Events", events, lastEventId } satisfies WorkerKvQueryResponse
+  })
+
+/** Where a source's recovery queries go. */
+export type QueryRoute =
+  | { readonly _tag: "EngineReplay"; readonly endpoint: string }
+  | { readonly _tag: "WorkerQuery"; readonly endpoint: string }
+
+/** Engine sources use their replay endpoint; any other source its advertised recovery target. */
+export const queryRoute = (source: KvEventSource): QueryRoute | undefined => {
+  if (source.transport.kind === "engine-zmq" && source.transport.replayEndpoint !== null)
+    return { _tag: "EngineReplay", endpoint: source.transport.replayEndpoint }
+  if (source.recoveryTarget !== null) return { _tag: "WorkerQuery", endpoint: source.recoveryTarget.endpoint }
+  return undefined
+}
+
+/** The relay's worker-query transport over ZeroMQ. The caller bounds each attempt with its timeout. */
+export const makeWorkerQueryClient = (options: WorkerQueryClientOptions = {}): WorkerQueryTransport => ({
+  queryWorker: (source, request) => {
+    const route = queryRoute(source)
+    const attributes = {
+      workerId: request.workerId,
+      dpRank: request.dpRank,
+      startEventId: request.startEventId ?? "dump",
+      route: route?._tag ?? "none",
+      endpoint: route?.endpoint ?? ""
+    }
+    if (route === undefined) {
+      return Effect.fail(
+        new WorkerQueryError({
+          message: `source ${source.workerId}/${source.dpRank} (publisher ${source.publisherId}) has neither a recovery target nor a replay endpoint`
+        })
+      )
+    }
+    const query =
+      route._tag === "WorkerQuery"
+        ? queryDynamoWorker(route.endpoint, request)
+        : queryEngineReplay(route.endpoint, request, options)
+    return query.pipe(
+      Effect.tap((response) =>
+        Effect.logDebug("worker query answered").pipe(
+          Effect.annotateLogs({ ...attributes, response: response._tag })
+        )
+      ),
+      Effect.withSpan("WorkerQueryClient.queryWorker", { attributes })
+    )
+  }
+})

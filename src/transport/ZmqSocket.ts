@@ -1,0 +1,207 @@
+/**
+ * ZeroMQ sockets as scoped Effect resources, and the pieces every subscriber shares: the
+ * malformed-message reasons, the decoded-message shape and the SUB receive loop.
+ *
+ * Every socket is acquired in the current `Scope` and closed with linger 0 on release, so an
+ * interrupted query or a closed subscription never leaves a socket (or a queued reply) behind.
+ */
+
+import { Data, Effect, type Scope } from "effect"
+import * as zmq from "zeromq"
+import type { RouterEvent } from "../domain/events.js"
+
+export class ZmqError extends Data.TaggedError("ZmqError")<{
+  readonly operation: string
+  readonly endpoint: string
+  readonly message: string
+}> {}
+
+const describe = (error: unknown): string => (error instanceof Error ? error.message : String(error))
+
+/** Receive/send high-water mark of event sockets (recovery-events.md §6.2). */
+export const EVENT_HWM = 100_000
+
+/** Acquires a socket in the current Scope; release closes it with linger 0 (queued messages are dropped). */
+export const acquireSocket = <S extends zmq.Socket>(make: () => S): Effect.Effect<S, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      const socket = make()
+      socket.linger = 0
+      return socket
+    }),
+    (socket) =>
+      Effect.sync(() => {
+        if (!socket.closed) {
+          socket.linger = 0
+          socket.close()
+        }
+      })
+  )
+
+/** Binds and returns the resolved endpoint (`tcp://127.0.0.1:*` picks a free port). */
+export const bindSocket = (socket: zmq.Socket, endpoint: string): Effect.Effect<string, ZmqError> =>
+  Effect.tryPromise({
+    try: () => socket.bind(endpoint),
+    catch: (error) => new ZmqError({ operation: "bind", endpoint, message: describe(error) })
+  }).pipe(Effect.map(() => socket.lastEndpoint ?? endpoint))
+
+/** Connects; ZeroMQ connects (and reconnects) in the background, only a bad address fails here. */
+export const connectSocket = (socket: zmq.Socket, endpoint: string): Effect.Effect<void, ZmqError> =>
+  Effect.try({
+    try: () => socket.connect(endpoint),
+    catch: (error) => new ZmqError({ operation: "connect", endpoint, message: describe(error) })
+  })
+
+export const sendFrames = (
+  socket: zmq.Writable,
+  frames: ReadonlyArray<Uint8Array | string>,
+  endpoint: string
+): Effect.Effect<void, ZmqError> =>
+  Effect.tryPromise({
+    // zeromq's MessageLike accepts typed arrays and strings; the array itself is not retained.
+    try: () => socket.send(frames as Array<Uint8Array | string>),
+    catch: (error) => new ZmqError({ operation: "send", endpoint, message: describe(error) })
+  })
+
+export const receiveFrames = (
+  socket: zmq.Readable<Array<Buffer>>,
+  endpoint: string
+): Effect.Effect<Array<Buffer>, ZmqError> =>
+  Effect.tryPromise({
+    try: () => socket.receive(),
+    catch: (error) => new ZmqError({ operation: "receive", endpoint, message: describe(error) })
+  })
+
+/** 8-byte big-endian u64 from halves. */
+export const u64Frame = (hi: number, lo: number): Buffer => {
+  const out = Buffer.allocUnsafe(8)
+  out.writeUInt32BE(hi >>> 0, 0)
+  out.writeUInt32BE(lo >>> 0, 4)
+  return out
+}
+
+/** 8-byte big-endian u64 from a safe integer. */
+export const u64FrameOf = (value: number): Buffer =>
+  u64Frame(Math.floor(value / 4294967296), value % 4294967296)
+
+/** A u64 BE frame as a number, or -1 when it is above 2^53 (not representable). */
+export const u64FrameValue = (frame: Uint8Array): number => {
+  const view = new DataView(frame.buffer, frame.byteOffset, 8)
+  const hi = view.getUint32(0)
+  const lo = view.getUint32(4)
+  return hi < 0x20_0000 ? hi * 4294967296 + lo : -1
+}
+
+/** Why a message was dropped; counted per source (or per subscription when unattributable). */
+export type MalformedReason =
+  | "frame-count"
+  | "publisher-id-width"
+  | "sequence-width"
+  | "sequence-range"
+  | "frame-header"
+  | "frame-version"
+  | "frame-length"
+  | "envelope"
+  | "payload"
+  | "topic"
+
+export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
+  "frame-count",
+  "publisher-id-width",
+  "sequence-width",
+  "sequence-range",
+  "frame-header",
+  "frame-version",
+  "frame-length",
+  "envelope",
+  "payload",
+  "topic"
+]
+
+/** One received message after decoding. */
+export type IngestMessage =
+  | {
+      readonly _tag: "Batch"
+      readonly publisherId: bigint
+      /** Envelope sequence (dynamo) or batch seq (engine); -1 when above 2^53. */
+      readonly sequence: number
+      readonly events: ReadonlyArray<RouterEvent>
+      readonly blocks: number
+      /** Engine events skipped on purpose (unknown media, non-main groups, unknown types). */
+      readonly ignored: number
+    }
+  | {
+      readonly _tag: "Malformed"
+      readonly reason: MalformedReason
+      readonly message: string
+      /** The publisher the message claims to come from, when that much could be read. */
+      readonly publisherId: bigint | undefined
+    }
+
+export const blockCount = (events: ReadonlyArray<RouterEvent>): number => {
+  let blocks = 0
+  for (const event of events) if (event.data._tag !== "Cleared") blocks += event.data.blockHashes.length >>> 1
+  return blocks
+}
+
+export interface SubscriptionOptions {
+  readonly endpoint: string
+  /** Prefix subscription (frame 0). */
+  readonly topic: string
+  readonly decode: (frames: Array<Buffer>) => IngestMessage
+  /** Called for every message in arrival order; the next receive waits for it. */
+  readonly deliver: (message: IngestMessage) => Effect.Effect<void>
+  /** Connection state from the socket monitor (handshake = connected, disconnect = not). */
+  readonly onConnection?: (connected: boolean) => void
+}
+
+/**
+ * A SUB socket (RCVHWM 100000, prefix subscription) whose receive loop runs in a fiber of the
+ * current Scope until the Scope closes. A bad endpoint fails the acquisition; a peer that is not
+ * up yet is retried by ZeroMQ in the background.
+ */
+export const subscribe = (options: SubscriptionOptions): Effect.Effect<void, ZmqError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const socket = yield* acquireSocket(
+      () => new zmq.Subscriber({ receiveHighWaterMark: EVENT_HWM, linger: 0 })
+    )
+    const onConnection = options.onConnection
+    if (onConnection !== undefined) {
+      const observer = socket.events
+      yield* Effect.tryPromise(() => observer.receive()).pipe(
+        Effect.tap((event) =>
+          Effect.sync(() => {
+            if (event.type === "handshake") onConnection(true)
+            else if (event.type === "disconnect" || event.type === "close") onConnection(false)
+          })
+        ),
+        Effect.forever,
+        // The observer ends with its socket: that is the loop's normal end.
+        Effect.catchAll(() => Effect.void),
+        Effect.ensuring(Effect.sync(() => onConnection(false))),
+        Effect.forkScoped
+      )
+    }
+    yield* connectSocket(socket, options.endpoint)
+    socket.subscribe(options.topic)
+    const { decode, deliver, endpoint } = options
+    yield* receiveFrames(socket, endpoint).pipe(
+      Effect.flatMap((frames) =>
+        Effect.suspend(() => deliver(decode(frames))).pipe(
+          // A defect while handling one message must not end the subscription.
+          Effect.catchAllDefect((defect) =>
+            Effect.logError("dropping a message whose handling failed").pipe(
+              Effect.annotateLogs({ endpoint, defect: String(defect) })
+            )
+          )
+        )
+      ),
+      Effect.forever,
+      Effect.catchAll((error) =>
+        Effect.logDebug("subscription receive loop ended").pipe(
+          Effect.annotateLogs({ endpoint, error: error.message })
+        )
+      ),
+      Effect.forkScoped
+    )
+  })
