@@ -1,0 +1,80 @@
+/**
+ * The membership watch loop (relay-service.md §2.6): follows `Discovery` snapshots, projects
+ * them incrementally and publishes a new `DcMembershipView` only when some endpoint's membership
+ * changed. Soft discovery errors are logged once while they persist.
+ */
+
+import { Context, Effect, Layer, type Scope, Stream, SubscriptionRef } from "effect"
+import { Discovery, type DiscoverySnapshot } from "./Discovery.js"
+import type { DiscoveryScope } from "./DiscoveryConfig.js"
+import { type DcMembershipView, MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"
+
+export interface MembershipWatchShape {
+  readonly current: Effect.Effect<DcMembershipView>
+  /** The current view, then every changed view. */
+  readonly changes: Stream.Stream<DcMembershipView>
+}
+
+export class MembershipWatch extends Context.Tag("kvrelay/MembershipWatch")<
+  MembershipWatch,
+  MembershipWatchShape
+>() {}
+
+const project = (
+  projector: MembershipProjector,
+  snapshot: DiscoverySnapshot
+): Effect.Effect<MembershipUpdate> =>
+  Effect.sync(() => projector.apply(snapshot.cards)).pipe(
+    Effect.tap((update) =>
+      Effect.forEach(
+        update.reported,
+        (diagnostic) =>
+          diagnostic.endpoint.length > 0
+            ? Effect.logWarning(diagnostic.message).pipe(Effect.annotateLogs("endpoint", diagnostic.endpoint))
+            : Effect.logWarning(diagnostic.message),
+        { discard: true }
+      )
+    ),
+    Effect.tap((update) =>
+      update.viewChanged
+        ? Effect.logDebug("membership view changed").pipe(
+            Effect.annotateLogs({
+              revision: String(snapshot.revision),
+              changed: update.changed.length,
+              removed: update.removed.length,
+              endpoints: update.view.endpoints.size
+            })
+          )
+        : Effect.void
+    ),
+    Effect.withSpan("discovery.membership.project", {
+      attributes: {
+        "discovery.revision": String(snapshot.revision),
+        "discovery.cards": snapshot.cards.length
+      }
+    })
+  )
+
+export const makeMembershipWatch = (
+  scope: DiscoveryScope
+): Effect.Effect<MembershipWatchShape, never, Discovery | Scope.Scope> =>
+  Effect.gen(function* () {
+    const discovery = yield* Discovery
+    const projector = new MembershipProjector(scope)
+    const initial = yield* project(projector, yield* discovery.current)
+    const ref = yield* SubscriptionRef.make(initial.view)
+    yield* discovery.changes.pipe(
+      Stream.runForEach((snapshot) =>
+        project(projector, snapshot).pipe(
+          Effect.flatMap((update) =>
+            update.viewChanged ? SubscriptionRef.set(ref, update.view) : Effect.void
+          )
+        )
+      ),
+      Effect.forkScoped
+    )
+    return { current: SubscriptionRef.get(ref), changes: ref.changes }
+  }).pipe(Effect.annotateLogs("component", "membership-watch"))
+
+export const membershipWatchLayer = (scope: DiscoveryScope): Layer.Layer<MembershipWatch, never, Discovery> =>
+  Layer.scoped(MembershipWatch, makeMembershipWatch(scope))
