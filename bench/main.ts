@@ -17,6 +17,9 @@ import {
   benchReplaceRanks
 } from "./ckf.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
+import { benchHubFanout } from "./hub.js"
+import { benchMembershipChurn } from "./membership.js"
+import { benchZmqIngest } from "./zmq.js"
 
 export interface BenchOptions {
   readonly quick: boolean
@@ -35,7 +38,10 @@ const suites: ReadonlyArray<Suite> = [
   ["prefix_search", benchPrefixSearch],
   ["cbi1", benchCbi1],
   ["delta_apply", benchDeltaApply],
-  ["pool_actor", benchActor]
+  ["pool_actor", benchActor],
+  ["hub_fanout", benchHubFanout],
+  ["zmq_ingest", benchZmqIngest],
+  ["membership", benchMembershipChurn]
 ]
 
 /** Repository root: bench/ compiles to dist/bench/, so the root is two levels up from there. */

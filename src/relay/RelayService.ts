@@ -1,0 +1,158 @@
+/**
+ * The relay as the rest of the process sees it: what the HTTP API serves and what the CLI starts.
+ *
+ * CONTRACT between the relay host (`RelayHost.ts`, which implements it) and the HTTP layer
+ * (`src/transport/http/RelayHttpServer.ts`, which serves it). Keep these types stable; extend
+ * additively.
+ */
+
+import { Context, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
+import type { DcId, ProducerIdentity } from "../ckf/identity.js"
+import type { DcMembershipView } from "../discovery/MembershipProjection.js"
+import type { DpRank, WorkerId } from "../domain/events.js"
+import type { DcRelayIdentity, EndpointId } from "../domain/model.js"
+import type { KvDcRelayError } from "./errors.js"
+import type { PoolLoadSnapshot } from "./PoolLoad.js"
+import type { DcPoolCatalog } from "./PoolRegistry.js"
+import type { PublicationError, PublicationFrame } from "./PublicationSource.js"
+
+export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
+
+export interface RelayHealth {
+  readonly healthy: boolean
+  readonly shuttingDown: boolean
+  readonly endpointCount: number
+  readonly activeEndpointCount: number
+  readonly fencedEndpointCount: number
+}
+
+export interface EndpointAggregationStats {
+  readonly members: ReadonlyArray<{
+    readonly workerId: WorkerId
+    readonly dpRank: DpRank
+    readonly blocks: number
+  }>
+  readonly contributionCount: number
+  readonly uniqueBlockCount: number
+  readonly unknownRemovals: number
+  readonly capacityFailures: number
+  readonly occupiedBucketCount: number
+  readonly occupiedSlotCount: number
+}
+
+export interface EndpointPublicationStats {
+  readonly sequence: bigint
+  readonly pendingEvents: number
+  readonly emittedImages: number
+  readonly publicationCount: number
+  readonly unchangedPublicationCount: number
+  readonly physicalTouches: number
+  readonly distinctTouchedBuckets: number
+  readonly netRevertedBuckets: number
+}
+
+export interface EndpointRecoveryStats {
+  readonly degradedResets: number
+  readonly rebuildCount: number
+  readonly rebuildTotalMs: number
+  readonly rebuildMaxMs: number
+  readonly workerCount: number
+  readonly rankCount: number
+  readonly recoveringRankCount: number
+  readonly pendingLiveEventCount: number
+}
+
+export interface EndpointMemoryStats {
+  readonly filterBytes: number
+  readonly dirtyTrackingBytes: number
+  readonly ownershipBytes: number
+  readonly memberSetCapacity: number
+  readonly refcountCapacity: number
+  readonly insertionScratchCapacity: number
+}
+
+export interface EndpointActorStats {
+  readonly mailboxDepth: number
+  readonly mailboxCapacity: number
+  readonly activeCommand: string | undefined
+  readonly shuttingDown: boolean
+  readonly lastError: string | undefined
+}
+
+/** Ingest counters of the endpoint's event sources (ZeroMQ messages and recoveries). */
+export interface EndpointIngestStats {
+  readonly events: number
+  readonly blocks: number
+  readonly malformed: number
+  readonly gaps: number
+  readonly recoveries: number
+}
+
+export interface EndpointStats {
+  readonly servingEndpoint: EndpointId
+  readonly lifecycle: SlotLifecycle
+  readonly layoutGeneration: bigint
+  readonly membershipConflicts: ReadonlyArray<string>
+  readonly models: ReadonlyArray<string>
+  readonly aliases: ReadonlyArray<string>
+  readonly roles: ReadonlyArray<string>
+  /** Present while the endpoint has a live pool generation. */
+  readonly aggregation: EndpointAggregationStats | undefined
+  readonly publication: EndpointPublicationStats | undefined
+  readonly memory: EndpointMemoryStats | undefined
+  readonly recovery: EndpointRecoveryStats
+  readonly actor: EndpointActorStats | undefined
+  readonly ingest: EndpointIngestStats
+}
+
+export interface RelayStats {
+  readonly identity: {
+    readonly dcName: string
+    readonly dcId: DcId
+    readonly drtInstanceId: bigint
+    readonly relayIncarnation: bigint
+  }
+  /** Sorted by serving endpoint. */
+  readonly endpoints: ReadonlyArray<EndpointStats>
+}
+
+/** `GET /v1/endpoints/{endpoint}/snapshot`: a diagnostic barrier snapshot of one pool. */
+export interface DiagnosticSnapshot {
+  readonly servingEndpoint: EndpointId
+  readonly layoutGeneration: bigint
+  readonly sequence: bigint
+  readonly memberCount: number
+  readonly uniqueBlockCount: number
+  readonly producer: ProducerIdentity
+  /** Every bucket word as `[lo, hi]` pairs (the little-endian wire layout). */
+  readonly words: Uint32Array
+}
+
+export interface KvDcRelayService {
+  readonly dcName: string
+  readonly dcId: DcId
+  readonly identity: DcRelayIdentity
+  /** The pool catalog; revisions only grow within one relay incarnation. */
+  readonly catalogRef: SubscriptionRef.SubscriptionRef<DcPoolCatalog>
+  /** Serving-endpoint memberships (the topology projection's input). */
+  readonly membershipRef: SubscriptionRef.SubscriptionRef<DcMembershipView>
+  /** Per-pool load, sorted by PoolId; windows are cut from it once per second. */
+  readonly loadRef: SubscriptionRef.SubscriptionRef<ReadonlyArray<PoolLoadSnapshot>>
+  /**
+   * A pool stream: every snapshot chunk, then contiguous deltas. Fails before the stream starts
+   * (NotFound, ProducerMismatch, ResourceExhausted, Unavailable) or as the stream's error.
+   */
+  readonly subscribePool: (
+    expected: ProducerIdentity,
+    subscriberId: string
+  ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
+  readonly health: Effect.Effect<RelayHealth>
+  readonly stats: Effect.Effect<RelayStats, KvDcRelayError>
+  readonly diagnosticSnapshot: (endpoint: EndpointId) => Effect.Effect<DiagnosticSnapshot, KvDcRelayError>
+  /** Completes once every materialized endpoint has published its pending tail. */
+  readonly flush: Effect.Effect<void, KvDcRelayError>
+  /** Clears the catalog, drains every endpoint, closes discovery; idempotent. */
+  readonly shutdown: Effect.Effect<void>
+}
+
+export class KvDcRelay extends Context.Tag("kvrelay/KvDcRelay")<KvDcRelay, KvDcRelayService>() {}
