@@ -1,0 +1,211 @@
+/**
+ * Command-line settings: flags, `KVRELAY_*` environment variables and an optional JSON
+ * `--config` file, merged (flag > environment > file > default) and decoded with Schema. Every
+ * problem is reported by the name of the flag it concerns.
+ */
+
+import { Either, ParseResult, Schema } from "effect"
+
+/** One flag of a command. */
+export interface FlagSpec {
+  /** Long name without dashes, kebab-case (`dc-id`). */
+  readonly name: string
+  /** Takes no value (`--quick`). */
+  readonly boolean?: boolean
+  /** May be given several times (`--relay A=… --relay B=…`); the value is an array. */
+  readonly repeatable?: boolean
+  readonly help: string
+  readonly placeholder?: string
+}
+
+export interface CommandSpec {
+  readonly name: string
+  readonly summary: string
+  readonly flags: ReadonlyArray<FlagSpec>
+}
+
+export class UsageError extends Error {
+  readonly _tag = "UsageError"
+  constructor(readonly problems: ReadonlyArray<string>) {
+    super(problems.join("\n"))
+  }
+}
+
+/** camelCase key of a flag (`dc-id` → `dcId`). */
+export const keyOf = (flag: string): string => flag.replace(/-([a-z0-9])/g, (_, c: string) => c.toUpperCase())
+/** The flag of a camelCase key (`dcId` → `--dc-id`). */
+export const flagOf = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`
+/** The environment variable of a flag (`dc-id` → `KVRELAY_DC_ID`). */
+export const envOf = (flag: string): string => `KVRELAY_${flag.replace(/-/g, "_").toUpperCase()}`
+
+export type RawValue = string | boolean | ReadonlyArray<string>
+
+/** Parses `--flag value`, `--flag=value` and boolean flags; unknown flags are usage errors. */
+export const parseFlags = (
+  spec: CommandSpec,
+  argv: ReadonlyArray<string>
+): Either.Either<Record<string, RawValue>, UsageError> => {
+  const byName = new Map(spec.flags.map((f) => [f.name, f]))
+  const out: Record<string, RawValue> = {}
+  const problems: Array<string> = []
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!
+    if (!arg.startsWith("--")) {
+      problems.push(`unexpected argument ${JSON.stringify(arg)} (kvrelay ${spec.name} takes only --flags)`)
+      continue
+    }
+    const eq = arg.indexOf("=")
+    const name = arg.slice(2, eq < 0 ? undefined : eq)
+    const flag = byName.get(name)
+    if (flag === undefined) {
+      problems.push(`--${name}: unknown flag for kvrelay ${spec.name}`)
+      continue
+    }
+    let value: string | boolean
+    if (flag.boolean === true) {
+      if (eq >= 0) {
+        const text = arg.slice(eq + 1)
+        if (text !== "true" && text !== "false") {
+          problems.push(`--${name}: expected no value, true or false, got ${JSON.stringify(text)}`)
+          continue
+        }
+        value = text === "true"
+      } else value = true
+    } else if (eq >= 0) value = arg.slice(eq + 1)
+    else {
+      const next = argv[i + 1]
+      if (next === undefined || next.startsWith("--")) {
+        problems.push(`--${name}: missing value`)
+        continue
+      }
+      value = next
+      i++
+    }
+    const key = keyOf(name)
+    if (flag.repeatable === true) {
+      const previous = out[key]
+      out[key] = [...(Array.isArray(previous) ? (previous as ReadonlyArray<string>) : []), String(value)]
+    } else if (key in out) {
+      problems.push(`--${name}: given more than once`)
+    } else out[key] = value
+  }
+  return problems.length > 0 ? Either.left(new UsageError(problems)) : Either.right(out)
+}
+
+/** Values of `KVRELAY_*` variables for the command's flags (repeatable flags split on commas). */
+export const environmentValues = (
+  spec: CommandSpec,
+  env: Readonly<Record<string, string | undefined>>
+): Record<string, RawValue> => {
+  const out: Record<string, RawValue> = {}
+  for (const flag of spec.flags) {
+    if (flag.name === "config") continue
+    const value = env[envOf(flag.name)]
+    if (value === undefined || value === "") continue
+    out[keyOf(flag.name)] = flag.repeatable === true ? value.split(",").map((v) => v.trim()) : value
+  }
+  return out
+}
+
+/**
+ * Decodes the merged settings; every issue is reported with the flag it concerns, and unknown
+ * keys of a config file are rejected by name.
+ */
+export const decodeSettings = <A, I>(
+  schema: Schema.Schema<A, I, never>,
+  merged: Record<string, unknown>
+): Either.Either<A, UsageError> =>
+  Either.mapLeft(
+    Schema.decodeUnknownEither(schema, { errors: "all", onExcessProperty: "error" })(merged),
+    (error) => {
+      const issues = ParseResult.ArrayFormatter.formatErrorSync(error)
+      const problems = issues.map((issue) => {
+        const key = issue.path.length > 0 ? String(issue.path[0]) : undefined
+        const where = key === undefined ? "settings" : flagOf(key)
+        const message =
+          issue._tag === "Unexpected"
+            ? "unknown setting"
+            : issue._tag === "Missing"
+              ? "is required"
+              : issue.message
+        return `${where}: ${message}`
+      })
+      return new UsageError([...new Set(problems)])
+    }
+  )
+
+// ---------------------------------------------------------------------------------------------
+// Reusable field schemas (inputs are strings from flags/environment or JSON values from a file)
+
+const intFrom = (what: string, min: number, max = Number.MAX_SAFE_INTEGER) =>
+  Schema.Union(Schema.Number, Schema.NumberFromString).pipe(
+    Schema.filter((n) => (Number.isInteger(n) && n >= min && n <= max) || `expected ${what}, got ${n}`)
+  )
+
+export const PositiveInt = intFrom("a positive integer", 1)
+export const Port = intFrom("a port number 0..65535", 0, 65_535)
+
+export const NonBlank = Schema.String.pipe(
+  Schema.filter((s) => s.length > 0 || "must not be empty"),
+  Schema.filter((s) => s.trim() === s || "must not have leading or trailing whitespace")
+)
+
+export const HttpAddress = Schema.String.pipe(
+  Schema.filter((s) => {
+    const m = /^(.+):(\d{1,5})$/.exec(s)
+    if (m === null) return `expected HOST:PORT, got ${JSON.stringify(s)}`
+    const port = Number(m[2])
+    return port <= 65_535 || `port ${port} is out of range`
+  })
+)
+
+export const Url = Schema.String.pipe(
+  Schema.filter((s) => {
+    try {
+      const url = new URL(s)
+      return (
+        url.protocol === "http:" ||
+        url.protocol === "https:" ||
+        `expected an http(s) URL, got ${JSON.stringify(s)}`
+      )
+    } catch {
+      return `expected a URL, got ${JSON.stringify(s)}`
+    }
+  })
+)
+
+export const LogLevel = Schema.Literal("trace", "debug", "info", "warning", "error", "fatal", "none")
+
+export const BooleanFlag = Schema.Union(
+  Schema.Boolean,
+  Schema.transformOrFail(Schema.String, Schema.Boolean, {
+    strict: true,
+    decode: (s, _, ast) => {
+      const v = s.toLowerCase()
+      if (["1", "true", "yes", "on"].includes(v)) return ParseResult.succeed(true)
+      if (["0", "false", "no", "off"].includes(v)) return ParseResult.succeed(false)
+      return ParseResult.fail(new ParseResult.Type(ast, s, `expected a boolean, got ${JSON.stringify(s)}`))
+    },
+    encode: (b) => ParseResult.succeed(String(b))
+  })
+)
+
+/** A repeatable value given as an array, or as one comma-separated string in a config file. */
+export const StringList = Schema.Union(
+  Schema.Array(Schema.String),
+  Schema.transform(Schema.String, Schema.Array(Schema.String), {
+    strict: true,
+    decode: (s) => s.split(",").map((v) => v.trim()),
+    encode: (a) => a.join(",")
+  })
+)
+
+/** Help text of a command. */
+export const commandHelp = (spec: CommandSpec): string => {
+  const rows = spec.flags.map((f) => {
+    const left = `--${f.name}${f.boolean === true ? "" : ` ${f.placeholder ?? "VALUE"}`}${f.repeatable === true ? " …" : ""}`
+    const env = f.name === "config" ? "" : `  [${envOf(f.name)}]`
+    return `  ${left.padEnd(40)} ${f.help}${env}`
+  })
+  return `kvrelay ${spec.name}: ${spec.summary}\n\nOptions:\n${rows.join("\n")}\n  ${"--help".padEnd(40)} show this help\n`
+}

@@ -1,0 +1,329 @@
+/**
+ * The settings of each `kvrelay` command: flag specs (with their `KVRELAY_*` variables) and the
+ * Schema each merged settings record is decoded with.
+ */
+
+import { Either, Schema } from "effect"
+import { type DiscoveryConfig, makeDiscoveryConfig } from "../discovery/DiscoveryConfig.js"
+import {
+  BooleanFlag,
+  type CommandSpec,
+  decodeSettings,
+  environmentValues,
+  HttpAddress,
+  LogLevel,
+  NonBlank,
+  PositiveInt,
+  parseFlags,
+  type RawValue,
+  StringList,
+  Url,
+  UsageError
+} from "./args.js"
+
+const common = {
+  config: {
+    name: "config",
+    help: "JSON file with any of these settings (camelCase keys)",
+    placeholder: "FILE"
+  },
+  otlp: {
+    name: "otlp",
+    help: "OTLP/HTTP endpoint for traces (else OTEL_EXPORTER_OTLP_ENDPOINT)",
+    placeholder: "URL"
+  },
+  logLevel: {
+    name: "log-level",
+    help: "trace | debug | info | warning | error | fatal | none (default info)",
+    placeholder: "LEVEL"
+  }
+} as const
+
+export const relayCommand: CommandSpec = {
+  name: "relay",
+  summary: "run the DC relay: discover endpoints, follow KV events, publish pool filters over HTTP",
+  flags: [
+    common.config,
+    {
+      name: "dc-id",
+      help: "this data center's name (required; its DcId is derived from it)",
+      placeholder: "NAME"
+    },
+    {
+      name: "discovery",
+      help: "file:PATH or etcd:URL[,URL…] (default file:kvrelay-discovery.json)",
+      placeholder: "BACKEND"
+    },
+    { name: "etcd-prefix", help: "etcd key prefix (default /kvrelay/v1)", placeholder: "PREFIX" },
+    {
+      name: "namespace",
+      help: "watch only these namespaces (default: all)",
+      repeatable: true,
+      placeholder: "NS"
+    },
+    {
+      name: "endpoint-prefix",
+      help: "watch only endpoints under these prefixes (ns[.component[.endpoint]])",
+      repeatable: true,
+      placeholder: "PREFIX"
+    },
+    { name: "http", help: "HTTP listen address (default 127.0.0.1:8080)", placeholder: "HOST:PORT" },
+    { name: "expected-unique-blocks", help: "filter sizing per pool (default 1048576)", placeholder: "N" },
+    { name: "publication-threshold", help: "events per publication batch (default 16)", placeholder: "N" },
+    {
+      name: "publication-delay-ms",
+      help: "latest publication of a pending tail (default 1)",
+      placeholder: "N"
+    },
+    {
+      name: "recovery-attempt-timeout-ms",
+      help: "bound of one worker query attempt (default 30000)",
+      placeholder: "N"
+    },
+    { name: "max-pool-streams", help: "pool streams open at once (default 64)", placeholder: "N" },
+    { name: "max-subscribers-per-pool", help: "subscribers of one pool (default 64)", placeholder: "N" },
+    {
+      name: "max-initialized-pool-hubs",
+      help: "publication hubs with a mirror (default 64)",
+      placeholder: "N"
+    },
+    { name: "max-catalog-watchers", help: "catalog watch streams (default 64)", placeholder: "N" },
+    { name: "max-readiness-watchers", help: "readiness watch streams (default 64)", placeholder: "N" },
+    { name: "max-load-watchers", help: "load watch streams (default 64)", placeholder: "N" },
+    {
+      name: "max-request-body-bytes",
+      help: "largest accepted request body (default 65536)",
+      placeholder: "N"
+    },
+    common.otlp,
+    common.logLevel
+  ]
+}
+
+export const globalCommand: CommandSpec = {
+  name: "global",
+  summary: "run the global consumer: follow up to 16 DC relays and answer overlap queries",
+  flags: [
+    common.config,
+    { name: "http", help: "HTTP listen address (default 127.0.0.1:8090)", placeholder: "HOST:PORT" },
+    {
+      name: "relay",
+      help: "a DC relay, NAME=URL (lane order = flag order)",
+      repeatable: true,
+      placeholder: "NAME=URL"
+    },
+    {
+      name: "max-request-body-bytes",
+      help: "largest accepted request body (default 1048576)",
+      placeholder: "N"
+    },
+    common.otlp,
+    common.logLevel
+  ]
+}
+
+export const demoCommand: CommandSpec = {
+  name: "demo",
+  summary: "relays, a global consumer and simulated workers on 127.0.0.1, with a live summary",
+  flags: [
+    { name: "workers", help: "simulated workers per DC (default 4)", placeholder: "N" },
+    {
+      name: "http-port",
+      help: "first relay's HTTP port; the next ports follow (default 0: any free port)",
+      placeholder: "PORT"
+    },
+    {
+      name: "duration-s",
+      help: "stop after this many seconds (default: run until Ctrl-C)",
+      placeholder: "N"
+    },
+    common.otlp,
+    common.logLevel
+  ]
+}
+
+export const benchCommand: CommandSpec = {
+  name: "bench",
+  summary: "run the benchmarks; every figure is printed as a ratio against a same-run baseline",
+  flags: [
+    { name: "quick", boolean: true, help: "a short run" },
+    { name: "json", boolean: true, help: "also print the results as JSON on stdout" },
+    { name: "only", help: "comma-separated suite names to run", placeholder: "NAMES" }
+  ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schemas
+
+const withDefault = <A, I>(schema: Schema.Schema<A, I, never>, value: () => A) =>
+  Schema.optionalWith(schema, { default: value })
+
+export const RelaySettings = Schema.Struct({
+  dcId: NonBlank,
+  discovery: withDefault(Schema.String, () => "file:kvrelay-discovery.json"),
+  etcdPrefix: Schema.optional(Schema.String),
+  namespace: Schema.optional(StringList),
+  endpointPrefix: Schema.optional(StringList),
+  http: withDefault(HttpAddress, () => "127.0.0.1:8080"),
+  expectedUniqueBlocks: withDefault(PositiveInt, () => 1_048_576),
+  publicationThreshold: withDefault(PositiveInt, () => 16),
+  publicationDelayMs: withDefault(PositiveInt, () => 1),
+  recoveryAttemptTimeoutMs: withDefault(PositiveInt, () => 30_000),
+  maxPoolStreams: withDefault(PositiveInt, () => 64),
+  maxSubscribersPerPool: withDefault(PositiveInt, () => 64),
+  maxInitializedPoolHubs: withDefault(PositiveInt, () => 64),
+  maxCatalogWatchers: withDefault(PositiveInt, () => 64),
+  maxReadinessWatchers: withDefault(PositiveInt, () => 64),
+  maxLoadWatchers: withDefault(PositiveInt, () => 64),
+  maxRequestBodyBytes: withDefault(PositiveInt, () => 65_536),
+  otlp: Schema.optional(Url),
+  logLevel: withDefault(LogLevel, () => "info" as const)
+})
+export type RelaySettings = typeof RelaySettings.Type
+
+const RelayTarget = Schema.String.pipe(
+  Schema.filter((s) => {
+    const eq = s.indexOf("=")
+    if (eq <= 0) return `expected NAME=URL, got ${JSON.stringify(s)}`
+    try {
+      const url = new URL(s.slice(eq + 1))
+      return (
+        url.protocol === "http:" ||
+        url.protocol === "https:" ||
+        `expected an http(s) URL in ${JSON.stringify(s)}`
+      )
+    } catch {
+      return `expected NAME=URL with a valid URL, got ${JSON.stringify(s)}`
+    }
+  })
+)
+
+export const GlobalSettings = Schema.Struct({
+  http: withDefault(HttpAddress, () => "127.0.0.1:8090"),
+  relay: Schema.Union(
+    Schema.Array(RelayTarget),
+    Schema.transform(Schema.String, Schema.Array(RelayTarget), {
+      strict: true,
+      decode: (s) => s.split(",").map((v) => v.trim()),
+      encode: (a) => a.join(",")
+    })
+  ).pipe(
+    Schema.filter((relays) => relays.length > 0 || "at least one --relay NAME=URL is required"),
+    Schema.filter((relays) => relays.length <= 16 || `at most 16 relays (DC lanes), got ${relays.length}`),
+    Schema.filter((relays) => {
+      const names = relays.map((r) => r.slice(0, r.indexOf("=")))
+      const duplicate = names.find((n, i) => names.indexOf(n) !== i)
+      return duplicate === undefined || `relay name ${JSON.stringify(duplicate)} is given twice`
+    })
+  ),
+  maxRequestBodyBytes: withDefault(PositiveInt, () => 1_048_576),
+  otlp: Schema.optional(Url),
+  logLevel: withDefault(LogLevel, () => "info" as const)
+})
+export type GlobalSettings = typeof GlobalSettings.Type
+
+export const DemoSettings = Schema.Struct({
+  workers: withDefault(PositiveInt, () => 4),
+  httpPort: withDefault(
+    Schema.Union(Schema.Number, Schema.NumberFromString).pipe(
+      Schema.filter(
+        (n) => (Number.isInteger(n) && n >= 0 && n <= 65_000) || `expected a port 0..65000, got ${n}`
+      )
+    ),
+    () => 0
+  ),
+  durationS: Schema.optional(PositiveInt),
+  otlp: Schema.optional(Url),
+  logLevel: withDefault(LogLevel, () => "warning" as const)
+})
+export type DemoSettings = typeof DemoSettings.Type
+
+export const BenchSettings = Schema.Struct({
+  quick: withDefault(BooleanFlag, () => false),
+  json: withDefault(BooleanFlag, () => false),
+  only: Schema.optional(StringList)
+})
+export type BenchSettings = typeof BenchSettings.Type
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+export interface SettingsSources {
+  readonly argv: ReadonlyArray<string>
+  readonly env: Readonly<Record<string, string | undefined>>
+  /** Reads a `--config` file; errors are reported against `--config`. */
+  readonly readFile: (path: string) => string
+}
+
+/**
+ * Flags over environment over the `--config` file over defaults, decoded with `schema`. Every
+ * problem names its flag.
+ */
+export const loadSettings = <A, I>(
+  spec: CommandSpec,
+  schema: Schema.Schema<A, I, never>,
+  sources: SettingsSources
+): Either.Either<A, UsageError> =>
+  Either.flatMap(parseFlags(spec, sources.argv), (flags) => {
+    const env = environmentValues(spec, sources.env)
+    const configPath = (flags["config"] ?? sources.env["KVRELAY_CONFIG"]) as string | undefined
+    let file: Record<string, unknown> = {}
+    if (configPath !== undefined) {
+      let text: string
+      try {
+        text = sources.readFile(configPath)
+      } catch (error) {
+        return Either.left(
+          new UsageError([`--config: cannot read ${configPath}: ${(error as Error).message}`])
+        )
+      }
+      try {
+        const parsed: unknown = JSON.parse(text)
+        if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+          return Either.left(new UsageError([`--config: ${configPath} must hold a JSON object`]))
+        }
+        file = parsed as Record<string, unknown>
+      } catch (error) {
+        return Either.left(
+          new UsageError([`--config: ${configPath} is not valid JSON: ${(error as Error).message}`])
+        )
+      }
+    }
+    const { config: _ignored, ...flagValues } = flags
+    const merged: Record<string, unknown> = { ...file, ...env, ...(flagValues as Record<string, RawValue>) }
+    return decodeSettings(schema, merged)
+  })
+
+const DISCOVERY_FLAGS: Record<string, string> = {
+  discovery: "--discovery",
+  etcdPrefix: "--etcd-prefix",
+  namespaces: "--namespace",
+  endpointPrefixes: "--endpoint-prefix",
+  watchAll: "--namespace"
+}
+
+/** The discovery part of the relay settings, with its problems named by flag. */
+export const relayDiscoveryConfig = (settings: RelaySettings): Either.Either<DiscoveryConfig, UsageError> =>
+  Either.mapLeft(
+    makeDiscoveryConfig({
+      discovery: settings.discovery,
+      etcdPrefix: settings.etcdPrefix,
+      namespaces: settings.namespace,
+      endpointPrefixes: settings.endpointPrefix
+    }),
+    (error) =>
+      new UsageError(error.problems.map((p) => `${DISCOVERY_FLAGS[p.setting] ?? p.setting}: ${p.message}`))
+  )
+
+/** `HOST:PORT` split for the HTTP servers. */
+export const splitAddress = (address: string): { readonly host: string; readonly port: number } => {
+  const colon = address.lastIndexOf(":")
+  const host = address.slice(0, colon).replace(/^\[(.*)\]$/, "$1")
+  return { host, port: Number(address.slice(colon + 1)) }
+}
+
+/** `NAME=URL` split. */
+export const splitRelayTarget = (target: string): { readonly name: string; readonly url: string } => {
+  const eq = target.indexOf("=")
+  return { name: target.slice(0, eq), url: target.slice(eq + 1).replace(/\/+$/, "") }
+}

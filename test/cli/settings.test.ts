@@ -1,0 +1,97 @@
+import { Either } from "effect"
+import { describe, expect, it } from "vitest"
+import {
+  GlobalSettings,
+  globalCommand,
+  loadSettings,
+  RelaySettings,
+  relayCommand,
+  relayDiscoveryConfig
+} from "../../src/cli/settings.js"
+
+const load = (argv: Array<string>, env: Record<string, string> = {}, files: Record<string, string> = {}) =>
+  loadSettings(relayCommand, RelaySettings, {
+    argv,
+    env,
+    readFile: (path) => {
+      const text = files[path]
+      if (text === undefined) throw new Error("no such file")
+      return text
+    }
+  })
+
+const problems = (
+  result: Either.Either<unknown, { problems: ReadonlyArray<string> }>
+): ReadonlyArray<string> => (Either.isLeft(result) ? result.left.problems : [])
+
+describe("relay settings", () => {
+  it("applies the defaults of PROTOCOL §1", () => {
+    const settings = Either.getOrThrow(load(["--dc-id", "us-east"]))
+    expect(settings).toMatchObject({
+      dcId: "us-east",
+      http: "127.0.0.1:8080",
+      expectedUniqueBlocks: 1_048_576,
+      publicationThreshold: 16,
+      publicationDelayMs: 1,
+      recoveryAttemptTimeoutMs: 30_000,
+      logLevel: "info"
+    })
+    const discovery = Either.getOrThrow(relayDiscoveryConfig(settings))
+    expect(discovery.etcdPrefix).toBe("/kvrelay/v1")
+  })
+
+  it("prefers flags over environment over the config file", () => {
+    const files = {
+      "/c.json": JSON.stringify({ dcId: "from-file", publicationThreshold: 4, http: "0.0.0.0:1" })
+    }
+    const env = { KVRELAY_PUBLICATION_THRESHOLD: "8", KVRELAY_DC_ID: "from-env" }
+    const settings = Either.getOrThrow(load(["--config", "/c.json", "--dc-id=from-flag"], env, files))
+    expect(settings.dcId).toBe("from-flag")
+    expect(settings.publicationThreshold).toBe(8)
+    expect(settings.http).toBe("0.0.0.0:1")
+  })
+
+  it("reports every invalid setting by its flag", () => {
+    const result = load([
+      "--dc-id",
+      " padded",
+      "--publication-threshold",
+      "0",
+      "--http",
+      "nowhere",
+      "--bogus=1"
+    ])
+    expect(problems(result)).toEqual(["--bogus: unknown flag for kvrelay relay"])
+    const invalid = problems(
+      load(["--dc-id", " padded", "--publication-threshold", "0", "--http", "nowhere"])
+    )
+    expect(invalid).toContain("--dc-id: must not have leading or trailing whitespace")
+    expect(invalid).toContain("--publication-threshold: expected a positive integer, got 0")
+    expect(invalid.some((p) => p.startsWith("--http: expected HOST:PORT"))).toBe(true)
+    expect(problems(load([]))).toEqual(["--dc-id: is required"])
+  })
+
+  it("names unknown config-file keys and bad discovery backends", () => {
+    const files = { "/c.json": JSON.stringify({ dcId: "a", colour: "blue" }) }
+    expect(problems(load(["--config", "/c.json"], {}, files))).toEqual(["--colour: unknown setting"])
+    expect(problems(load(["--config", "/missing.json"]))[0]).toMatch(/^--config: cannot read \/missing.json/)
+    const settings = Either.getOrThrow(load(["--dc-id", "a", "--discovery", "zookeeper:x"]))
+    expect(problems(relayDiscoveryConfig(settings))[0]).toMatch(/^--discovery: /)
+  })
+})
+
+describe("global settings", () => {
+  const loadGlobal = (argv: Array<string>) =>
+    loadSettings(globalCommand, GlobalSettings, { argv, env: {}, readFile: () => "" })
+
+  it("keeps relays in flag order and rejects duplicates and malformed targets", () => {
+    const settings = Either.getOrThrow(loadGlobal(["--relay", "us=http://a:1", "--relay", "eu=http://b:2"]))
+    expect(settings.relay).toEqual(["us=http://a:1", "eu=http://b:2"])
+    expect(settings.http).toBe("127.0.0.1:8090")
+    expect(problems(loadGlobal(["--relay", "us=http://a:1", "--relay", "us=http://b:2"]))).toEqual([
+      '--relay: relay name "us" is given twice'
+    ])
+    expect(problems(loadGlobal(["--relay", "nourl"]))[0]).toMatch(/^--relay: expected NAME=URL/)
+    expect(problems(loadGlobal([]))).toEqual(["--relay: is required"])
+  })
+})
