@@ -602,7 +602,10 @@ export const ERROR_REASONS = [
   "RESOURCE_LIMIT",
   "PUBLICATION_UNAVAILABLE",
   "INTERNAL",
-  "SUBSCRIBER_LAGGED"
+  "SUBSCRIBER_LAGGED",
+  // Terminal pool-stream frames only (relay-service §4.1); never an HTTP status body.
+  "INVALID_PUBLICATION",
+  "SNAPSHOT_PROGRESS_TIMEOUT"
 ] as const
 export type ErrorReason = (typeof ERROR_REASONS)[number]
 
@@ -758,3 +761,303 @@ export const DiscoveryDocumentJson = Schema.Struct({
   sources: Schema.Array(KvEventSourceJson)
 })
 export type DiscoveryDocument = typeof DiscoveryDocumentJson.Type
+
+// ---------------------------------------------------------------------------------------------
+// Global consumer documents (§7)
+
+const modelNamespaceJson = Schema.String.pipe(
+  Schema.filter((value) => endpointPartProblem(value, "namespace")?.message ?? true)
+)
+
+/** Block hashes exactly as workers publish them (u64 decimal strings, or numbers ≤ 2^53). */
+export const BlockHashesJson = Schema.Array(U64)
+
+/** `POST /v1/overlap` by model: `{namespace, model, blockHashes}`. */
+export const ModelOverlapRequestJson = Schema.Struct({
+  namespace: modelNamespaceJson,
+  model: CanonicalModelIdJson,
+  blockHashes: BlockHashesJson
+})
+export type ModelOverlapRequest = typeof ModelOverlapRequestJson.Type
+
+/** `POST /v1/overlap` by pool domain: `{poolDomain: {cacheSemantics, routingScope}, blockHashes}`. */
+export const DomainOverlapRequestJson = Schema.Struct({
+  poolDomain: IndexerDomainJson,
+  blockHashes: BlockHashesJson
+})
+export type DomainOverlapRequest = typeof DomainOverlapRequestJson.Type
+
+export const OverlapResultJson = Schema.Struct({
+  relay: Schema.String,
+  lane: U32,
+  poolId: PoolIdJson,
+  servingEndpoint: EndpointIdJson,
+  prefixDepth: U32,
+  matchedTokens: Schema.Number
+})
+
+export const OverlapResponseJson = Schema.Struct({ results: Schema.Array(OverlapResultJson) })
+export type OverlapResponse = typeof OverlapResponseJson.Type
+
+export const DomainLaneJson = Schema.Struct({
+  lane: U32,
+  relay: Schema.String,
+  poolId: PoolIdJson,
+  producer: ProducerIdentityJson,
+  servingEndpoint: EndpointIdJson,
+  ready: Schema.Boolean,
+  /** null while the lane is not ready. */
+  installedSequence: Schema.NullOr(U64)
+})
+
+/** One entry of `GET /v1/domains`. */
+export const DomainViewJson = Schema.Struct({
+  cacheSemantics: CacheSemanticsJson,
+  routingScope: RoutingScopeJson,
+  querySemantics: QuerySemanticsJson,
+  lanes: Schema.Array(DomainLaneJson)
+})
+
+export const DomainsResponseJson = Schema.Array(DomainViewJson)
+export type DomainsResponse = typeof DomainsResponseJson.Type
+
+// ---------------------------------------------------------------------------------------------
+// Relay HTTP documents (§5): unsupported producer keys, readiness, load, stats, snapshots
+
+const isJsonObject = (u: unknown): u is Readonly<Record<string, unknown>> =>
+  typeof u === "object" && u !== null && !Array.isArray(u)
+
+const KNOWN_IDENTITY_SOURCES: ReadonlyArray<unknown> = IdentitySourceJson.literals
+
+/**
+ * Why a raw `ProducerIdentity` names a feature this relay does not implement (relay-service
+ * §4.6 `is_unsupported`): a non-zero unknown identity or format version, fingerprint width or
+ * slot count, an unknown identity source, or a bucket count above the CBI1 maximum. Zero and
+ * ill-typed values are malformed, not unsupported; `undefined` when nothing is unsupported.
+ */
+export const unsupportedProducerFeature = (input: unknown): string | undefined => {
+  if (!isJsonObject(input)) return undefined
+  const unsupported = (path: string, value: unknown, expected: string) =>
+    `${path} ${JSON.stringify(value)} is not supported by this relay (expected ${expected})`
+  const poolId = input["poolId"]
+  if (isJsonObject(poolId)) {
+    const version = poolId["identityVersion"]
+    if (typeof version === "number" && version !== 0 && version !== POOL_IDENTITY_VERSION)
+      return unsupported("poolId.identityVersion", version, String(POOL_IDENTITY_VERSION))
+    for (const field of ["cacheSemantics", "routingScope"] as const) {
+      const digest = poolId[field]
+      const source = isJsonObject(digest) ? digest["source"] : undefined
+      if (typeof source === "string" && source !== "" && !KNOWN_IDENTITY_SOURCES.includes(source))
+        return unsupported(`poolId.${field}.source`, source, '"default_derived" or "explicit"')
+    }
+  }
+  const format = input["format"]
+  if (isJsonObject(format)) {
+    const fixed = [
+      ["formatVersion", 1],
+      ["fingerprintBits", 16],
+      ["slotsPerBucket", 4]
+    ] as const
+    for (const [field, expected] of fixed) {
+      const value = format[field]
+      if (typeof value === "number" && value !== 0 && value !== expected)
+        return unsupported(`format.${field}`, value, String(expected))
+    }
+    const buckets = format["bucketCount"]
+    if (typeof buckets === "number" && Number.isInteger(buckets) && buckets > MAX_BUCKET_COUNT)
+      return unsupported("format.bucketCount", buckets, `at most ${MAX_BUCKET_COUNT}`)
+  }
+  return undefined
+}
+
+/** `UNKNOWN` is a valid state: the relay has no authoritative availability for the group yet. */
+export const READINESS_STATES = ["READY", "UNAVAILABLE", "UNKNOWN"] as const
+export const ReadinessStateJson = Schema.Literal(...READINESS_STATES)
+
+/** A role a worker card can declare (no `legacy`): the evaluator's present and missing roles. */
+export const WorkerTypeRoleJson = Schema.Literal(...WORKER_TYPES)
+
+export const TopologyMemberJson = Schema.Struct({
+  endpoint: EndpointIdJson,
+  roles: Schema.Array(WorkerRoleJson),
+  /** Present only when the endpoint's pool generation matches its current membership. */
+  poolId: Schema.optional(PoolIdJson)
+})
+
+export const AdapterReadinessJson = Schema.Struct({
+  canonicalModelId: CanonicalModelIdJson,
+  state: ReadinessStateJson,
+  missingRoles: Schema.Array(WorkerTypeRoleJson)
+})
+
+export const TopologyEntryJson = Schema.Struct({
+  namespace: Schema.String,
+  canonicalModelId: CanonicalModelIdJson,
+  state: ReadinessStateJson,
+  presentRoles: Schema.Array(WorkerTypeRoleJson),
+  missingRoles: Schema.Array(WorkerTypeRoleJson),
+  members: Schema.Array(TopologyMemberJson),
+  /** Only `prefill` / `decode` (relay-service §11: consumers reject any other role here). */
+  duplicateRoleEndpoints: Schema.Array(Schema.Literal("prefill", "decode")),
+  legacyFallbackActive: Schema.Boolean,
+  adapters: Schema.Array(AdapterReadinessJson)
+})
+export type TopologyEntryDocument = typeof TopologyEntryJson.Type
+
+/** `GET /v1/readiness` and every `event: readiness` of `/v1/readiness/watch`. */
+export const ReadinessJson = Schema.Struct({
+  revision: U64,
+  entries: Schema.Array(TopologyEntryJson)
+})
+export type ReadinessDocument = typeof ReadinessJson.Type
+
+/** One pool of a load window; unknown sums are sent as 0 (observed < expected marks them). */
+export const LoadPoolJson = Schema.Struct({
+  producer: ProducerIdentityJson,
+  kvUsedBlocks: U64,
+  totalKvBlocks: U64,
+  kvObservedRanks: U32,
+  kvExpectedRanks: U32
+})
+
+/** Every `event: load` of `/v1/load/watch`. */
+export const LoadWindowJson = Schema.Struct({
+  windowSequence: U64,
+  observedMs: U64,
+  windowMs: U64,
+  pools: Schema.Array(LoadPoolJson)
+})
+export type LoadWindowDocument = typeof LoadWindowJson.Type
+
+/** `undefined` in the domain value, `null` in JSON. */
+const nullable = <A, I>(schema: Schema.Schema<A, I, never>) =>
+  Schema.transform(Schema.NullOr(schema), Schema.UndefinedOr(Schema.typeSchema(schema)), {
+    strict: true,
+    decode: (value) => value ?? undefined,
+    encode: (value) => value ?? null
+  })
+
+const Count = Schema.Number
+
+export const SLOT_LIFECYCLES = [
+  "discovered",
+  "starting",
+  "active",
+  "draining",
+  "fenced",
+  "lightweight"
+] as const
+
+export const EndpointStatsJson = Schema.Struct({
+  servingEndpoint: EndpointTextJson,
+  lifecycle: Schema.Literal(...SLOT_LIFECYCLES),
+  layoutGeneration: U64,
+  membershipConflicts: Schema.Array(Schema.String),
+  models: Schema.Array(Schema.String),
+  aliases: Schema.Array(Schema.String),
+  roles: Schema.Array(Schema.String),
+  aggregation: nullable(
+    Schema.Struct({
+      members: Schema.Array(Schema.Struct({ workerId: WorkerIdJson, dpRank: U32, blocks: Count })),
+      contributionCount: Count,
+      uniqueBlockCount: Count,
+      unknownRemovals: Count,
+      capacityFailures: Count,
+      occupiedBucketCount: Count,
+      occupiedSlotCount: Count
+    })
+  ),
+  publication: nullable(
+    Schema.Struct({
+      sequence: U64,
+      pendingEvents: Count,
+      emittedImages: Count,
+      publicationCount: Count,
+      unchangedPublicationCount: Count,
+      physicalTouches: Count,
+      distinctTouchedBuckets: Count,
+      netRevertedBuckets: Count
+    })
+  ),
+  memory: nullable(
+    Schema.Struct({
+      filterBytes: Count,
+      dirtyTrackingBytes: Count,
+      ownershipBytes: Count,
+      memberSetCapacity: Count,
+      refcountCapacity: Count,
+      insertionScratchCapacity: Count
+    })
+  ),
+  recovery: Schema.Struct({
+    degradedResets: Count,
+    rebuildCount: Count,
+    rebuildTotalMs: Count,
+    rebuildMaxMs: Count,
+    workerCount: Count,
+    rankCount: Count,
+    recoveringRankCount: Count,
+    pendingLiveEventCount: Count
+  }),
+  actor: nullable(
+    Schema.Struct({
+      mailboxDepth: Count,
+      mailboxCapacity: Count,
+      activeCommand: nullable(Schema.String),
+      shuttingDown: Schema.Boolean,
+      lastError: nullable(Schema.String)
+    })
+  ),
+  ingest: Schema.Struct({
+    events: Count,
+    blocks: Count,
+    malformed: Count,
+    gaps: Count,
+    recoveries: Count
+  })
+})
+
+/** `GET /v1/stats`. */
+export const RelayStatsJson = Schema.Struct({
+  identity: Schema.Struct({
+    dcName: Schema.String,
+    dcId: DcIdHex,
+    drtInstanceId: U64,
+    relayIncarnation: U64
+  }),
+  endpoints: Schema.Array(EndpointStatsJson)
+})
+
+/** `[lo, hi]` u32 pairs ↔ base64 of the little-endian u64 words. */
+export const BucketWordsBase64 = Schema.transformOrFail(
+  Schema.Uint8ArrayFromBase64,
+  Schema.declare((u): u is Uint32Array => u instanceof Uint32Array, { identifier: "Uint32Array" }),
+  {
+    strict: true,
+    decode: (bytes, _, ast) => {
+      if (bytes.length % 8 !== 0)
+        return failType(ast, bytes, `buckets must be whole u64 words, got ${bytes.length} bytes`)
+      const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+      const words = new Uint32Array(bytes.length / 4)
+      for (let i = 0; i < words.length; i++) words[i] = view.getUint32(4 * i, true)
+      return ParseResult.succeed(words)
+    },
+    encode: (words) => {
+      const bytes = new Uint8Array(words.length * 4)
+      const view = new DataView(bytes.buffer)
+      for (let i = 0; i < words.length; i++) view.setUint32(4 * i, words[i]!, true)
+      return ParseResult.succeed(bytes)
+    }
+  }
+).annotations({ identifier: "BucketWords" })
+
+/** `GET /v1/endpoints/{ns.component.endpoint}/snapshot`. */
+export const DiagnosticSnapshotJson = Schema.Struct({
+  layoutGeneration: U64,
+  sequence: U64,
+  memberCount: Count,
+  uniqueBlockCount: Count,
+  format: CkfFormatJson,
+  buckets: BucketWordsBase64
+})
+export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type

@@ -1,0 +1,1169 @@
+/**
+ * The relay's HTTP API (PROTOCOL.md §5), served with `NodeHttpServer`.
+ *
+ * Routing is a small table rather than `HttpRouter` because the contract fixes the error bodies
+ * of unknown paths (404) and wrong methods (405), which the router does not distinguish.
+ *
+ * Streaming responses (the pool stream and the three SSE watches) share three mechanisms:
+ * - each is pulled element by element by the platform's writer, which waits for the socket to
+ *   drain, so a client that stops reading stops the pulls and the relay-side bounds apply (the
+ *   hub's 16 frames / 16 MiB per pool subscriber, the 16-window load buffer);
+ * - a write-stall watchdog ends the connection when an element stays unwritten for
+ *   `writeStallTimeout`: a client that never reads again cannot hold its stream slot forever;
+ * - server shutdown ends every stream (a pool stream with a terminal frame first).
+ * A client that disconnects interrupts its request fiber at once, which closes the request
+ * scope and frees its stream or watcher slot.
+ */
+
+import * as Http from "node:http"
+import { HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import type { ServeError } from "@effect/platform/HttpServerError"
+import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
+import {
+  Cause,
+  Chunk,
+  Clock,
+  Context,
+  Data,
+  Deferred,
+  Duration,
+  Effect,
+  Either,
+  Layer,
+  Option,
+  Schema,
+  type Scope,
+  Stream,
+  SubscriptionRef,
+  Take
+} from "effect"
+import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
+import type { ProducerIdentity } from "../../ckf/identity.js"
+import {
+  CatalogSnapshotJson,
+  DiagnosticSnapshotJson,
+  decodeJson,
+  ErrorBodyJson,
+  type ErrorReason,
+  encodeJsonText,
+  HealthJson,
+  type LoadWindowDocument,
+  LoadWindowJson,
+  ReadinessJson,
+  RelayInfoJson,
+  RelayStatsJson,
+  SubscribeRequestJson,
+  SubscriberIdJson,
+  unsupportedProducerFeature
+} from "../../domain/json.js"
+import { EndpointId } from "../../domain/model.js"
+import { prometheusText } from "../../observability/Prometheus.js"
+import * as RelayMetrics from "../../observability/RelayMetrics.js"
+import type { KvDcRelayError } from "../../relay/errors.js"
+import * as LoadWindows from "../../relay/LoadWindows.js"
+import { hasDegradedCoverage } from "../../relay/PoolLoad.js"
+import type { DcPoolCatalog } from "../../relay/PoolRegistry.js"
+import type {
+  PublicationError,
+  PublicationErrorKind,
+  PublicationFrame
+} from "../../relay/PublicationSource.js"
+import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
+import * as Topology from "../../relay/Topology.js"
+import {
+  encodePoolFrame,
+  FRAME_DELTA,
+  FRAME_HEARTBEAT,
+  FRAME_SNAPSHOT_CHUNK,
+  FRAME_TERMINAL_ERROR,
+  POOL_STREAM_CONTENT_TYPE,
+  type PoolFrameKind
+} from "./PoolStreamFrame.js"
+import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+export interface RelayHttpLimits {
+  /** Catalog watchers at once (default 64). Pool streams are limited by the publication source. */
+  readonly maxCatalogWatchers: number
+  readonly maxReadinessWatchers: number
+  readonly maxLoadWatchers: number
+  /** Larger request bodies get 413 (default 64 KiB). */
+  readonly maxRequestBodyBytes: number
+}
+
+export interface RelayHttpIntervals {
+  /** Pool-stream heartbeat after this long without a frame, once the snapshot was sent (10 s). */
+  readonly poolHeartbeat: Duration.DurationInput
+  /** Readiness watch re-sends the current snapshot this often (10 s). */
+  readonly readinessResend: Duration.DurationInput
+  /** Catalog watch `: heartbeat` comment this often (10 s). */
+  readonly watchHeartbeat: Duration.DurationInput
+  /** Load windows (1 s). */
+  readonly loadWindow: Duration.DurationInput
+  /** A streamed element not written for this long ends the connection (60 s). */
+  readonly writeStallTimeout: Duration.DurationInput
+  /** On shutdown, streams get this long to end before connections are closed (5 s). */
+  readonly shutdownGrace: Duration.DurationInput
+}
+
+export interface RelayHttpOptions {
+  /** Default `127.0.0.1`. */
+  readonly host?: string | undefined
+  /** Default 8080; 0 picks a free port (see the bound address). */
+  readonly port?: number | undefined
+  readonly limits?: Partial<RelayHttpLimits> | undefined
+  readonly intervals?: Partial<RelayHttpIntervals> | undefined
+  /** Load windows buffered per load watcher (default 16). */
+  readonly loadFanoutCapacity?: number | undefined
+  /** A topology publisher to serve; by default one is started over the relay's refs. */
+  readonly topology?: Topology.TopologyPublisher | undefined
+  /** A load window publisher to serve; by default one is started over the relay's `loadRef`. */
+  readonly loadWindows?: LoadWindows.LoadWindows | undefined
+}
+
+export const DEFAULT_RELAY_HTTP_HOST = "127.0.0.1"
+export const DEFAULT_RELAY_HTTP_PORT = 8080
+
+export const DEFAULT_RELAY_HTTP_LIMITS: RelayHttpLimits = {
+  maxCatalogWatchers: 64,
+  maxReadinessWatchers: 64,
+  maxLoadWatchers: 64,
+  maxRequestBodyBytes: 64 * 1024
+}
+
+export const DEFAULT_RELAY_HTTP_INTERVALS: RelayHttpIntervals = {
+  poolHeartbeat: Duration.seconds(10),
+  readinessResend: Duration.seconds(10),
+  watchHeartbeat: Duration.seconds(10),
+  loadWindow: Duration.seconds(1),
+  writeStallTimeout: Duration.seconds(60),
+  shutdownGrace: Duration.seconds(5)
+}
+
+/** Where the server listens. */
+export interface RelayHttpAddress {
+  readonly host: string
+  readonly port: number
+  /** `http://host:port`, as printed in the CLI's `listening` line. */
+  readonly url: string
+}
+
+export class RelayHttpServer extends Context.Tag("kvrelay/RelayHttpServer")<
+  RelayHttpServer,
+  RelayHttpAddress
+>() {}
+
+// ---------------------------------------------------------------------------------------------
+// Errors and responses
+
+class HttpFailure extends Data.TaggedError("HttpFailure")<{
+  readonly status: number
+  readonly reason: ErrorReason
+  readonly message: string
+  readonly headers?: Readonly<Record<string, string>> | undefined
+}> {}
+
+const invalidRequest = (message: string) =>
+  new HttpFailure({ status: 400, reason: "INVALID_REQUEST", message })
+const internal = (message: string) => new HttpFailure({ status: 500, reason: "INTERNAL", message })
+
+const JSON_CONTENT_TYPE = "application/json"
+const PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+const SSE_HEADERS = { "cache-control": "no-cache", "x-accel-buffering": "no" } as const
+
+const encodeErrorBody = encodeJsonText(ErrorBodyJson)
+
+const errorBodyText = (reason: ErrorReason, message: string): string =>
+  Either.getOrElse(encodeErrorBody({ reason, message }), () =>
+    JSON.stringify({ reason: "INTERNAL", message: "error body could not be encoded" })
+  )
+
+const failureResponse = (failure: HttpFailure): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.text(errorBodyText(failure.reason, failure.message), {
+    status: failure.status,
+    contentType: JSON_CONTENT_TYPE,
+    headers: failure.headers
+  })
+
+/** A JSON response through `schema`; an encoding failure is a 500. */
+const jsonResponder = <A, I>(schema: Schema.Schema<A, I, never>) => {
+  const encode = encodeJsonText(schema)
+  return (value: A, status = 200): Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure> =>
+    Either.match(encode(value), {
+      onLeft: (error) => Effect.fail(internal(`response could not be encoded: ${error.message}`)),
+      onRight: (text) =>
+        Effect.succeed(HttpServerResponse.text(text, { status, contentType: JSON_CONTENT_TYPE }))
+    })
+}
+
+const respondHealth = jsonResponder(HealthJson)
+const respondRelayInfo = jsonResponder(RelayInfoJson)
+const respondCatalog = jsonResponder(CatalogSnapshotJson)
+const respondReadiness = jsonResponder(ReadinessJson)
+const respondStats = jsonResponder(RelayStatsJson)
+const respondSnapshot = jsonResponder(DiagnosticSnapshotJson)
+
+const encodeCatalogText = encodeJsonText(CatalogSnapshotJson)
+const encodeReadinessText = encodeJsonText(ReadinessJson)
+const encodeLoadWindowText = encodeJsonText(LoadWindowJson)
+
+const relayFailure = (error: KvDcRelayError): HttpFailure =>
+  error._tag === "RelayShuttingDown"
+    ? new HttpFailure({ status: 503, reason: "PUBLICATION_UNAVAILABLE", message: error.message })
+    : error._tag === "UnknownEndpoint"
+      ? new HttpFailure({ status: 404, reason: "POOL_NOT_FOUND", message: error.message })
+      : internal(error.message)
+
+// ---------------------------------------------------------------------------------------------
+// Pool-stream error mapping
+
+const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {
+  NotFound: "POOL_NOT_FOUND",
+  ProducerMismatch: "PRODUCER_CHANGED",
+  Unavailable: "PUBLICATION_UNAVAILABLE",
+  ResourceExhausted: "RESOURCE_LIMIT",
+  SubscriberLagged: "SUBSCRIBER_LAGGED",
+  SnapshotProgressTimeout: "SNAPSHOT_PROGRESS_TIMEOUT",
+  InvalidPublication: "INVALID_PUBLICATION",
+  Internal: "INTERNAL"
+}
+
+/**
+ * Before the stream starts only the statuses of PROTOCOL §5 are used. A producer found invalid
+ * while opening has just been fenced (withdrawn), so it is reported as unavailable.
+ */
+const preStreamFailure = (error: PublicationError): HttpFailure => {
+  switch (error.kind) {
+    case "NotFound":
+      return new HttpFailure({ status: 404, reason: "POOL_NOT_FOUND", message: error.message })
+    case "ProducerMismatch":
+      return new HttpFailure({ status: 409, reason: "PRODUCER_CHANGED", message: error.message })
+    case "ResourceExhausted":
+    case "SubscriberLagged":
+      return new HttpFailure({ status: 429, reason: "RESOURCE_LIMIT", message: error.message })
+    case "Unavailable":
+    case "SnapshotProgressTimeout":
+      return new HttpFailure({ status: 503, reason: "PUBLICATION_UNAVAILABLE", message: error.message })
+    case "InvalidPublication":
+      return new HttpFailure({
+        status: 503,
+        reason: "PUBLICATION_UNAVAILABLE",
+        message: `invalid publication: ${error.message}`
+      })
+    case "Internal":
+      return internal(error.message)
+  }
+}
+
+// The publication source reports its own total limit with this text; hub limits are counted by
+// the hub itself (`per_pool`, `initialized_hub`).
+const TOTAL_POOL_STREAM_LIMIT = "Relay total pool stream limit"
+
+// ---------------------------------------------------------------------------------------------
+// Request bodies
+
+const utf8 = new TextDecoder("utf-8", { fatal: true })
+
+/**
+ * The request body, at most `limit` bytes. An oversized body is not read further (Node discards
+ * the rest) and the connection is closed after the 413, so the limit bounds memory, not I/O.
+ */
+const readBody = (
+  request: HttpServerRequest.HttpServerRequest,
+  limit: number
+): Effect.Effect<string, HttpFailure> =>
+  Effect.suspend(() => {
+    const tooLarge = new HttpFailure({
+      status: 413,
+      reason: "INVALID_REQUEST",
+      message: `request body exceeds ${limit} bytes`,
+      headers: { connection: "close" }
+    })
+    const declared = request.headers["content-length"]
+    if (declared !== undefined && Number(declared) > limit) return Effect.fail(tooLarge)
+    const incoming = NodeHttpServerRequest.toIncomingMessage(request)
+    return Effect.async<Uint8Array, HttpFailure>((resume) => {
+      const chunks: Array<Buffer> = []
+      let size = 0
+      const cleanup = () => {
+        incoming.off("data", onData)
+        incoming.off("end", onEnd)
+        incoming.off("error", onError)
+      }
+      const onData = (chunk: Buffer) => {
+        size += chunk.length
+        if (size <= limit) {
+          chunks.push(chunk)
+          return
+        }
+        cleanup()
+        // Flowing without listeners discards the rest instead of destroying the socket.
+        incoming.resume()
+        resume(Effect.fail(tooLarge))
+      }
+      const onEnd = () => {
+        cleanup()
+        resume(Effect.succeed(Buffer.concat(chunks)))
+      }
+      const onError = (cause: Error) => {
+        cleanup()
+        resume(Effect.fail(invalidRequest(`request body could not be read: ${cause.message}`)))
+      }
+      incoming.on("data", onData)
+      incoming.on("end", onEnd)
+      incoming.on("error", onError)
+      return Effect.sync(cleanup)
+    }).pipe(
+      Effect.flatMap((bytes) =>
+        Effect.try({
+          try: () => utf8.decode(bytes),
+          catch: () => invalidRequest("request body is not valid UTF-8")
+        })
+      )
+    )
+  })
+
+const parseJsonBody = (text: string): Effect.Effect<unknown, HttpFailure> =>
+  Effect.try({
+    try: (): unknown => JSON.parse(text),
+    catch: (cause) =>
+      invalidRequest(`invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`)
+  })
+
+/**
+ * The request's own fields first (unknown fields, `subscriberId`), so those are reported before
+ * anything about the producer key, as the reference validates a subscribe request.
+ */
+const decodeSubscribeEnvelope = decodeJson(
+  Schema.Struct({
+    subscriberId: SubscriberIdJson,
+    expectedProducer: Schema.Record({ key: Schema.String, value: Schema.Unknown })
+  })
+)
+const decodeSubscribeRequest = decodeJson(SubscribeRequestJson)
+const decodeSubscriberId = decodeJson(SubscriberIdJson)
+
+// ---------------------------------------------------------------------------------------------
+// Context of one server
+
+class WatchLimit {
+  used = 0
+  constructor(
+    readonly stream: RelayMetrics.SubscriberStream,
+    readonly label: string,
+    readonly max: number
+  ) {}
+}
+
+interface ServerContext {
+  readonly relay: KvDcRelayService
+  readonly topology: Topology.TopologyPublisher
+  readonly loadWindows: LoadWindows.LoadWindows
+  readonly limits: RelayHttpLimits
+  readonly poolHeartbeat: Duration.Duration
+  readonly readinessResend: Duration.Duration
+  readonly watchHeartbeat: Duration.Duration
+  readonly writeStallTimeout: Duration.Duration
+  readonly catalogWatchers: WatchLimit
+  readonly readinessWatchers: WatchLimit
+  readonly loadWatchers: WatchLimit
+  /** Completed when the server begins to shut down. */
+  readonly shutdown: Deferred.Deferred<void>
+  /** Endpoints whose gauges a previous scrape set. */
+  readonly reportedEndpoints: Set<string>
+  /** Requests whose response is not completely written yet (streams included). */
+  inFlight: number
+}
+
+/** Takes a watcher slot for the rest of the request, or fails with 429. */
+const acquireWatch = (limit: WatchLimit): Effect.Effect<void, HttpFailure, Scope.Scope> =>
+  Effect.uninterruptible(
+    Effect.gen(function* () {
+      if (limit.used >= limit.max) {
+        yield* RelayMetrics.limitRejected(limit.stream, "total")
+        return yield* Effect.fail(
+          new HttpFailure({
+            status: 429,
+            reason: "RESOURCE_LIMIT",
+            message: `Relay ${limit.label} limit ${limit.max} reached`
+          })
+        )
+      }
+      limit.used++
+      yield* RelayMetrics.subscriberOpened(limit.stream)
+      yield* Effect.addFinalizer(() =>
+        Effect.zipRight(
+          Effect.sync(() => {
+            limit.used--
+          }),
+          RelayMetrics.subscriberClosed(limit.stream)
+        )
+      )
+    })
+  )
+
+/** `?subscriber=ID`; required for the catalog watch, optional (but validated) elsewhere. */
+const subscriberParam = (
+  query: URLSearchParams,
+  required: boolean
+): Effect.Effect<string | undefined, HttpFailure> => {
+  const value = query.get("subscriber")
+  if (value === null) {
+    return required
+      ? Effect.fail(invalidRequest("missing query parameter subscriber"))
+      : Effect.succeed(undefined)
+  }
+  return Either.match(decodeSubscriberId(value), {
+    onLeft: (error) => Effect.fail(invalidRequest(`subscriber: ${error.message}`)),
+    onRight: (id) => Effect.succeed(id)
+  })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming machinery
+
+/** `Some(a)` unless the server began shutting down first. */
+const unlessShutdown = <A, E>(
+  ctx: ServerContext,
+  effect: Effect.Effect<A, E>
+): Effect.Effect<Option.Option<A>, E> =>
+  Effect.raceFirst(Effect.map(effect, Option.some), Effect.as(Deferred.await(ctx.shutdown), Option.none<A>()))
+
+/** Ends the underlying connection at once (the request fiber is then interrupted as a client abort). */
+const abortConnection = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<void> =>
+  Effect.sync(() => {
+    NodeHttpServerRequest.toServerResponse(request).destroy()
+  })
+
+/**
+ * A response body pulled one element per `step` (`None` ends it), guarded by the write-stall
+ * watchdog: the platform writer pulls again as soon as the socket accepted the previous element,
+ * so an element that stays "emitted but not followed by a pull" is stuck in a full socket.
+ */
+const guardedBody = (
+  ctx: ServerContext,
+  request: HttpServerRequest.HttpServerRequest,
+  what: string,
+  step: Effect.Effect<Option.Option<Uint8Array>>
+): Effect.Effect<Stream.Stream<Uint8Array>, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const stallMs = Duration.toMillis(ctx.writeStallTimeout)
+    let emittedAt: number | undefined
+    const guarded = Effect.gen(function* () {
+      emittedAt = undefined
+      const next = yield* step
+      if (Option.isSome(next)) emittedAt = yield* Clock.currentTimeMillis
+      return next
+    })
+    yield* Effect.gen(function* () {
+      const period = Duration.millis(Math.max(5, Math.min(1_000, stallMs / 4)))
+      for (;;) {
+        yield* Effect.sleep(period)
+        const now = yield* Clock.currentTimeMillis
+        if (emittedAt !== undefined && now - emittedAt >= stallMs) {
+          yield* Effect.logWarning(`KV DC Relay ${what} client stopped reading; closing its connection`)
+          yield* abortConnection(request)
+          return
+        }
+      }
+    }).pipe(Effect.forkScoped)
+    return Stream.repeatEffectOption(
+      Effect.flatMap(guarded, (next) =>
+        Option.isSome(next) ? Effect.succeed(next.value) : Effect.fail(Option.none())
+      )
+    )
+  })
+
+/**
+ * A small buffer between a forwarder fiber and the response writer. Waiting for an element never
+ * consumes one, so a heartbeat timeout or the shutdown race cannot lose an element (a `Queue.take`
+ * interrupted just after an offer completed it would). `sliding` keeps the newest elements
+ * instead of making the forwarder wait.
+ */
+class Handoff<A> {
+  private readonly items: Array<A> = []
+  private readonly nonEmpty = Effect.unsafeMakeLatch(false)
+  private readonly notFull = Effect.unsafeMakeLatch(true)
+
+  constructor(
+    private readonly capacity: number,
+    private readonly sliding: boolean
+  ) {}
+
+  readonly offer = (item: A): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (this.items.length >= this.capacity && !this.sliding)
+        return Effect.zipRight(this.notFull.await, this.offer(item))
+      if (this.items.length >= this.capacity) this.items.shift()
+      this.items.push(item)
+      this.nonEmpty.unsafeOpen()
+      if (this.items.length >= this.capacity) this.notFull.unsafeClose()
+      return Effect.void
+    })
+
+  private poll(): Option.Option<A> {
+    if (this.items.length === 0) return Option.none()
+    const item = this.items.shift()!
+    if (this.items.length === 0) this.nonEmpty.unsafeClose()
+    this.notFull.unsafeOpen()
+    return Option.some(item)
+  }
+
+  /** The next element; `None` when `wait` ran out first (`undefined` waits without limit). */
+  take(wait: Duration.Duration | undefined): Effect.Effect<Option.Option<A>> {
+    return Effect.suspend(() => {
+      const ready = this.poll()
+      if (Option.isSome(ready)) return Effect.succeed(ready)
+      const available =
+        wait === undefined ? this.nonEmpty.await : this.nonEmpty.await.pipe(Effect.timeout(wait))
+      return Effect.matchEffect(available, {
+        onFailure: () => Effect.succeed(Option.none()),
+        onSuccess: () => this.take(wait)
+      })
+    })
+  }
+}
+
+/** Runs `stream` into `handoff` as `Take`s (its end and failure included) in a scoped fiber. */
+const forward = <A, E>(
+  stream: Stream.Stream<A, E>,
+  handoff: Handoff<Take.Take<A, E>>
+): Effect.Effect<void, never, Scope.Scope> =>
+  stream.pipe(
+    Stream.runForEach((item) => handoff.offer(Take.of(item))),
+    Effect.matchCauseEffect({
+      onSuccess: () => handoff.offer(Take.end),
+      onFailure: (cause) => handoff.offer(Take.failCause(cause))
+    }),
+    Effect.interruptible,
+    Effect.forkScoped,
+    Effect.asVoid
+  )
+
+/**
+ * A watch over a sliding handoff of values: each new value is sent, and `onTick` runs
+ * on a fixed schedule of `interval` from the start (a heartbeat or a re-send).
+ */
+const watchStep = <A>(
+  ctx: ServerContext,
+  values: Handoff<Take.Take<A>>,
+  interval: Duration.Duration,
+  onValue: (value: A) => Effect.Effect<Uint8Array>,
+  onTick: Effect.Effect<Uint8Array>
+): Effect.Effect<Effect.Effect<Option.Option<Uint8Array>>> =>
+  Effect.gen(function* () {
+    const intervalMs = Math.max(1, Duration.toMillis(interval))
+    let nextTick = (yield* Clock.currentTimeMillis) + intervalMs
+    let done = false
+    const tick = Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      nextTick = Math.max(nextTick + intervalMs, now + 1)
+      return Option.some(yield* onTick)
+    })
+    return Effect.gen(function* () {
+      if (done) return Option.none()
+      for (;;) {
+        const wait = nextTick - (yield* Clock.currentTimeMillis)
+        if (wait <= 0) return yield* tick
+        const got = yield* unlessShutdown(ctx, values.take(Duration.millis(wait)))
+        if (Option.isNone(got)) {
+          done = true
+          return Option.none()
+        }
+        if (Option.isNone(got.value)) return yield* tick
+        const latest = Take.match(got.value.value, {
+          onEnd: () => undefined,
+          onFailure: () => undefined,
+          onSuccess: (chunk) => Chunk.last(chunk)
+        })
+        if (latest === undefined) {
+          done = true
+          return Option.none()
+        }
+        if (Option.isSome(latest)) return Option.some(yield* onValue(latest.value))
+      }
+    })
+  })
+
+const sseResponse = (body: Stream.Stream<Uint8Array>) =>
+  HttpServerResponse.stream(body, { contentType: "text/event-stream", headers: SSE_HEADERS })
+
+// ---------------------------------------------------------------------------------------------
+// Route handlers
+
+type Handler = (
+  ctx: ServerContext,
+  request: HttpServerRequest.HttpServerRequest,
+  query: URLSearchParams,
+  params: ReadonlyArray<string>
+) => Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure, Scope.Scope>
+
+const healthz: Handler = () => Effect.succeed(HttpServerResponse.text("ok", { contentType: "text/plain" }))
+
+const health: Handler = (ctx) =>
+  Effect.flatMap(ctx.relay.health, (state) => respondHealth(state, state.healthy ? 200 : 503))
+
+const relayInfo: Handler = (ctx) =>
+  respondRelayInfo({ relay: ctx.relay.identity, dcName: ctx.relay.dcName, dcId: ctx.relay.dcId })
+
+const catalog: Handler = (ctx) =>
+  Effect.flatMap(SubscriptionRef.get(ctx.relay.catalogRef), (c) => respondCatalog(c))
+
+const catalogWatch: Handler = (ctx, request, query) =>
+  Effect.gen(function* () {
+    const subscriber = yield* subscriberParam(query, true)
+    yield* acquireWatch(ctx.catalogWatchers)
+    yield* Effect.annotateCurrentSpan("kvrelay.subscriber", subscriber ?? "")
+    // Sliding: a watcher that falls behind skips to the newest catalog (coalescing is allowed).
+    const values = new Handoff<Take.Take<DcPoolCatalog>>(1, true)
+    yield* forward(
+      Stream.changesWith(ctx.relay.catalogRef.changes, (a, b) => a.revision === b.revision),
+      values
+    )
+    const step = yield* watchStep(
+      ctx,
+      values,
+      ctx.watchHeartbeat,
+      (snapshot) =>
+        Either.match(encodeCatalogText(snapshot), {
+          onLeft: (error) => Effect.dieMessage(`catalog could not be encoded: ${error.message}`),
+          onRight: (json) => Effect.succeed(sseEvent("catalog", json))
+        }),
+      Effect.succeed(sseHeartbeat)
+    )
+    yield* Effect.logDebug("KV DC Relay catalog watch opened").pipe(
+      Effect.annotateLogs("subscriber", subscriber ?? "")
+    )
+    return sseResponse(yield* guardedBody(ctx, request, "catalog watch", step))
+  })
+
+const readinessText = (snapshot: Topology.TopologySnapshot): Effect.Effect<Uint8Array> =>
+  Either.match(encodeReadinessText(snapshot), {
+    onLeft: (error) => Effect.dieMessage(`readiness could not be encoded: ${error.message}`),
+    onRight: (json) => Effect.succeed(sseEvent("readiness", json))
+  })
+
+const readiness: Handler = (ctx) =>
+  Effect.flatMap(ctx.topology.current, (snapshot) => respondReadiness(snapshot))
+
+const readinessWatch: Handler = (ctx, request, query) =>
+  Effect.gen(function* () {
+    const subscriber = yield* subscriberParam(query, false)
+    yield* acquireWatch(ctx.readinessWatchers)
+    const values = new Handoff<Take.Take<Topology.TopologySnapshot>>(1, true)
+    yield* forward(
+      Stream.changesWith(ctx.topology.ref.changes, (a, b) => a.revision === b.revision),
+      values
+    )
+    // The re-send carries the current snapshot with its unchanged revision.
+    const step = yield* watchStep(
+      ctx,
+      values,
+      ctx.readinessResend,
+      readinessText,
+      Effect.flatMap(ctx.topology.current, readinessText)
+    )
+    yield* Effect.logDebug("KV DC Relay readiness watch opened").pipe(
+      Effect.annotateLogs("subscriber", subscriber ?? "")
+    )
+    return sseResponse(yield* guardedBody(ctx, request, "readiness watch", step))
+  })
+
+const loadWindowDocument = (window: LoadWindows.LoadWindow): LoadWindowDocument => ({
+  windowSequence: window.windowSequence,
+  observedMs: window.observedMs,
+  windowMs: window.windowMs,
+  pools: window.pools.map((pool) => ({
+    producer: pool.producer,
+    // Unknown sums go out as 0; observed < expected ranks tell the consumer not to trust them.
+    kvUsedBlocks: pool.kvUsedBlocks ?? 0n,
+    totalKvBlocks: pool.totalKvBlocks ?? 0n,
+    kvObservedRanks: pool.kvObservedRanks,
+    kvExpectedRanks: pool.kvExpectedRanks
+  }))
+})
+
+const loadWatch: Handler = (ctx, request, query) =>
+  Effect.gen(function* () {
+    const subscriber = yield* subscriberParam(query, false)
+    yield* acquireWatch(ctx.loadWatchers)
+    const subscription = yield* ctx.loadWindows.subscribe.pipe(
+      Effect.mapError(
+        (error) => new HttpFailure({ status: 503, reason: "PUBLICATION_UNAVAILABLE", message: error.message })
+      )
+    )
+    let done = false
+    const terminal = (reason: ErrorReason, message: string) => {
+      done = true
+      // SSE has no terminal frame; an `error` event carries the reason before the stream ends.
+      return Option.some(sseEvent("error", errorBodyText(reason, message)))
+    }
+    const step: Effect.Effect<Option.Option<Uint8Array>> = Effect.gen(function* () {
+      if (done) return Option.none()
+      const next = yield* unlessShutdown(ctx, Effect.either(subscription.next))
+      if (Option.isNone(next)) {
+        done = true
+        return Option.none()
+      }
+      const result = next.value
+      if (Either.isLeft(result)) {
+        if (result.left._tag === "LoadWindowLagged") {
+          yield* RelayMetrics.subscriberLaggedOut("load")
+          yield* Effect.logWarning("KV DC Relay load watcher lagged; ending its stream").pipe(
+            Effect.annotateLogs("subscriber", subscriber ?? "")
+          )
+          return terminal("SUBSCRIBER_LAGGED", result.left.message)
+        }
+        return terminal("PUBLICATION_UNAVAILABLE", result.left.message)
+      }
+      return yield* Either.match(encodeLoadWindowText(loadWindowDocument(result.right)), {
+        onLeft: (error) => Effect.dieMessage(`load window could not be encoded: ${error.message}`),
+        onRight: (json) => Effect.succeed(Option.some(sseEvent("load", json)))
+      })
+    })
+    return sseResponse(yield* guardedBody(ctx, request, "load watch", step))
+  })
+
+const decodeSubscribe = (
+  body: unknown
+): Effect.Effect<{ subscriberId: string; expected: ProducerIdentity }, HttpFailure> =>
+  Effect.gen(function* () {
+    const envelope = decodeSubscribeEnvelope(body)
+    if (Either.isLeft(envelope)) return yield* Effect.fail(invalidRequest(envelope.left.message))
+    const unsupported = unsupportedProducerFeature(envelope.right.expectedProducer)
+    if (unsupported !== undefined) {
+      return yield* Effect.fail(
+        new HttpFailure({
+          status: 422,
+          reason: "UNSUPPORTED_FEATURE",
+          message: `expectedProducer: ${unsupported}`
+        })
+      )
+    }
+    const request = decodeSubscribeRequest(body)
+    if (Either.isLeft(request)) return yield* Effect.fail(invalidRequest(request.left.message))
+    return { subscriberId: request.right.subscriberId, expected: request.right.expectedProducer }
+  })
+
+const FRAME_KINDS: Record<PublicationFrame["kind"], PoolFrameKind> = {
+  SnapshotChunk: FRAME_SNAPSHOT_CHUNK,
+  Delta: FRAME_DELTA
+}
+
+const EMPTY = new Uint8Array(0)
+const textEncoder = new TextEncoder()
+
+const poolSubscribe: Handler = (ctx, request) =>
+  Effect.gen(function* () {
+    const body = yield* parseJsonBody(yield* readBody(request, ctx.limits.maxRequestBodyBytes))
+    const { subscriberId, expected } = yield* decodeSubscribe(body)
+    yield* Effect.annotateCurrentSpan({
+      "kvrelay.subscriber": subscriberId,
+      "kvrelay.pool": expected.poolId.toString(),
+      "kvrelay.layout_generation": String(expected.layoutGeneration)
+    })
+    const frames = yield* ctx.relay.subscribePool(expected, subscriberId).pipe(
+      Effect.tapError((error) =>
+        error.kind === "ResourceExhausted" && error.message.startsWith(TOTAL_POOL_STREAM_LIMIT)
+          ? RelayMetrics.limitRejected("pool", "total")
+          : Effect.void
+      ),
+      Effect.mapError(preStreamFailure)
+    )
+    yield* Effect.acquireRelease(RelayMetrics.subscriberOpened("pool"), () =>
+      RelayMetrics.subscriberClosed("pool")
+    )
+    const log = (message: string) =>
+      Effect.annotateLogs(Effect.logInfo(message), {
+        subscriberId,
+        poolId: expected.poolId.toString(),
+        layoutGeneration: String(expected.layoutGeneration)
+      })
+    yield* log("KV DC Relay pool stream opened")
+
+    // The forwarder keeps at most one frame ahead; everything else waits in the hub's bounded
+    // subscriber queue, where falling behind is detected.
+    const takes = new Handoff<Take.Take<PublicationFrame, PublicationError>>(1, false)
+    yield* forward(frames, takes)
+    let snapshotChunksLeft = Math.ceil(expected.format.bucketCount / SNAPSHOT_CHUNK_BUCKETS)
+    let lastSequence = 0n
+    let done = false
+    const pending: Array<PublicationFrame> = []
+
+    const frame = (kind: PoolFrameKind, baseSequence: bigint, sequence: bigint, payload: Uint8Array) =>
+      Effect.map(Clock.currentTimeNanos, (nanos) =>
+        Option.some(encodePoolFrame({ kind, baseSequence, sequence, sendTsUs: nanos / 1000n, payload }))
+      )
+    const emit = (next: PublicationFrame) => {
+      if (next.kind === "SnapshotChunk") snapshotChunksLeft = Math.max(0, snapshotChunksLeft - 1)
+      else snapshotChunksLeft = 0
+      lastSequence = next.sequence
+      return frame(FRAME_KINDS[next.kind], next.baseSequence, next.sequence, next.payload)
+    }
+    const terminal = (reason: ErrorReason, message: string) =>
+      Effect.gen(function* () {
+        done = true
+        yield* log("KV DC Relay pool stream ended").pipe(Effect.annotateLogs({ reason, message }))
+        return yield* frame(
+          FRAME_TERMINAL_ERROR,
+          lastSequence,
+          lastSequence,
+          textEncoder.encode(errorBodyText(reason, message))
+        )
+      })
+
+    const step: Effect.Effect<Option.Option<Uint8Array>> = Effect.gen(function* () {
+      if (done) return Option.none()
+      const queued = pending.shift()
+      if (queued !== undefined) return yield* emit(queued)
+      // The heartbeat is armed only once every snapshot chunk went out.
+      const got = yield* unlessShutdown(
+        ctx,
+        takes.take(snapshotChunksLeft > 0 ? undefined : ctx.poolHeartbeat)
+      )
+      if (Option.isNone(got))
+        return yield* terminal("PUBLICATION_UNAVAILABLE", "relay HTTP server is shutting down")
+      if (Option.isNone(got.value)) {
+        yield* RelayMetrics.poolHeartbeatSent
+        return yield* frame(FRAME_HEARTBEAT, lastSequence, lastSequence, EMPTY)
+      }
+      return yield* Take.match(got.value.value, {
+        onEnd: () => terminal("PUBLICATION_UNAVAILABLE", "relay is shutting down; subscribe again"),
+        onFailure: (cause) =>
+          Option.match(Cause.failureOption(cause), {
+            onNone: () =>
+              Effect.zipRight(
+                Effect.logError("KV DC Relay pool stream failed", cause),
+                terminal("INTERNAL", "pool stream failed unexpectedly")
+              ),
+            onSome: (error) => terminal(TERMINAL_REASONS[error.kind], error.message)
+          }),
+        onSuccess: (chunk) => {
+          pending.push(...chunk)
+          const first = pending.shift()
+          return first === undefined ? Effect.succeed(Option.some(EMPTY)) : emit(first)
+        }
+      })
+    })
+
+    return HttpServerResponse.stream(yield* guardedBody(ctx, request, "pool stream", step), {
+      contentType: POOL_STREAM_CONTENT_TYPE,
+      headers: { "cache-control": "no-store" }
+    })
+  })
+
+const stats: Handler = (ctx) =>
+  Effect.flatMap(Effect.mapError(ctx.relay.stats, relayFailure), (value) => respondStats(value))
+
+const endpointSnapshot: Handler = (ctx, _request, _query, params) =>
+  Effect.gen(function* () {
+    let text: string
+    try {
+      text = decodeURIComponent(params[0]!)
+    } catch {
+      return yield* Effect.fail(invalidRequest("endpoint path segment is not valid percent-encoding"))
+    }
+    const endpoint = EndpointId.parse(text)
+    if (Either.isLeft(endpoint)) return yield* Effect.fail(invalidRequest(endpoint.left.message))
+    const snapshot = yield* Effect.mapError(ctx.relay.diagnosticSnapshot(endpoint.right), relayFailure)
+    return yield* respondSnapshot({
+      layoutGeneration: snapshot.layoutGeneration,
+      sequence: snapshot.sequence,
+      memberCount: snapshot.memberCount,
+      uniqueBlockCount: snapshot.uniqueBlockCount,
+      format: snapshot.producer.format,
+      buckets: snapshot.words
+    })
+  })
+
+const flush: Handler = (ctx) =>
+  Effect.as(Effect.mapError(ctx.relay.flush, relayFailure), HttpServerResponse.empty({ status: 204 }))
+
+/** Gauges that mirror relay state are refreshed from it on each scrape. */
+const refreshGauges = (ctx: ServerContext): Effect.Effect<void> =>
+  Effect.gen(function* () {
+    yield* RelayMetrics.initializeRelayMetrics
+    const catalogNow = yield* SubscriptionRef.get(ctx.relay.catalogRef)
+    yield* RelayMetrics.setCatalog(catalogNow.size, catalogNow.revision)
+    const topology = yield* ctx.topology.current
+    const counts = { ready: 0, unavailable: 0, unknown: 0 }
+    for (const entry of topology.entries) {
+      if (entry.state === "READY") counts.ready++
+      else if (entry.state === "UNAVAILABLE") counts.unavailable++
+      else counts.unknown++
+    }
+    yield* RelayMetrics.setServingTopologyCounts(counts)
+    const load = yield* SubscriptionRef.get(ctx.relay.loadRef)
+    yield* RelayMetrics.setDegradedLoadCoverage(load.filter(hasDegradedCoverage).length)
+    // Stats go through the actors; a busy relay must not stall the scrape.
+    const relayStats = yield* ctx.relay.stats.pipe(Effect.timeoutOption("2 seconds"), Effect.option)
+    if (Option.isNone(relayStats) || Option.isNone(relayStats.value)) return
+    const seen = new Set<string>()
+    for (const endpoint of relayStats.value.value.endpoints) {
+      const key = endpoint.servingEndpoint.toString()
+      seen.add(key)
+      yield* RelayMetrics.setEndpointGauges(key, {
+        events: endpoint.ingest.events,
+        blocks: endpoint.ingest.blocks,
+        malformed: endpoint.ingest.malformed,
+        gaps: endpoint.ingest.gaps,
+        recoveries: endpoint.ingest.recoveries,
+        mailboxDepth: endpoint.actor?.mailboxDepth ?? 0,
+        publicationSequence: endpoint.publication?.sequence ?? 0n
+      })
+    }
+    // Effect cannot unregister a series; a vanished endpoint's gauges drop to zero instead.
+    for (const key of ctx.reportedEndpoints) {
+      if (!seen.has(key)) yield* RelayMetrics.setEndpointGauges(key, RelayMetrics.ZERO_ENDPOINT_GAUGES)
+    }
+    ctx.reportedEndpoints.clear()
+    for (const key of seen) ctx.reportedEndpoints.add(key)
+  })
+
+const metrics: Handler = (ctx) =>
+  Effect.zipRight(
+    refreshGauges(ctx),
+    Effect.map(prometheusText, (text) =>
+      HttpServerResponse.text(text, { contentType: PROMETHEUS_CONTENT_TYPE })
+    )
+  )
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+
+type Method = "GET" | "POST"
+
+interface Route {
+  readonly template: string
+  readonly match: (path: string) => ReadonlyArray<string> | undefined
+  readonly methods: Partial<Record<Method, Handler>>
+}
+
+const exact = (path: string, methods: Partial<Record<Method, Handler>>): Route => ({
+  template: path,
+  match: (candidate) => (candidate === path ? [] : undefined),
+  methods
+})
+
+const ENDPOINT_SNAPSHOT = /^\/v1\/endpoints\/([^/]+)\/snapshot$/
+
+const ROUTES: ReadonlyArray<Route> = [
+  exact("/healthz", { GET: healthz }),
+  exact("/v1/health", { GET: health }),
+  exact("/v1/relay", { GET: relayInfo }),
+  exact("/v1/catalog", { GET: catalog }),
+  exact("/v1/catalog/watch", { GET: catalogWatch }),
+  exact("/v1/pools/subscribe", { POST: poolSubscribe }),
+  exact("/v1/readiness", { GET: readiness }),
+  exact("/v1/readiness/watch", { GET: readinessWatch }),
+  exact("/v1/load/watch", { GET: loadWatch }),
+  exact("/v1/stats", { GET: stats }),
+  {
+    template: "/v1/endpoints/{endpoint}/snapshot",
+    match: (candidate) => {
+      const found = ENDPOINT_SNAPSHOT.exec(candidate)
+      return found === null ? undefined : [found[1]!]
+    },
+    methods: { GET: endpointSnapshot }
+  },
+  exact("/v1/flush", { POST: flush }),
+  exact("/metrics", { GET: metrics })
+]
+
+const dispatch = (
+  ctx: ServerContext
+): Effect.Effect<
+  HttpServerResponse.HttpServerResponse,
+  never,
+  HttpServerRequest.HttpServerRequest | Scope.Scope
+> =>
+  Effect.gen(function* () {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    // The request scope closes once the response is written, so this counts whole responses.
+    yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        ctx.inFlight++
+      }),
+      () =>
+        Effect.sync(() => {
+          ctx.inFlight--
+        })
+    )
+    const method = request.method
+    const queryAt = request.url.indexOf("?")
+    const path = queryAt < 0 ? request.url : request.url.slice(0, queryAt)
+    const query = new URLSearchParams(queryAt < 0 ? "" : request.url.slice(queryAt + 1))
+    let route: Route | undefined
+    let params: ReadonlyArray<string> = []
+    for (const candidate of ROUTES) {
+      const matched = candidate.match(path)
+      if (matched !== undefined) {
+        route = candidate
+        params = matched
+        break
+      }
+    }
+    const template = route?.template ?? "unmatched"
+    const handled: Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure, Scope.Scope> =
+      Effect.suspend(() => {
+        if (route === undefined) {
+          return Effect.fail(
+            new HttpFailure({
+              status: 404,
+              reason: "INVALID_REQUEST",
+              message: `no route for ${method} ${path}`
+            })
+          )
+        }
+        const handler = route.methods[method as Method]
+        if (handler === undefined) {
+          const allowed = Object.keys(route.methods).join(", ")
+          return Effect.fail(
+            new HttpFailure({
+              status: 405,
+              reason: "INVALID_REQUEST",
+              message: `${method} is not allowed on ${route.template}; use ${allowed}`,
+              headers: { allow: allowed }
+            })
+          )
+        }
+        // The platform runs apps uninterruptibly; fibers forked here would inherit that and
+        // could never be interrupted when the request scope closes.
+        return Effect.interruptible(handler(ctx, request, query, params))
+      })
+    return yield* handled.pipe(
+      Effect.catchTag("HttpFailure", (failure) => Effect.succeed(failureResponse(failure))),
+      Effect.catchAllCause((cause) =>
+        Effect.zipRight(
+          Effect.logError("KV DC Relay HTTP handler failed", cause),
+          Effect.succeed(failureResponse(internal("internal error")))
+        )
+      ),
+      Effect.tap((response) =>
+        Effect.zipRight(
+          Effect.annotateCurrentSpan("http.response.status_code", response.status),
+          (response.status >= 500 ? Effect.logWarning : Effect.logDebug)("KV DC Relay HTTP request").pipe(
+            Effect.annotateLogs({ method, path, status: response.status })
+          )
+        )
+      ),
+      Effect.withSpan(`HTTP ${method} ${template}`, {
+        kind: "server",
+        attributes: { "http.request.method": method, "http.route": template, "url.path": path }
+      })
+    )
+  })
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+export interface RelayHttpApp {
+  /** The HTTP app; run it with a per-request scope (as every platform server does). */
+  readonly app: Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    never,
+    HttpServerRequest.HttpServerRequest | Scope.Scope
+  >
+  /** Ends every open stream (pool streams with a terminal frame) and refuses nothing else. */
+  readonly beginShutdown: Effect.Effect<void>
+  /** Requests whose response is not completely written yet. */
+  readonly inFlight: () => number
+}
+
+const durationOf = (input: Duration.DurationInput): Duration.Duration => Duration.decode(input)
+
+/** The app over `relay`; topology and load publishers (unless given) live in the current scope. */
+export const makeApp = (
+  relay: KvDcRelayService,
+  options: RelayHttpOptions = {}
+): Effect.Effect<RelayHttpApp, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const limits: RelayHttpLimits = { ...DEFAULT_RELAY_HTTP_LIMITS, ...options.limits }
+    const intervals: RelayHttpIntervals = { ...DEFAULT_RELAY_HTTP_INTERVALS, ...options.intervals }
+    yield* RelayMetrics.initializeRelayMetrics
+    const topology =
+      options.topology ??
+      (yield* Topology.make({ membershipRef: relay.membershipRef, catalogRef: relay.catalogRef }))
+    const loadWindows =
+      options.loadWindows ??
+      (yield* LoadWindows.make(relay.loadRef, {
+        window: intervals.loadWindow,
+        fanoutCapacity: options.loadFanoutCapacity,
+        onWindow: () => RelayMetrics.loadWindowEmitted
+      }))
+    const shutdown = yield* Deferred.make<void>()
+    const ctx: ServerContext = {
+      relay,
+      topology,
+      loadWindows,
+      limits,
+      poolHeartbeat: durationOf(intervals.poolHeartbeat),
+      readinessResend: durationOf(intervals.readinessResend),
+      watchHeartbeat: durationOf(intervals.watchHeartbeat),
+      writeStallTimeout: durationOf(intervals.writeStallTimeout),
+      catalogWatchers: new WatchLimit("catalog", "catalog stream", limits.maxCatalogWatchers),
+      readinessWatchers: new WatchLimit("readiness", "readiness stream", limits.maxReadinessWatchers),
+      loadWatchers: new WatchLimit("load", "load stream", limits.maxLoadWatchers),
+      shutdown,
+      reportedEndpoints: new Set(),
+      inFlight: 0
+    }
+    return {
+      app: dispatch(ctx),
+      beginShutdown: Deferred.succeed(shutdown, undefined),
+      inFlight: () => ctx.inFlight
+    }
+  })
+
+const urlHost = (host: string): string => (host.includes(":") ? `[${host}]` : host)
+
+/**
+ * Serves `relay` until the current scope closes and returns the bound address (the actual port
+ * when port 0 was asked). Closing the scope stops accepting, ends every stream, waits up to
+ * `shutdownGrace` for responses to finish, then closes the remaining connections.
+ */
+export const serve = (
+  relay: KvDcRelayService,
+  options: RelayHttpOptions = {}
+): Effect.Effect<RelayHttpAddress, ServeError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const { app, beginShutdown, inFlight } = yield* makeApp(relay, options)
+    const nodeServer = Http.createServer()
+    const server = yield* NodeHttpServer.make(() => nodeServer, {
+      host: options.host ?? DEFAULT_RELAY_HTTP_HOST,
+      port: options.port ?? DEFAULT_RELAY_HTTP_PORT
+    })
+    yield* HttpServer.serveEffect()(app).pipe(Effect.provideService(HttpServer.HttpServer, server))
+    const grace = durationOf(options.intervals?.shutdownGrace ?? DEFAULT_RELAY_HTTP_INTERVALS.shutdownGrace)
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        nodeServer.close()
+        yield* beginShutdown
+        // Streams end at the shutdown signal; short requests finish on their own. What is left
+        // afterwards are idle keep-alive connections (or responses stuck past the grace).
+        const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(grace)
+        while (inFlight() > 0 && (yield* Clock.currentTimeMillis) < deadline) yield* Effect.sleep("10 millis")
+        if (inFlight() > 0) {
+          yield* Effect.logWarning(
+            "KV DC Relay HTTP responses still open after the shutdown grace; closing them"
+          ).pipe(Effect.annotateLogs("responses", inFlight()))
+        }
+        nodeServer.closeAllConnections()
+      })
+    )
+    const address = server.address
+    const host = address._tag === "TcpAddress" ? address.hostname : (options.host ?? DEFAULT_RELAY_HTTP_HOST)
+    const port = address._tag === "TcpAddress" ? address.port : 0
+    const bound: RelayHttpAddress = { host, port, url: `http://${urlHost(host)}:${port}` }
+    yield* Effect.logInfo("KV DC Relay HTTP API listening").pipe(Effect.annotateLogs("url", bound.url))
+    return bound
+  })
+
+/** `RelayHttpServer` (the bound address) serving the `KvDcRelay` in context. */
+export const layer = (options: RelayHttpOptions = {}): Layer.Layer<RelayHttpServer, ServeError, KvDcRelay> =>
+  Layer.scoped(
+    RelayHttpServer,
+    Effect.flatMap(KvDcRelay, (relay) => serve(relay, options))
+  )
