@@ -141,7 +141,8 @@ const subjectText = (subject: ConflictSubject): string => {
   }
 }
 
-const makeConflict = (
+/** A conflict with its debug text (exported for the host's duplicate-pool fencing). */
+export const makeConflict = (
   scope: ConflictScope,
   subject: ConflictSubject,
   reason: string

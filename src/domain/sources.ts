@@ -55,3 +55,10 @@ export interface KvSourceMembershipView {
   readonly endpointResolution: KvStateEndpointResolution
   readonly ranks: ReadonlyMap<RankKey, ExpectedRank>
 }
+
+/** Identity of one source incarnation and its transport (a change of any part is a new source). */
+export const sourceIdentityKey = (source: KvEventSource): string => {
+  const t = source.transport
+  const replay = t.kind === "engine-zmq" ? (t.replayEndpoint ?? "") : ""
+  return `${source.workerId}/${source.dpRank}@${source.publisherId}|${t.kind}|${t.endpoint}|${t.topic}|${replay}`
+}

@@ -153,6 +153,14 @@ export interface SourceSupervisorHealth {
   readonly discoveredEndpointCount: number
 }
 
+/** Cumulative counters since the supervisor started (additive; for ingest diagnostics). */
+export interface SourceSupervisorCounters {
+  /** Live sequence gaps observed (a recovery or a degraded reset followed). */
+  readonly liveGaps: number
+  /** Recovery queries launched (initial restores, gap recoveries and follow-ups). */
+  readonly recoveries: number
+}
+
 /** A read-only copy of one slot, for diagnostics and tests. */
 export interface SourceSlotSnapshot {
   readonly active: SourceBinding | undefined
@@ -226,6 +234,7 @@ export interface SourceSupervisor {
     sourceEpoch: SourceEpoch
   ) => Effect.Effect<TargetFaultDisposition>
   readonly healthSnapshot: Effect.Effect<SourceSupervisorHealth>
+  readonly counters: Effect.Effect<SourceSupervisorCounters>
   /** Cancel every recovery and deactivate (reset) every rank. Idempotent; the scope's close runs it. */
   readonly shutdown: Effect.Effect<void>
   readonly internals: SourceSupervisorInternals
@@ -282,6 +291,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
     const recoveryTasks = new Map<RankKey, RecoveryTask>()
     /** The seed's root cancellation token: every binding lifetime is its child. */
     let shuttingDown = false
+    const counters = { liveGaps: 0, recoveries: 0 }
 
     const lifetimeCancelled = (binding: MutableBinding): boolean => shuttingDown || binding.lifetimeCancelled
     const taskCancelled = (task: RecoveryTask, binding: MutableBinding): boolean =>
@@ -409,6 +419,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       endEventId: number | undefined
     ): void => {
       const task: RecoveryTask = { cancelled: false }
+      counters.recoveries++
       recoveryTasks.set(key, task)
       runRecovery(key, recoveryProgram(key, binding, task, startEventId, endEventId))
     }
@@ -990,6 +1001,8 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               break
             }
             case "Recover": {
+              // An initial restore has neither a reset nor a start: only a gap has one of them.
+              if (action.reset || action.startEventId !== undefined) counters.liveGaps++
               if (action.reset) {
                 yield* cancelRecovery(key)
                 const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
@@ -1005,6 +1018,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               break
             }
             case "ResetDegraded": {
+              counters.liveGaps++
               yield* cancelRecovery(key)
               const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
               if (Either.isLeft(reset)) {
@@ -1111,6 +1125,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       handleTargetFault,
       rejectSource,
       healthSnapshot,
+      counters: Effect.sync((): SourceSupervisorCounters => ({ ...counters })),
       shutdown,
       internals
     }

@@ -19,7 +19,7 @@
 
 import { Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
 import type { RouterEvent } from "../domain/events.js"
-import type { KvEventSource } from "../domain/sources.js"
+import { type KvEventSource, sourceIdentityKey } from "../domain/sources.js"
 import { subscribeDynamo } from "./DynamoZmq.js"
 import { subscribeEngine } from "./EngineZmq.js"
 import { type IngestMessage, MALFORMED_REASONS, type MalformedReason, type ZmqError } from "./ZmqSocket.js"
@@ -68,6 +68,16 @@ export interface EventSubscriberPoolStats {
     readonly malformed: MalformedCounts
     readonly malformedTotal: number
   }
+  /**
+   * Like `totals`, but since the pool was made: sources and subscriptions that were closed since
+   * still count (additive; cumulative ingest diagnostics).
+   */
+  readonly lifetime: {
+    readonly messages: number
+    readonly events: number
+    readonly blocks: number
+    readonly malformedTotal: number
+  }
 }
 
 export interface EventSubscriberPool {
@@ -80,11 +90,7 @@ export interface EventSubscriberPool {
 }
 
 /** Identity of one source incarnation and its transport. */
-export const sourceKey = (source: KvEventSource): string => {
-  const t = source.transport
-  const replay = t.kind === "engine-zmq" ? (t.replayEndpoint ?? "") : ""
-  return `${source.workerId}/${source.dpRank}@${source.publisherId}|${t.kind}|${t.endpoint}|${t.topic}|${replay}`
-}
+export const sourceKey = sourceIdentityKey
 
 const subscriptionKey = (source: KvEventSource): string => {
   const t = source.transport
@@ -154,6 +160,8 @@ export const makeEventSubscriberPool = (
     const subscriptions = new Map<string, Subscription>()
     const sources = new Map<string, SourceEntry>()
     const syncLock = yield* Effect.makeSemaphore(1)
+    // Counts of closed sources and subscriptions, so `lifetime` never goes backwards.
+    const retired = { messages: 0, events: 0, blocks: 0, malformedTotal: 0 }
 
     const handle = (
       subscription: Subscription,
@@ -365,6 +373,10 @@ export const makeEventSubscriberPool = (
     const removeSource = (entry: SourceEntry): Effect.Effect<void> =>
       Effect.gen(function* () {
         sources.delete(entry.key)
+        retired.messages += entry.messages
+        retired.events += entry.events
+        retired.blocks += entry.blocks
+        retired.malformedTotal += sumCounts(entry.malformed)
         const subscription = entry.subscription
         subscription.sources.delete(entry.key)
         const lane = subscription.lanes.get(entry.source.publisherId)
@@ -377,6 +389,7 @@ export const makeEventSubscriberPool = (
         }
         if (subscription.sources.size === 0) {
           subscriptions.delete(subscription.key)
+          retired.malformedTotal += sumCounts(subscription.unattributed)
           yield* closeSubscription(subscription)
         }
       })
@@ -428,10 +441,17 @@ export const makeEventSubscriberPool = (
           unattributedMalformed: unattributed
         })
       }
+      const malformedTotal = sumCounts(totals.malformed)
       return {
         sources: sourceStats,
         subscriptions: subscriptionStats,
-        totals: { ...totals, malformedTotal: sumCounts(totals.malformed) }
+        totals: { ...totals, malformedTotal },
+        lifetime: {
+          messages: retired.messages + totals.messages,
+          events: retired.events + totals.events,
+          blocks: retired.blocks + totals.blocks,
+          malformedTotal: retired.malformedTotal + malformedTotal
+        }
       }
     })
 

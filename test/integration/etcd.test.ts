@@ -3,11 +3,6 @@
  * temporary data directory. Without an etcd binary the tests report themselves skipped.
  */
 
-import { type ChildProcess, spawn } from "node:child_process"
-import { accessSync, constants, mkdtempSync, rmSync } from "node:fs"
-import { createServer } from "node:net"
-import { tmpdir } from "node:os"
-import { delimiter, join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Exit, Scope } from "effect"
 import { Etcd3 } from "etcd3"
@@ -20,100 +15,9 @@ import {
 } from "../../src/discovery/EtcdDiscovery.js"
 import { encodeJsonText, ModelCardInstanceJson } from "../../src/domain/json.js"
 import { card, rawSource, source } from "../discovery/fixtures.js"
+import { etcdBinary, etcdServer, freePort, skipped } from "./etcdHelpers.js"
 
-const findEtcd = (): string | undefined => {
-  const candidates = [
-    "/usr/bin/etcd",
-    ...(process.env.PATH ?? "").split(delimiter).map((dir) => join(dir, "etcd"))
-  ]
-  for (const candidate of candidates) {
-    try {
-      accessSync(candidate, constants.X_OK)
-      return candidate
-    } catch {
-      // not this one
-    }
-  }
-  return undefined
-}
-
-const etcdBinary = findEtcd()
-const skipped = etcdBinary === undefined ? " (skipped: etcd binary not found)" : ""
 const PREFIX = "/kvrelay-test/v1"
-
-const freePort = (): Promise<number> =>
-  new Promise((resolve, reject) => {
-    const server = createServer()
-    server.once("error", reject)
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address()
-      const port = typeof address === "object" && address !== null ? address.port : 0
-      server.close(() => resolve(port))
-    })
-  })
-
-interface EtcdServer {
-  readonly url: string
-  readonly stop: Effect.Effect<void>
-  readonly start: Effect.Effect<void>
-}
-
-/** An etcd member on loopback; `stop` kills it (SIGKILL), `start` restarts it on the same ports and data dir. */
-const etcdServer: Effect.Effect<EtcdServer, never, Scope.Scope> = Effect.gen(function* () {
-  const dataDir = mkdtempSync(join(tmpdir(), "kvrelay-etcd-"))
-  const clientPort = yield* Effect.promise(freePort)
-  const peerPort = yield* Effect.promise(freePort)
-  const url = `http://127.0.0.1:${clientPort}`
-  const peer = `http://127.0.0.1:${peerPort}`
-  const args = [
-    "--name=kvrelay-test",
-    `--data-dir=${dataDir}`,
-    `--listen-client-urls=${url}`,
-    `--advertise-client-urls=${url}`,
-    `--listen-peer-urls=${peer}`,
-    `--initial-advertise-peer-urls=${peer}`,
-    `--initial-cluster=kvrelay-test=${peer}`,
-    "--log-level=error",
-    "--logger=zap"
-  ]
-  let child: ChildProcess | undefined
-  let stderr = ""
-  const stop = Effect.promise(
-    () =>
-      new Promise<void>((resolve) => {
-        const running = child
-        child = undefined
-        if (running === undefined || running.exitCode !== null) return resolve()
-        running.once("exit", () => resolve())
-        running.kill("SIGKILL")
-      })
-  )
-  const start = Effect.promise(async () => {
-    stderr = ""
-    const spawned = spawn(etcdBinary!, args, { stdio: ["ignore", "ignore", "pipe"] })
-    spawned.stderr?.on("data", (chunk: Buffer) => {
-      stderr += chunk.toString()
-    })
-    child = spawned
-    const deadline = Date.now() + 10_000
-    while (Date.now() < deadline) {
-      try {
-        const response = await fetch(`${url}/health`)
-        if (response.ok && (await response.text()).includes("true")) return
-      } catch {
-        // not listening yet
-      }
-      if (spawned.exitCode !== null) throw new Error(`etcd exited with ${spawned.exitCode}: ${stderr}`)
-      await new Promise((resolve) => setTimeout(resolve, 50))
-    }
-    throw new Error(`etcd did not become healthy within 10 s: ${stderr}`)
-  })
-  yield* Effect.addFinalizer(() =>
-    stop.pipe(Effect.zipRight(Effect.sync(() => rmSync(dataDir, { recursive: true, force: true }))))
-  )
-  yield* start
-  return { url, stop, start }
-})
 
 /** Real servers keep their own time: poll the snapshot with a bounded real deadline. */
 const waitFor = (

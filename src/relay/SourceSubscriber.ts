@@ -1,0 +1,266 @@
+/**
+ * The subscription supervisor of one active pool generation (the seed's `start_target_subscriber`,
+ * recovery-events.md §3.7): a `SourceSupervisor` over the generation's recovery target, fed by an
+ * `EventSubscriberPool` holding one subscription per active source of the endpoint's KV-state
+ * endpoint.
+ *
+ * Order matters the way it does in `subscriber.rs`: the subscriptions are opened first and the
+ * supervisor is synced only afterwards, so live events are already being buffered by the time
+ * the initial restores start. Over ZeroMQ a subscription "exists" once its socket completed the
+ * handshake, so the supervisor is synced with `syncMembershipWithReadySources`: a source whose
+ * socket is not connected yet stays inactive until it is (readiness can only suppress a source,
+ * never introduce one). Connection state is polled on `Clock`: from 20 ms, doubling, while some
+ * source is still connecting, every 250 ms once all are. A source that was ready and lost its connection is fenced
+ * (`fenceTransport`: deactivated and reset, since messages may have been lost) and reactivates,
+ * with a fresh restore, once its socket is back.
+ *
+ * A membership change re-syncs; a change of the resolved KV-state endpoint rebinds (the pool
+ * swaps its subscriptions for the new endpoint's sources; the coordinator already bumped every
+ * rank's lifecycle, so the supervisor resets them). An ambiguous mapping disables KV handling
+ * until the membership changes.
+ */
+
+import { Duration, Effect, ExecutionStrategy, Exit, Scope, Stream } from "effect"
+import type { EndpointId } from "../domain/model.js"
+import {
+  activeSource,
+  isRecoverableSource,
+  type KvEventSource,
+  type KvSourceMembershipView,
+  type RankKey,
+  rankKey,
+  sourceIdentityKey
+} from "../domain/sources.js"
+import type { KvEventTransport } from "../recovery/EventTransport.js"
+import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
+import * as SourceSupervisor from "../recovery/SourceSupervisor.js"
+import type { EndpointIngestStats } from "./RelayService.js"
+
+/** Readiness poll while some source's socket is still connecting. */
+export const CONNECTING_POLL: Duration.Duration = Duration.millis(20)
+/** Readiness poll once every source is connected (detects transport discontinuities). */
+export const STEADY_POLL: Duration.Duration = Duration.millis(250)
+/**
+ * How long the first recovery wave waits for a source's socket. A rank still unconnected then is
+ * released from the wave (`completeInitialRecovery`), so one unreachable publisher does not hold
+ * the other ranks' first rebuild until the wave's deadline; it restores on its own once it connects.
+ */
+export const INITIAL_CONNECT_GRACE: Duration.Duration = Duration.seconds(2)
+
+/** The endpoint's source view as the KV source coordinator publishes it. */
+export interface SourceViewWatch {
+  readonly current: Effect.Effect<KvSourceMembershipView>
+  /** The current view, then every changed view. */
+  readonly changes: Stream.Stream<KvSourceMembershipView>
+}
+
+export interface SourceSubscriberOptions {
+  readonly servingEndpoint: EndpointId
+  readonly target: RecoveryTarget
+  readonly sources: SourceViewWatch
+  /** Relay-wide limit of in-flight worker queries. */
+  readonly recoverySemaphore: Effect.Semaphore
+  readonly recoveryAttemptTimeout: Duration.DurationInput
+  /** Live subscriptions and recovery queries of the endpoint's sources. */
+  readonly eventTransport: KvEventTransport
+  readonly connectingPoll?: Duration.DurationInput | undefined
+  readonly steadyPoll?: Duration.DurationInput | undefined
+  readonly initialConnectGrace?: Duration.DurationInput | undefined
+}
+
+export interface SourceSubscriber {
+  readonly supervisor: SourceSupervisor.SourceSupervisor
+  readonly health: Effect.Effect<SourceSupervisor.SourceSupervisorHealth>
+  /** Cumulative over this generation; frozen at shutdown. */
+  readonly ingest: Effect.Effect<EndpointIngestStats>
+  /** Closes the subscriptions, then shuts the supervisor down (every rank reset). Idempotent. */
+  readonly shutdown: Effect.Effect<void>
+}
+
+export const emptyIngest: EndpointIngestStats = { events: 0, blocks: 0, malformed: 0, gaps: 0, recoveries: 0 }
+
+export const addIngest = (a: EndpointIngestStats, b: EndpointIngestStats): EndpointIngestStats => ({
+  events: a.events + b.events,
+  blocks: a.blocks + b.blocks,
+  malformed: a.malformed + b.malformed,
+  gaps: a.gaps + b.gaps,
+  recoveries: a.recoveries + b.recoveries
+})
+
+const sameSet = (a: ReadonlySet<string>, b: ReadonlySet<string>): boolean => {
+  if (a.size !== b.size) return false
+  for (const key of a) if (!b.has(key)) return false
+  return true
+}
+
+interface DesiredSource {
+  readonly source: KvEventSource
+  readonly rank: RankKey
+  readonly readyKey: string
+}
+
+/** Starts the subscriber in the current scope and returns once the first sync ran. */
+export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubscriber, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    // Its own scope, so `shutdown` can close it before the caller's scope does.
+    const scope = yield* Scope.fork(yield* Effect.scope, ExecutionStrategy.sequential)
+    const supervisor = yield* SourceSupervisor.make({
+      target: options.target,
+      transport: options.eventTransport.query,
+      membership: options.sources.current,
+      recoverySemaphore: options.recoverySemaphore,
+      recoveryAttemptTimeout: options.recoveryAttemptTimeout
+    }).pipe(Scope.extend(scope))
+    // Made after the supervisor, so it closes first: no batch reaches a shut-down supervisor.
+    const pool = yield* options.eventTransport.subscribe(supervisor.handleLiveBatch).pipe(Scope.extend(scope))
+    const connectingPoll = Duration.decode(options.connectingPoll ?? CONNECTING_POLL)
+    const steadyPoll = Duration.decode(options.steadyPoll ?? STEADY_POLL)
+    const lock = yield* Effect.makeSemaphore(1)
+
+    let closed = false
+    let bound: string | undefined
+    let lastView: KvSourceMembershipView | undefined
+    let lastReady: ReadonlySet<string> = new Set()
+    /** Publisher → ready key of every source that was active and connected at the last sync. */
+    let readyPublishers = new Map<bigint, string>()
+    let allConnected = false
+    /** Grows while some source stays unconnected, so a dead publisher is not polled hot. */
+    let connectingDelay = connectingPoll
+    /** Recoverable ranks of the first sync whose socket has not connected yet. */
+    let initialWaiting: Map<RankKey, { readonly workerId: string; readonly dpRank: number }> | undefined
+
+    const ingestNow = Effect.gen(function* () {
+      const totals = yield* pool.totals
+      const counters = yield* supervisor.counters
+      return {
+        events: totals.events,
+        blocks: totals.blocks,
+        malformed: totals.malformedTotal,
+        gaps: counters.liveGaps,
+        recoveries: counters.recoveries
+      } satisfies EndpointIngestStats
+    })
+    let finalIngest: EndpointIngestStats | undefined
+
+    const reconcile: Effect.Effect<void> = lock.withPermits(1)(
+      Effect.gen(function* () {
+        if (closed) return
+        const view = yield* options.sources.current
+        const resolution = view.endpointResolution
+        const endpoint = resolution._tag === "Resolved" ? resolution.endpoint.toString() : undefined
+        if (endpoint !== bound) {
+          if (lastView !== undefined) {
+            yield* Effect.logInfo("KV-state endpoint mapping changed; rebinding event subscriptions").pipe(
+              Effect.annotateLogs({ from: bound ?? "none", to: endpoint ?? "ambiguous" })
+            )
+          }
+          bound = endpoint
+        }
+        const desired: Array<DesiredSource> = []
+        if (endpoint !== undefined) {
+          for (const rank of view.ranks.values()) {
+            const source = activeSource(rank.status)
+            if (source === undefined) continue
+            desired.push({
+              source,
+              rank: rankKey(rank.workerId, rank.dpRank),
+              readyKey: SourceSupervisor.readySourceKey(source.publisherId, rank.lifecycleGeneration)
+            })
+          }
+        }
+        // NOTE: subscriptions first, the supervisor sync second: live events must already be
+        // buffering when the initial restores start.
+        if (view !== lastView) {
+          yield* pool.sync(desired.map((d) => d.source))
+          connectingDelay = connectingPoll
+        }
+        if (initialWaiting === undefined) {
+          initialWaiting = new Map()
+          for (const { source } of desired) {
+            if (isRecoverableSource(source)) {
+              initialWaiting.set(rankKey(source.workerId, source.dpRank), {
+                workerId: source.workerId,
+                dpRank: source.dpRank
+              })
+            }
+          }
+        }
+        const connected = new Set((yield* pool.connectedSources).map(sourceIdentityKey))
+        const ready = new Set<string>()
+        const desiredKeys = new Set<string>()
+        const readyNow = new Map<bigint, string>()
+        for (const { source, rank, readyKey } of desired) {
+          desiredKeys.add(readyKey)
+          if (!connected.has(sourceIdentityKey(source))) continue
+          ready.add(readyKey)
+          readyNow.set(source.publisherId, readyKey)
+          initialWaiting.delete(rank)
+        }
+        let fenced = false
+        for (const [publisherId, readyKey] of readyPublishers) {
+          // Still the same advertised incarnation, but its socket dropped: what it sent meanwhile
+          // may be lost, so reset now and restore once it is connected again.
+          if (ready.has(readyKey) || !desiredKeys.has(readyKey)) continue
+          if (yield* supervisor.fenceTransport(publisherId)) {
+            fenced = true
+            yield* Effect.logWarning(
+              "KV event source lost its connection; rank fenced until it reconnects"
+            ).pipe(Effect.annotateLogs({ publisherId: String(publisherId) }))
+          }
+        }
+        readyPublishers = readyNow
+        allConnected = ready.size === desired.length
+        if (fenced || view !== lastView || !sameSet(ready, lastReady)) {
+          yield* supervisor.syncMembershipWithReadySources(ready)
+        }
+        lastView = view
+        lastReady = ready
+      })
+    )
+
+    const releaseUnconnected = lock.withPermits(1)(
+      Effect.gen(function* () {
+        const waiting = initialWaiting
+        initialWaiting = new Map()
+        if (closed || waiting === undefined || waiting.size === 0) return
+        yield* Effect.logWarning(
+          "KV event sources still unconnected; releasing them from the initial recovery wave"
+        ).pipe(Effect.annotateLogs({ ranks: [...waiting.keys()].join(",") }))
+        for (const { workerId, dpRank } of waiting.values()) {
+          yield* options.target.completeInitialRecovery(workerId, dpRank)
+        }
+      })
+    )
+
+    // Readiness before returning, like `start_target_subscriber`.
+    yield* reconcile
+    yield* releaseUnconnected.pipe(
+      Effect.delay(options.initialConnectGrace ?? INITIAL_CONNECT_GRACE),
+      Effect.forkIn(scope)
+    )
+    yield* options.sources.changes.pipe(
+      Stream.runForEach(() => reconcile),
+      Effect.forkIn(scope)
+    )
+    yield* Effect.suspend(() => {
+      if (allConnected) return Effect.sleep(steadyPoll)
+      const delay = connectingDelay
+      connectingDelay = Duration.min(Duration.times(connectingDelay, 2), steadyPoll)
+      return Effect.sleep(delay)
+    }).pipe(Effect.zipRight(reconcile), Effect.forever, Effect.forkIn(scope))
+
+    const shutdown = yield* Effect.cached(
+      Effect.gen(function* () {
+        closed = true
+        finalIngest = yield* ingestNow
+        yield* Scope.close(scope, Exit.void)
+      }).pipe(Effect.uninterruptible, Effect.withSpan("SourceSubscriber.shutdown"))
+    )
+
+    return {
+      supervisor,
+      health: supervisor.healthSnapshot,
+      ingest: Effect.suspend(() => (finalIngest !== undefined ? Effect.succeed(finalIngest) : ingestNow)),
+      shutdown
+    } satisfies SourceSubscriber
+  }).pipe(Effect.annotateLogs({ component: "source-subscriber", endpoint: String(options.servingEndpoint) }))

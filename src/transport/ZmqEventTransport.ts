@@ -1,0 +1,19 @@
+/**
+ * The relay's event transport over ZeroMQ: SUB subscriptions of `dynamo-zmq` and `engine-zmq`
+ * sources and the worker-query / replay client for recovery.
+ */
+
+import { Effect } from "effect"
+import type { KvEventTransport } from "../recovery/EventTransport.js"
+import { makeEventSubscriberPool } from "./EventSubscriberPool.js"
+import { makeWorkerQueryClient } from "./WorkerQueryClient.js"
+
+export const makeZmqEventTransport = (): KvEventTransport => ({
+  subscribe: (handler) =>
+    Effect.map(makeEventSubscriberPool({ handler }), (pool) => ({
+      sync: pool.sync,
+      connectedSources: pool.connectedSources,
+      totals: Effect.map(pool.stats, (stats) => stats.lifetime)
+    })),
+  query: makeWorkerQueryClient()
+})
