@@ -145,7 +145,11 @@ class Broadcast implements DeltaBroadcast {
   constructor(private readonly capacity: number) {
     this.sink = {
       enqueue: (delta) => {
-        if (this.attachedCount === 0) return "no delta receivers attached"
+        // With no receiver attached, nobody holds state that this delta could leave uncertain:
+        // the next subscriber starts from a barrier snapshot that already contains it. Refusing
+        // (tokio's behaviour) would fence the publisher, and every later barrier command (a rank
+        // reset while the hub resubscribes, or during retirement) would then fail for nothing.
+        if (this.attachedCount === 0) return undefined
         for (const receiver of this.receivers) {
           if (!receiver.push(delta)) this.receivers.delete(receiver)
         }
