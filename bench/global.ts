@@ -1,0 +1,441 @@
+/**
+ * Global consumer: overlap queries of 64-block prompts over 16 ready DC lanes, through the HTTP
+ * API (`POST /v1/overlap`, 16 in flight and one at a time) and through the in-process
+ * `GlobalView`, then the view again while all 16 relays publish deltas. Query figures are against
+ * the bare `GlobalCkfIndexer.findPrefixMatches` on the same table in the same run; the ingestion
+ * figure is the consumer's installed deltas against what the relays published (1.00 = keeps up).
+ *
+ * Everything is real and in one process (one thread): 16 relays (registry, publication source,
+ * relay HTTP server on 127.0.0.1), the consumer subscribed to all of them over HTTP, its HTTP
+ * server, and `fetch` as the HTTP client, so the HTTP figures include the client's own cost and
+ * the under-ingest query rate is the share of the thread the queries get next to the relays.
+ */
+
+import { performance } from "node:perf_hooks"
+import { NodeHttpClient } from "@effect/platform-node"
+import { Effect, Fiber, Layer, Logger, LogLevel, Random, SubscriptionRef } from "effect"
+import { ckfConfig } from "../src/ckf/config.js"
+import { CacheSemanticsId, IndexerDomainId, PoolId, RoutingScopeId } from "../src/ckf/identity.js"
+import { DcCkfState } from "../src/ckf/state.js"
+import { hashPairsToBigInts } from "../src/ckf/u64.js"
+import {
+  GlobalConsumer,
+  type GlobalConsumerService,
+  make as makeConsumer,
+  RelayConnector
+} from "../src/consumer/GlobalConsumer.js"
+import { GlobalView, make as makeView } from "../src/consumer/GlobalView.js"
+import { emptyMembershipView } from "../src/discovery/MembershipProjection.js"
+import type { RouterEvent } from "../src/domain/events.js"
+import { stableDcId } from "../src/domain/identity.js"
+import {
+  baseRegistration,
+  canonicalModelId,
+  DcRelayIdentity,
+  EndpointId,
+  KvQuerySemantics
+} from "../src/domain/model.js"
+import { UnknownEndpoint } from "../src/relay/errors.js"
+import { make as makeRegistry, type PoolAttachment } from "../src/relay/PoolRegistry.js"
+import * as PublicationSource from "../src/relay/PublicationSource.js"
+import type { KvDcRelayService } from "../src/relay/RelayService.js"
+import * as GlobalHttpServer from "../src/transport/http/GlobalHttpServer.js"
+import * as RelayHttpServer from "../src/transport/http/RelayHttpServer.js"
+import { type BenchContext, gc, HashStream, percentile, record } from "./harness.js"
+
+const LANES = 16
+const PROMPT_BLOCKS = 64
+const INGEST_BLOCKS_PER_EVENT = 8
+
+const DOMAIN = new IndexerDomainId(
+  new CacheSemanticsId(new Uint8Array(16).fill(0x21), "explicit"),
+  new RoutingScopeId(new Uint8Array(16).fill(0x42), "explicit")
+)
+
+interface BenchRelay {
+  readonly name: string
+  readonly url: string
+  readonly attachment: PoolAttachment
+}
+
+/** One DC: the real registry, publication source and relay HTTP server, one attached pool. */
+const startRelay = (name: string, expectedUniqueBlocks: number) =>
+  Effect.gen(function* () {
+    const dcId = stableDcId(name)
+    const relayIdentity = new DcRelayIdentity({
+      drtInstanceId: 1n,
+      relayIncarnation: BigInt(yield* Random.nextIntBetween(1, 0x7fff_ffff))
+    })
+    const registry = yield* makeRegistry({
+      relayIdentity,
+      actorConfig: { expectedUniqueBlocks, publicationThreshold: 16, publicationDelay: "1 millis" }
+    })
+    const source = yield* PublicationSource.make(registry)
+    const service: KvDcRelayService = {
+      dcName: name,
+      dcId,
+      identity: relayIdentity,
+      catalogRef: registry.catalogRef,
+      membershipRef: yield* SubscriptionRef.make(emptyMembershipView),
+      loadRef: registry.loadRef,
+      subscribePool: source.subscribePool,
+      health: Effect.succeed({
+        healthy: true,
+        shuttingDown: false,
+        endpointCount: 1,
+        activeEndpointCount: 1,
+        fencedEndpointCount: 0
+      }),
+      stats: Effect.succeed({
+        identity: { dcName: name, dcId, drtInstanceId: 1n, relayIncarnation: relayIdentity.relayIncarnation },
+        endpoints: []
+      }),
+      diagnosticSnapshot: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      flush: Effect.void,
+      shutdown: Effect.zipRight(source.shutdown, registry.shutdown)
+    }
+    const server = yield* RelayHttpServer.serve(service, {
+      host: "127.0.0.1",
+      port: 0,
+      intervals: { shutdownGrace: "100 millis" }
+    })
+    const attachment = yield* Effect.orDie(
+      registry.attach({
+        poolId: new PoolId(DOMAIN, dcId),
+        endpoint: new EndpointId({ namespace: "bench", component: "backend", endpoint: "generate" }),
+        registrations: [baseRegistration(canonicalModelId("llama"), [])],
+        querySemantics: new KvQuerySemantics({ kvBlockSize: 16, hashFormat: "dynamo_standard_v1" }),
+        roles: ["aggregated"]
+      })
+    )
+    const relay: BenchRelay = { name, url: server.url, attachment }
+    return relay
+  })
+
+const stored = (worker: string, eventId: number, pairs: Uint32Array): RouterEvent => ({
+  workerId: worker,
+  dpRank: 0,
+  eventId,
+  storageTier: "device",
+  data: {
+    _tag: "Stored",
+    blockHashes: pairs,
+    tokensHashes: undefined,
+    parentHash: undefined,
+    startPosition: undefined
+  }
+})
+
+/** Prompts as hash pairs; DC `d` holds a deterministic prefix (often none) of each. */
+const makePrompts = (count: number, seed: number): Array<Uint32Array> => {
+  const stream = new HashStream(seed)
+  const prompts: Array<Uint32Array> = []
+  for (let p = 0; p < count; p++) {
+    const pairs = new Uint32Array(PROMPT_BLOCKS * 2)
+    for (let i = 0; i < PROMPT_BLOCKS; i++) stream.next(pairs, 2 * i)
+    prompts.push(pairs)
+  }
+  return prompts
+}
+
+const heldPrefix = (prompt: number, dc: number): number => {
+  let x = Math.imul(prompt + 1, 0x9e37_79b1) ^ Math.imul(dc + 7, 0x85eb_ca6b)
+  x ^= x >>> 15
+  x = Math.imul(x, 0xc2b2_ae35)
+  x ^= x >>> 13
+  // Half the DCs hold nothing of a prompt; the others a prefix of 1..64 blocks.
+  return (x & 1) === 0 ? 0 : 1 + ((x >>> 1) % PROMPT_BLOCKS)
+}
+
+const sequencesOf = (consumer: GlobalConsumerService): number => {
+  let total = 0
+  for (const domain of consumer.domains()) {
+    for (const lane of domain.lanes.values()) total += Number(lane.installedSequence ?? 0n)
+  }
+  return total
+}
+
+const faultsOf = (consumer: GlobalConsumerService): number => {
+  let total = 0
+  for (const domain of consumer.domains()) for (const lane of domain.lanes.values()) total += lane.faults
+  return total
+}
+
+const readyLanes = (consumer: GlobalConsumerService): number =>
+  consumer.domains().reduce((n, d) => n + [...d.lanes.values()].filter((l) => l.ready).length, 0)
+
+/** Latencies (ms) of `n` calls, and calls per second over the whole loop. */
+const timed = (
+  n: number,
+  call: (i: number) => void
+): { readonly qps: number; readonly p50: number; readonly p99: number } => {
+  const latencies = new Float64Array(n)
+  const start = performance.now()
+  for (let i = 0; i < n; i++) {
+    const t = performance.now()
+    call(i)
+    latencies[i] = performance.now() - t
+  }
+  const elapsed = performance.now() - start
+  latencies.sort()
+  return { qps: (n * 1000) / elapsed, p50: percentile(latencies, 50), p99: percentile(latencies, 99) }
+}
+
+const program = (ctx: BenchContext) =>
+  Effect.gen(function* () {
+    const expected = ctx.quick ? 65_536 : 1_048_576
+    const promptCount = ctx.quick ? 512 : 4096
+    const prompts = makePrompts(promptCount, 0xbeef)
+    const bucketCount = new DcCkfState(ckfConfig(expected)).bucketCount
+
+    // ---- 16 relays, each holding its prefixes of the prompts
+    const relays: Array<BenchRelay> = []
+    for (let dc = 0; dc < LANES; dc++) relays.push(yield* startRelay(`dc-${dc}`, expected))
+    let storedBlocks = 0
+    for (let dc = 0; dc < LANES; dc++) {
+      const actor = relays[dc]!.attachment.actor
+      const eventIds = new Array<number>(8).fill(0)
+      for (let p = 0; p < promptCount; p++) {
+        const held = heldPrefix(p, dc)
+        if (held === 0) continue
+        const worker = p % 8
+        eventIds[worker] = eventIds[worker]! + 1
+        yield* actor.admitEvent(0, stored(`${worker}`, eventIds[worker]!, prompts[p]!.subarray(0, 2 * held)))
+        storedBlocks += held
+      }
+      yield* Effect.orDie(actor.flush)
+    }
+
+    // ---- the consumer over HTTP, and its own HTTP API
+    const connector = yield* Layer.build(
+      RelayConnector.layerHttp().pipe(Layer.provide(NodeHttpClient.layerUndici))
+    )
+    const setupStart = performance.now()
+    const consumer = yield* makeConsumer({ relays: relays.map((r) => ({ name: r.name, url: r.url })) }).pipe(
+      Effect.provide(connector),
+      Effect.orDie
+    )
+    const view = makeView(consumer)
+    const server = yield* Layer.build(
+      GlobalHttpServer.layer({ host: "127.0.0.1", port: 0, maxBodyBytes: 1 << 20 }).pipe(
+        Layer.provide(
+          Layer.mergeAll(Layer.succeed(GlobalConsumer, consumer), Layer.succeed(GlobalView, view))
+        )
+      )
+    )
+    const url = yield* GlobalHttpServer.serverUrl.pipe(Effect.provide(server))
+    while (readyLanes(consumer) < LANES) {
+      if (performance.now() - setupStart > 120_000)
+        return yield* Effect.dieMessage("lanes did not become ready")
+      yield* Effect.sleep("20 millis")
+    }
+    const readyMs = performance.now() - setupStart
+    const domain = consumer.domains()[0]!
+    const indexer = domain.indexer
+    ctx.log(
+      `  16 lanes ready in ${readyMs.toFixed(0)} ms (${bucketCount} buckets per lane, ${storedBlocks} blocks over 16 DCs)`
+    )
+
+    // ---- queries: bare indexer, view, HTTP
+    const queries = ctx.quick ? 10_000 : 50_000
+    const pick = (i: number) => prompts[(i * 7919) % promptCount]!
+    let sink = 0
+    const bareRound = () =>
+      timed(queries, (i) => {
+        const r = indexer.findPrefixMatches(pick(i))
+        if (r !== "Unavailable") sink += r.lanes[0]?.prefixDepth ?? 0
+      })
+    const viewRound = () =>
+      timed(queries, (i) => {
+        const r = view.overlapNow({ namespace: "bench", model: "llama", blockHashes: pick(i) })
+        if (Array.isArray(r)) sink += r.length
+      })
+    // Interleaved rounds, best of each: machine noise and JIT warm-up hit both alike.
+    yield* Effect.sync(gc)
+    let bare = bareRound()
+    let inProcess = viewRound()
+    for (let r = 0; r < 3; r++) {
+      const b = bareRound()
+      if (b.qps > bare.qps) bare = b
+      const v = viewRound()
+      if (v.qps > inProcess.qps) inProcess = v
+      yield* Effect.yieldNow()
+    }
+    const first = view.overlapNow({ namespace: "bench", model: "llama", blockHashes: pick(0) })
+    if (!Array.isArray(first) || first.length !== LANES)
+      return yield* Effect.dieMessage("view did not answer 16 lanes")
+
+    const bodies = prompts.map((pairs) =>
+      JSON.stringify({
+        namespace: "bench",
+        model: "llama",
+        blockHashes: hashPairsToBigInts(pairs).map(String)
+      })
+    )
+    const httpQueries = ctx.quick ? 2_000 : 10_000
+    const concurrency = 16
+    const http = yield* Effect.promise(async () => {
+      const latencies: Array<number> = []
+      let next = 0
+      const worker = async () => {
+        for (;;) {
+          const i = next++
+          if (i >= httpQueries) return
+          const t = performance.now()
+          const response = await fetch(`${url}/v1/overlap`, {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body: bodies[(i * 7919) % promptCount]!
+          })
+          const json = (await response.json()) as { results?: Array<unknown> }
+          if (response.status !== 200 || json.results?.length !== LANES)
+            throw new Error(`overlap failed: ${response.status}`)
+          latencies.push(performance.now() - t)
+        }
+      }
+      // Warm the connection pool and the handlers first.
+      next = httpQueries - Math.min(200, httpQueries)
+      await Promise.all(Array.from({ length: concurrency }, worker))
+      next = 0
+      latencies.length = 0
+      const start = performance.now()
+      await Promise.all(Array.from({ length: concurrency }, worker))
+      const elapsed = performance.now() - start
+      latencies.sort((a, b) => a - b)
+      return {
+        qps: (httpQueries * 1000) / elapsed,
+        p50: percentile(latencies, 50),
+        p99: percentile(latencies, 99)
+      }
+    })
+
+    // One request at a time: the latency of a lone query, without queueing behind 15 others.
+    const serial = yield* Effect.promise(async () => {
+      const latencies: Array<number> = []
+      const n = ctx.quick ? 300 : 1000
+      for (let i = 0; i < n; i++) {
+        const t = performance.now()
+        const response = await fetch(`${url}/v1/overlap`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: bodies[(i * 7919) % promptCount]!
+        })
+        await response.arrayBuffer()
+        latencies.push(performance.now() - t)
+      }
+      latencies.sort((a, b) => a - b)
+      return { p50: percentile(latencies, 50), p99: percentile(latencies, 99) }
+    })
+
+    // ---- ingestion on all 16 lanes while the view answers queries
+    const ingestMs = ctx.quick ? 1_000 : 3_000
+    const publicationsBefore = yield* Effect.forEach(relays, (r) => r.attachment.actor.diagnostics)
+    const sequencesBefore = sequencesOf(consumer)
+    const faultsBefore = faultsOf(consumer)
+    let ingesting = true
+    const writers = yield* Effect.forEach(relays, (relay, dc) =>
+      Effect.fork(
+        Effect.gen(function* () {
+          const stream = new HashStream(0x5eed + dc)
+          let eventId = 1
+          while (ingesting) {
+            const pairs = new Uint32Array(INGEST_BLOCKS_PER_EVENT * 2)
+            for (let i = 0; i < INGEST_BLOCKS_PER_EVENT; i++) stream.next(pairs, 2 * i)
+            yield* relay.attachment.actor.admitEvent(0, stored("ingest", eventId++, pairs))
+            // Writers share the one thread with the relays, the consumer and the queries.
+            if (eventId % 64 === 0)
+              yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+          }
+          return eventId - 1
+        })
+      )
+    )
+    const underLoad: Array<number> = []
+    const loadStart = performance.now()
+    let loadQueries = 0
+    while (performance.now() - loadStart < ingestMs) {
+      for (let i = 0; i < 200; i++) {
+        const t = performance.now()
+        const r = view.overlapNow({ namespace: "bench", model: "llama", blockHashes: pick(loadQueries++) })
+        underLoad.push(performance.now() - t)
+        if (Array.isArray(r)) sink += r.length
+      }
+      // Give the sockets, the relays and the ingestion workers their turn.
+      yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+    }
+    const loadElapsed = performance.now() - loadStart
+    ingesting = false
+    const events = yield* Effect.forEach(writers, Fiber.join)
+    for (const relay of relays) yield* Effect.orDie(relay.attachment.actor.flush)
+    const publicationsAfter = yield* Effect.forEach(relays, (r) => r.attachment.actor.diagnostics)
+    const published = publicationsAfter.reduce(
+      (n, d, i) => n + d.publications - publicationsBefore[i]!.publications,
+      0
+    )
+    const catchUpStart = performance.now()
+    // Caught up: every lane installed as many deltas as its relay published (or re-snapshotted).
+    while (sequencesOf(consumer) - sequencesBefore < published && performance.now() - catchUpStart < 30_000) {
+      yield* Effect.sleep("5 millis")
+    }
+    const applied = sequencesOf(consumer) - sequencesBefore
+    const catchUpMs = performance.now() - catchUpStart
+    const faults = faultsOf(consumer) - faultsBefore
+    underLoad.sort((a, b) => a - b)
+    const loadQps = (loadQueries * 1000) / loadElapsed
+    const totalEvents = events.reduce((a, b) => a + b, 0)
+    if (sink === -1) ctx.log("unreachable")
+
+    const note = `${LANES} lanes × ${bucketCount} buckets, ${PROMPT_BLOCKS}-block prompts`
+    record(ctx, "global_query_bare_indexer", "queries/s", bare.qps, null, note)
+    record(ctx, "global_query_bare_p99", "µs", bare.p99 * 1000, null)
+    record(ctx, "global_query_view", "queries/s", inProcess.qps, bare.qps, "GlobalView.overlapNow vs bare")
+    record(ctx, "global_query_view_p99", "µs", inProcess.p99 * 1000, bare.p99 * 1000, "lower is better", true)
+    record(
+      ctx,
+      "global_query_http",
+      "queries/s",
+      http.qps,
+      bare.qps,
+      `POST /v1/overlap, ${concurrency} in flight, fetch client`
+    )
+    record(
+      ctx,
+      "global_query_http_p99",
+      "µs",
+      http.p99 * 1000,
+      bare.p99 * 1000,
+      `p50 ${(http.p50 * 1000).toFixed(0)} µs`,
+      true
+    )
+    record(
+      ctx,
+      "global_query_http_serial_p50",
+      "µs",
+      serial.p50 * 1000,
+      bare.p50 * 1000,
+      `1 in flight, p99 ${(serial.p99 * 1000).toFixed(0)} µs; lower is better`,
+      true
+    )
+    record(ctx, "global_query_under_ingest", "queries/s", loadQps, bare.qps, `view, while 16 relays publish`)
+    record(
+      ctx,
+      "global_query_under_ingest_p99",
+      "µs",
+      percentile(underLoad, 99) * 1000,
+      bare.p99 * 1000,
+      "lower is better",
+      true
+    )
+    record(
+      ctx,
+      "global_ingest_deltas",
+      "deltas/s",
+      (applied * 1000) / (loadElapsed + catchUpMs),
+      (published * 1000) / loadElapsed,
+      `${applied}/${published} relay deltas installed (${totalEvents} events of ${INGEST_BLOCKS_PER_EVENT} blocks), catch-up ${catchUpMs.toFixed(0)} ms, ${faults} lane faults`
+    )
+  })
+
+export const benchGlobal = async (ctx: BenchContext): Promise<void> => {
+  await Effect.runPromise(program(ctx).pipe(Effect.scoped, Logger.withMinimumLogLevel(LogLevel.Error)))
+}

@@ -1,0 +1,1080 @@
+/**
+ * The global consumer (`kvrelay global`, PROTOCOL.md §7; relay-service §10; ckf-core §7).
+ *
+ * Relays are given in order; a relay's position is its lane in every indexer domain (at most
+ * 16). Per relay, one connection epoch at a time: learn the relay (`/v1/relay`), watch its
+ * catalog, and end the epoch on any watch error, identity change or revision regression. An
+ * ended epoch invalidates everything learned from that relay (its catalog is forgotten, so its
+ * lanes retire) and the next epoch starts after a backoff of 500 ms doubling to 30 s with equal
+ * jitter, reset once an epoch lived 30 s.
+ *
+ * Per indexer domain: one `GlobalCkfIndexer` and one `GlobalCkfIngestionPool` whose manifest
+ * lanes are the relays' pools of that domain (`PoolId = (domain, relay dc id)`). Per laned pool,
+ * one supervised lane fiber: assign a fresh lease, subscribe to the pool stream of the producer
+ * the catalog names, install the snapshot, submit deltas. Any fault retires that lane only and
+ * it subscribes again with the same backoff; a new producer in the catalog replaces the lane's
+ * fiber at once.
+ *
+ * State is owned by plain objects mutated in synchronous sections (one fiber runs at a time);
+ * one controller fiber reconciles the domains and lanes with what the relays' catalogs say,
+ * woken (coalesced) whenever a relay learns or forgets something.
+ */
+
+import type { HttpClient } from "@effect/platform"
+import {
+  Cause,
+  Context,
+  Data,
+  Deferred,
+  Duration,
+  Effect,
+  Equal,
+  ExecutionStrategy,
+  Exit,
+  Fiber,
+  Layer,
+  Metric,
+  Queue,
+  Random,
+  Scope,
+  Stream
+} from "effect"
+import { CKF_LANE_COUNT } from "../ckf/config.js"
+import { GlobalCkfBuildError, GlobalCkfIndexer, GlobalCkfManifest } from "../ckf/global.js"
+import {
+  type DcCkfFormatIdentity,
+  type DcId,
+  type IndexerDomainId,
+  LaneLease,
+  PoolId,
+  type ProducerIdentity
+} from "../ckf/identity.js"
+import { hex16 } from "../ckf/u64.js"
+import type { CatalogSnapshot, DcPoolDescriptor, KvQuerySemantics, RelayInfo } from "../domain/model.js"
+import { poolDescriptorEquals } from "../domain/model.js"
+import { utf8Length } from "../domain/text.js"
+import {
+  defaultGlobalCkfIngestionPoolConfig,
+  type GlobalCkfIngestionError,
+  type GlobalCkfIngestionFault,
+  type GlobalCkfIngestionPool,
+  type GlobalCkfIngestionPoolConfig,
+  make as makeIngestionPool
+} from "./IngestionPool.js"
+import {
+  make as makeRelayClient,
+  type PoolStreamEvent,
+  type RelayClient,
+  type RelayClientError,
+  type RelayClientOptions,
+  relayClientErrorText
+} from "./RelayClient.js"
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+export interface RelaySpec {
+  /** The consumer's label of the relay (`--relay NAME=URL`); results name relays by it. */
+  readonly name: string
+  /** Base URL of the relay's HTTP API, e.g. `http://127.0.0.1:8080`. */
+  readonly url: string
+}
+
+export interface ReconnectConfig {
+  readonly initial: Duration.DurationInput
+  readonly max: Duration.DurationInput
+  /** An epoch (or lane attempt) that lived this long starts the next backoff from `initial`. */
+  readonly resetAfter: Duration.DurationInput
+}
+
+export const DEFAULT_RECONNECT: ReconnectConfig = Object.freeze({
+  initial: Duration.millis(500),
+  max: Duration.seconds(30),
+  resetAfter: Duration.seconds(30)
+})
+
+/**
+ * The ingestion pool of each domain. The seed's 10 ms dirty-to-applied bound assumes dedicated
+ * ingestion threads; here the workers share one event loop with HTTP decoding and snapshot
+ * installs (a 2^19-bucket install into the transposed table takes milliseconds), so the consumer
+ * allows 250 ms before it calls a lane stalled.
+ */
+export const DEFAULT_CONSUMER_INGESTION: GlobalCkfIngestionPoolConfig = Object.freeze({
+  ...defaultGlobalCkfIngestionPoolConfig,
+  maxDirtyToAppliedAge: Duration.millis(250)
+})
+
+export interface GlobalConsumerConfig {
+  /** In lane order; 1..=16 relays with distinct names. */
+  readonly relays: ReadonlyArray<RelaySpec>
+  /** Label sent to the relays (suffixed per stream); default `kvrelay-global-<instance hex>`. */
+  readonly subscriberId?: string | undefined
+  /** Default: a random 64-bit value from `Random`. */
+  readonly consumerInstance?: bigint | undefined
+  readonly reconnect?: Partial<ReconnectConfig> | undefined
+  readonly ingestion?: Partial<GlobalCkfIngestionPoolConfig> | undefined
+  /** Prefix-search verification window (default 2). */
+  readonly verificationWindow?: number | undefined
+}
+
+export class GlobalConsumerConfigError extends Data.TaggedError("GlobalConsumerConfigError")<{
+  readonly problems: ReadonlyArray<string>
+}> {
+  override get message(): string {
+    return this.problems.join("; ")
+  }
+}
+
+/** Subscriber ids are ≤ 128 bytes; the per-stream suffixes take at most 32. */
+const MAX_SUBSCRIBER_BASE_BYTES = 96
+
+/** Parses `NAME=URL` (the `--relay` flag). */
+export const parseRelaySpec = (text: string): RelaySpec | string => {
+  const at = text.indexOf("=")
+  if (at <= 0) return `--relay ${JSON.stringify(text)} must be NAME=URL`
+  return { name: text.slice(0, at), url: text.slice(at + 1) }
+}
+
+export const validateConfig = (config: GlobalConsumerConfig): ReadonlyArray<string> => {
+  const problems: Array<string> = []
+  if (config.relays.length === 0) problems.push("--relay: at least one relay is required")
+  if (config.relays.length > CKF_LANE_COUNT) {
+    problems.push(`--relay: at most ${CKF_LANE_COUNT} relays (one lane each), got ${config.relays.length}`)
+  }
+  const names = new Set<string>()
+  for (const relay of config.relays) {
+    if (relay.name.length === 0 || relay.name.trim() !== relay.name || /\p{Cc}/u.test(relay.name)) {
+      problems.push(
+        `--relay: name ${JSON.stringify(relay.name)} must be non-empty text without surrounding blanks`
+      )
+    }
+    if (names.has(relay.name))
+      problems.push(`--relay: name ${JSON.stringify(relay.name)} is given more than once`)
+    names.add(relay.name)
+    let url: URL | undefined
+    try {
+      url = new URL(relay.url)
+    } catch {
+      url = undefined
+    }
+    if (url === undefined || (url.protocol !== "http:" && url.protocol !== "https:")) {
+      problems.push(`--relay: ${relay.name}=${relay.url} is not an http(s) URL`)
+    }
+  }
+  const id = config.subscriberId
+  if (id !== undefined) {
+    const bytes = utf8Length(id)
+    if (bytes === 0 || bytes > MAX_SUBSCRIBER_BASE_BYTES || /\p{Cc}/u.test(id)) {
+      problems.push(`subscriberId must be 1..=${MAX_SUBSCRIBER_BASE_BYTES} bytes without control characters`)
+    }
+  }
+  const window = config.verificationWindow
+  if (window !== undefined && (!Number.isInteger(window) || window < 1 || window > 8)) {
+    problems.push(`verificationWindow must be in 1..=8, got ${window}`)
+  }
+  return problems
+}
+
+/** Drops `undefined` values so that an explicit `undefined` keeps the default. */
+const definedOnly = <A extends object>(partial: A | undefined): Partial<A> => {
+  const out: Partial<A> = {}
+  if (partial === undefined) return out
+  for (const key of Object.keys(partial) as Array<keyof A>) {
+    if (partial[key] !== undefined) out[key] = partial[key]
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backoff
+
+/** `min(max, initial × 2^attempt)`: the ceiling of the next sleep. */
+export const backoffCeiling = (
+  attempt: number,
+  initial: Duration.DurationInput,
+  max: Duration.DurationInput
+): Duration.Duration => {
+  const initialMs = Duration.toMillis(initial)
+  const maxMs = Duration.toMillis(max)
+  return Duration.millis(Math.min(maxMs, initialMs * 2 ** Math.min(attempt, 52)))
+}
+
+/** Equal jitter: half the ceiling plus a uniform share of the other half (from `Random`). */
+export const equalJitter = (ceiling: Duration.DurationInput): Effect.Effect<Duration.Duration> =>
+  Effect.map(Random.next, (r) => {
+    const half = Duration.toMillis(ceiling) / 2
+    return Duration.millis(half + r * half)
+  })
+
+// ---------------------------------------------------------------------------------------------
+// Connector (how relay clients are made; tests substitute in-memory relays)
+
+export interface RelayConnectorService {
+  readonly connect: (relay: RelaySpec) => Effect.Effect<RelayClient>
+}
+
+export class RelayConnector extends Context.Tag("kvrelay/consumer/RelayConnector")<
+  RelayConnector,
+  RelayConnectorService
+>() {
+  /** HTTP clients (`RelayClient.make`) over the given `HttpClient`. */
+  static readonly layerHttp = (
+    options?: RelayClientOptions
+  ): Layer.Layer<RelayConnector, never, HttpClient.HttpClient> =>
+    Layer.effect(
+      RelayConnector,
+      Effect.map(Effect.context<HttpClient.HttpClient>(), (context) => ({
+        connect: (relay: RelaySpec) => makeRelayClient(relay.url, options).pipe(Effect.provide(context))
+      }))
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public state
+
+/** What the consumer knows about one relay. */
+export interface RelayStatus {
+  readonly name: string
+  readonly url: string
+  /** The relay's position: its lane in every domain. */
+  readonly lane: number
+  readonly info: RelayInfo | undefined
+  /** The latest catalog of the current epoch (forgotten when the epoch ends). */
+  readonly catalog: CatalogSnapshot | undefined
+  readonly connected: boolean
+  readonly epochs: number
+  readonly lastError: string | undefined
+}
+
+/** One lane of one domain, as queries see it. */
+export interface LaneStatus {
+  readonly lane: number
+  readonly relay: string
+  readonly descriptor: DcPoolDescriptor
+  readonly ready: boolean
+  /** The sequence of the newest state admitted into the lane; defined while ready. */
+  readonly installedSequence: bigint | undefined
+  readonly faults: number
+  readonly lastFault: string | undefined
+}
+
+/** One indexer domain: its indexer (for queries) and its lanes. */
+export interface DomainStatus {
+  readonly id: IndexerDomainId
+  readonly format: DcCkfFormatIdentity
+  readonly querySemantics: KvQuerySemantics
+  readonly indexer: GlobalCkfIndexer
+  /** By lane; only lanes with a pool in the relay's current catalog. */
+  readonly lanes: ReadonlyMap<number, LaneStatus>
+}
+
+export interface GlobalConsumerService {
+  readonly consumerInstance: bigint
+  readonly subscriberId: string
+  readonly relays: () => ReadonlyArray<RelayStatus>
+  /** Live domains ordered by IndexerDomainId. */
+  readonly domains: () => ReadonlyArray<DomainStatus>
+  /** Pools served by a relay that could not be laned, with the reason (format mismatch, …). */
+  readonly problems: () => ReadonlyArray<string>
+  /** Sets the consumer's gauges from the current state (called before a metrics scrape). */
+  readonly refreshGauges: Effect.Effect<void>
+}
+
+export class GlobalConsumer extends Context.Tag("kvrelay/GlobalConsumer")<
+  GlobalConsumer,
+  GlobalConsumerService
+>() {}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+const laneFaultsTotal = Metric.counter("kvrelay_global_lane_faults_total", {
+  description: "Lane attempts that ended with a fault (the lane retired and subscribes again)",
+  incremental: true
+})
+const snapshotsInstalledTotal = Metric.counter("kvrelay_global_snapshots_installed_total", {
+  description: "Pool snapshots installed into a lane",
+  incremental: true
+})
+const deltasTotal = Metric.counter("kvrelay_global_deltas_total", {
+  description: "Pool deltas admitted into a lane",
+  incremental: true
+})
+const deltaImagesTotal = Metric.counter("kvrelay_global_delta_images_total", {
+  description: "Bucket images carried by admitted deltas",
+  incremental: true
+})
+const relayEpochsTotal = Metric.counter("kvrelay_global_relay_epochs_total", {
+  description: "Relay connection epochs started",
+  incremental: true
+})
+const lanesGauge = Metric.gauge("kvrelay_global_lanes", { description: "Lanes by relay and readiness" })
+const domainsGauge = Metric.gauge("kvrelay_global_domains", { description: "Indexer domains with a lane" })
+const relayConnectedGauge = Metric.gauge("kvrelay_global_relay_connected", {
+  description: "1 while the relay's catalog watch is established"
+})
+
+// ---------------------------------------------------------------------------------------------
+// Internal state
+
+/** Why a lane attempt ended. */
+class LaneFault extends Data.TaggedError("LaneFault")<{ readonly kind: string; readonly message: string }> {}
+
+interface RelayState {
+  readonly spec: RelaySpec
+  readonly index: number
+  client: RelayClient | undefined
+  info: RelayInfo | undefined
+  /** The dc id last learned; kept across epochs so the lane layout of the domains is stable. */
+  knownDcId: DcId | undefined
+  catalog: CatalogSnapshot | undefined
+  connected: boolean
+  epochs: number
+  lastError: string | undefined
+  /** The first attempt to learn the relay finished (either way). */
+  attempted: boolean
+}
+
+/** Also the public `LaneStatus` (queries read these objects directly; they must not write). */
+interface LaneState {
+  readonly lane: number
+  /** The relay's name. */
+  readonly relay: string
+  readonly source: RelayState
+  descriptor: DcPoolDescriptor
+  ready: boolean
+  installedSequence: bigint | undefined
+  lease: LaneLease | undefined
+  /** Completed (failed) by the domain's fault dispatcher for the current lease. */
+  signal: Deferred.Deferred<never, LaneFault> | undefined
+  fiber: Fiber.RuntimeFiber<never, never> | undefined
+  faults: number
+  lastFault: string | undefined
+}
+
+/** Also the public `DomainStatus`. */
+interface DomainState {
+  readonly key: string
+  readonly id: IndexerDomainId
+  readonly format: DcCkfFormatIdentity
+  readonly querySemantics: KvQuerySemantics
+  readonly indexer: GlobalCkfIndexer
+  readonly pool: GlobalCkfIngestionPool
+  readonly scope: Scope.CloseableScope
+  /** Relay index → dc id the manifest was built with. */
+  readonly layout: string
+  readonly lanes: Map<number, LaneState>
+  broken: boolean
+}
+
+interface DesiredEntry {
+  readonly relay: RelayState
+  readonly descriptor: DcPoolDescriptor
+}
+
+const relayAnnotations = (relay: RelayState) => ({ relay: relay.spec.name, relayLane: relay.index })
+
+const laneAnnotations = (domain: DomainState, lane: LaneState) => ({
+  relay: lane.relay,
+  lane: lane.lane,
+  domain: domain.id.toString(),
+  producer: lane.descriptor.producer.key
+})
+
+const sameCatalogContent = (a: CatalogSnapshot, b: CatalogSnapshot): boolean =>
+  a.pools.length === b.pools.length && a.pools.every((pool, i) => poolDescriptorEquals(pool, b.pools[i]!))
+
+const ingestionText = (error: GlobalCkfIngestionError): string => `${error._tag}: ${error.message}`
+
+const faultText = (fault: GlobalCkfIngestionFault): string => {
+  switch (fault._tag) {
+    case "LaneDeactivated":
+      return `lane deactivated (${fault.fault._tag})`
+    case "OutstandingImageLimit":
+      return `outstanding-image limit (${fault.requested} > ${fault.limit})`
+    case "WorkerFailed":
+      return `ingestion worker ${fault.worker} failed`
+    default:
+      return fault._tag
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Constructor
+
+/**
+ * Starts the consumer in the current scope: one epoch loop per relay, one controller fiber, and
+ * per domain an ingestion pool with its lane fibers. Closing the scope stops everything.
+ */
+export const make = (
+  config: GlobalConsumerConfig
+): Effect.Effect<GlobalConsumerService, GlobalConsumerConfigError, Scope.Scope | RelayConnector> =>
+  Effect.gen(function* () {
+    const problems = validateConfig(config)
+    if (problems.length > 0) return yield* Effect.fail(new GlobalConsumerConfigError({ problems }))
+    const connector = yield* RelayConnector
+    const consumerScope = yield* Effect.scope
+    const reconnect: ReconnectConfig = { ...DEFAULT_RECONNECT, ...definedOnly(config.reconnect) }
+    const resetAfterMs = Duration.toMillis(reconnect.resetAfter)
+    const ingestion: Partial<GlobalCkfIngestionPoolConfig> = {
+      ...DEFAULT_CONSUMER_INGESTION,
+      ...definedOnly(config.ingestion)
+    }
+    const verificationWindow = config.verificationWindow ?? 2
+    const consumerInstance =
+      config.consumerInstance ??
+      ((BigInt(yield* Random.nextIntBetween(0, 0x1_0000)) << 48n) |
+        (BigInt(yield* Random.nextIntBetween(0, 0x1_0000)) << 32n) |
+        BigInt(yield* Random.nextIntBetween(0, 0x1_0000_0000))) &
+        0xffff_ffff_ffff_ffffn
+    const subscriberId = config.subscriberId ?? `kvrelay-global-${hex16(consumerInstance)}`
+    const clock = yield* Effect.clock
+    const nowMs = (): number => clock.unsafeCurrentTimeMillis()
+
+    const relays: Array<RelayState> = config.relays.map((spec, index) => ({
+      spec,
+      index,
+      client: undefined,
+      info: undefined,
+      knownDcId: undefined,
+      catalog: undefined,
+      connected: false,
+      epochs: 0,
+      lastError: undefined,
+      attempted: false
+    }))
+    const domains = new Map<string, DomainState>()
+    // Queries read the live domain and lane objects: no copy per query. The ordered list is
+    // rebuilt only when a domain opens or closes.
+    let domainListCache: ReadonlyArray<DomainStatus> | undefined
+    /** Lease epochs per (domain, lane): strictly increasing for the consumer's lifetime. */
+    const laneEpochs = new Map<string, bigint>()
+    let currentProblems = new Map<string, string>()
+
+    const wakeups = yield* Queue.sliding<void>(1)
+    const wake = (): void => {
+      Queue.unsafeOffer(wakeups, undefined)
+    }
+
+    const sleepBackoff = (attempt: number) =>
+      Effect.flatMap(equalJitter(backoffCeiling(attempt, reconnect.initial, reconnect.max)), Effect.sleep)
+
+    // ---- lanes
+
+    const nextLease = (domain: DomainState, lane: number): LaneLease => {
+      const key = `${domain.key}#${lane}`
+      const epoch = (laneEpochs.get(key) ?? 0n) + 1n
+      laneEpochs.set(key, epoch)
+      return new LaneLease(consumerInstance, lane, epoch)
+    }
+
+    /** Readiness withdrawn by the pool itself (watchdog, deactivation) shows in the ready mask. */
+    const stillReady = (domain: DomainState, lane: LaneState): boolean =>
+      (domain.indexer.readyLanes() & (1 << lane.lane)) !== 0
+
+    const handleEvent = (
+      domain: DomainState,
+      lane: LaneState,
+      producer: ProducerIdentity,
+      lease: LaneLease,
+      event: PoolStreamEvent
+    ): Effect.Effect<void, LaneFault> => {
+      switch (event._tag) {
+        case "Snapshot":
+          return Effect.acquireUseRelease(
+            // An install runs to its end, even when the attempt is interrupted: its worker could
+            // otherwise publish readiness after the attempt already withdrew it.
+            Effect.forkIn(
+              Effect.interruptible(
+                domain.pool.installSnapshot({
+                  identity: producer,
+                  lease,
+                  sequence: event.sequence,
+                  words: event.words
+                })
+              ),
+              domain.scope
+            ),
+            Fiber.join,
+            Fiber.await
+          ).pipe(
+            Effect.mapError((error) => new LaneFault({ kind: "Ingestion", message: ingestionText(error) })),
+            Effect.flatMap((outcome) => {
+              if (outcome._tag !== "SnapshotInstalled") {
+                const detail = outcome._tag === "LaneDeactivated" ? ` (${outcome.fault._tag})` : ""
+                return Effect.fail(
+                  new LaneFault({
+                    kind: "Install",
+                    message: `snapshot install ended ${outcome._tag}${detail}`
+                  })
+                )
+              }
+              lane.ready = true
+              lane.installedSequence = outcome.sequence
+              return Effect.logInfo("global lane ready").pipe(
+                Effect.annotateLogs("sequence", String(outcome.sequence)),
+                Effect.zipRight(Metric.increment(Metric.tagged(snapshotsInstalledTotal, "relay", lane.relay)))
+              )
+            }),
+            Effect.withSpan("GlobalConsumer.lane.installSnapshot", {
+              attributes: { lane: lane.lane, relay: lane.relay, sequence: String(event.sequence) }
+            })
+          )
+        case "Delta":
+          return Effect.suspend(() => {
+            if (!stillReady(domain, lane)) {
+              return Effect.fail(
+                new LaneFault({ kind: "Ingestion", message: "lane readiness was withdrawn by ingestion" })
+              )
+            }
+            return domain.pool
+              .submitDelta({
+                identity: producer,
+                lease,
+                baseSequence: event.baseSequence,
+                sequence: event.sequence,
+                images: event.images
+              })
+              .pipe(
+                Effect.mapError(
+                  (error) => new LaneFault({ kind: "Ingestion", message: ingestionText(error) })
+                ),
+                Effect.zipRight(
+                  Effect.suspend(() => {
+                    lane.installedSequence = event.sequence
+                    const relay = lane.relay
+                    return Metric.increment(Metric.tagged(deltasTotal, "relay", relay)).pipe(
+                      Effect.zipRight(
+                        Metric.incrementBy(
+                          Metric.tagged(deltaImagesTotal, "relay", relay),
+                          event.images.length / 3
+                        )
+                      )
+                    )
+                  })
+                )
+              )
+          })
+        case "Heartbeat":
+          return stillReady(domain, lane)
+            ? Effect.void
+            : Effect.fail(
+                new LaneFault({ kind: "Ingestion", message: "lane readiness was withdrawn by ingestion" })
+              )
+      }
+    }
+
+    /** One lease, one subscription; only ever ends with the fault that retires it. */
+    const laneAttempt = (domain: DomainState, lane: LaneState): Effect.Effect<never, LaneFault> =>
+      Effect.gen(function* () {
+        const relay = lane.source
+        const client = relay.client
+        if (client === undefined) {
+          return yield* Effect.fail(new LaneFault({ kind: "Relay", message: "relay client unavailable" }))
+        }
+        const producer = lane.descriptor.producer
+        const lease = nextLease(domain, lane.lane)
+        const signal = yield* Deferred.make<never, LaneFault>()
+        lane.lease = lease
+        lane.signal = signal
+        yield* domain.pool.assign(producer, lease).pipe(
+          Effect.mapError((error) => new LaneFault({ kind: "Assign", message: ingestionText(error) })),
+          Effect.withSpan("GlobalConsumer.lane.assign", {
+            attributes: {
+              lane: lane.lane,
+              relay: relay.spec.name,
+              assignmentEpoch: String(lease.assignmentEpoch)
+            }
+          })
+        )
+        const streamId = `${subscriberId}/lane${lane.lane}/${domain.id.cacheSemantics.hex.slice(0, 8)}`
+        const consume = client.subscribePool(producer, streamId).pipe(
+          Stream.mapError(
+            (error: RelayClientError) =>
+              new LaneFault({ kind: error._tag, message: relayClientErrorText(error) })
+          ),
+          Stream.runForEach((event) => handleEvent(domain, lane, producer, lease, event))
+        )
+        yield* Effect.raceFirst(consume, Deferred.await(signal))
+        return yield* Effect.fail(new LaneFault({ kind: "Closed", message: "pool stream ended" }))
+      }).pipe(
+        Effect.ensuring(
+          Effect.sync(() => {
+            domain.indexer.retireLaneReadiness(lane.lane)
+            lane.ready = false
+            lane.installedSequence = undefined
+            lane.lease = undefined
+            lane.signal = undefined
+          })
+        ),
+        Effect.withSpan("GlobalConsumer.lane.attempt", {
+          attributes: {
+            lane: lane.lane,
+            relay: lane.relay,
+            domain: domain.id.toString(),
+            producer: lane.descriptor.producer.key
+          }
+        })
+      )
+
+    /** The lane's supervisor: attempts forever, with backoff between faults. */
+    const laneLoop = (domain: DomainState, lane: LaneState): Effect.Effect<never> =>
+      Effect.gen(function* () {
+        let attempt = 0
+        for (;;) {
+          const started = nowMs()
+          const exit = yield* Effect.exit(laneAttempt(domain, lane))
+          if (Exit.isFailure(exit)) {
+            const failure = Cause.failureOption(exit.cause)
+            const text =
+              failure._tag === "Some"
+                ? `${failure.value.kind}: ${failure.value.message}`
+                : Cause.pretty(exit.cause)
+            const kind = failure._tag === "Some" ? failure.value.kind : "Defect"
+            lane.faults += 1
+            lane.lastFault = text
+            yield* Metric.increment(
+              Metric.tagged(Metric.tagged(laneFaultsTotal, "relay", lane.relay), "kind", kind)
+            )
+            yield* Effect.logWarning("global lane retired; subscribing again after backoff").pipe(
+              Effect.annotateLogs({ fault: text, attempt }),
+              Effect.withSpan("GlobalConsumer.lane.retire", {
+                attributes: { lane: lane.lane, relay: lane.relay, fault: kind }
+              })
+            )
+          }
+          if (nowMs() - started >= resetAfterMs) attempt = 0
+          yield* sleepBackoff(attempt)
+          attempt += 1
+        }
+      }).pipe(Effect.annotateLogs(laneAnnotations(domain, lane)))
+
+    const startLane = (domain: DomainState, entry: DesiredEntry): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        const lane: LaneState = {
+          lane: entry.relay.index,
+          relay: entry.relay.spec.name,
+          source: entry.relay,
+          descriptor: entry.descriptor,
+          ready: false,
+          installedSequence: undefined,
+          lease: undefined,
+          signal: undefined,
+          fiber: undefined,
+          faults: 0,
+          lastFault: undefined
+        }
+        domain.lanes.set(lane.lane, lane)
+        lane.fiber = yield* Effect.forkIn(laneLoop(domain, lane), domain.scope)
+        yield* Effect.logInfo("global lane started").pipe(Effect.annotateLogs(laneAnnotations(domain, lane)))
+      })
+
+    const stopLane = (domain: DomainState, lane: LaneState, why: string): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        if (domain.lanes.get(lane.lane) === lane) domain.lanes.delete(lane.lane)
+        domain.indexer.retireLaneReadiness(lane.lane)
+        lane.ready = false
+        if (lane.fiber !== undefined) yield* Fiber.interrupt(lane.fiber)
+        yield* Effect.logInfo("global lane stopped").pipe(
+          Effect.annotateLogs({ ...laneAnnotations(domain, lane), why })
+        )
+      }).pipe(Effect.withSpan("GlobalConsumer.lane.stop", { attributes: { lane: lane.lane, why } }))
+
+    // ---- domains
+
+    /** The manifest lanes: every relay whose dc id is known, first relay wins a repeated dc id. */
+    const layoutOf = (): { readonly key: string; readonly dcIds: ReadonlyArray<DcId | undefined> } => {
+      const dcIds: Array<DcId | undefined> = new Array(CKF_LANE_COUNT).fill(undefined)
+      const seen = new Set<string>()
+      const parts: Array<string> = []
+      for (const relay of relays) {
+        const dcId = relay.knownDcId
+        if (dcId === undefined || seen.has(dcId.hex)) continue
+        seen.add(dcId.hex)
+        dcIds[relay.index] = dcId
+        parts.push(`${relay.index}=${dcId.hex}`)
+      }
+      return { key: parts.join(","), dcIds }
+    }
+
+    const dispatchFaults = (domain: DomainState): Effect.Effect<never> =>
+      Effect.forever(
+        Effect.gen(function* () {
+          const fault = yield* Queue.take(domain.pool.faults)
+          if (fault._tag === "WorkerFailed") {
+            // A failed worker is permanent for its pool: the domain is rebuilt with a new one.
+            domain.broken = true
+            yield* Effect.logError("global ingestion worker failed; rebuilding the domain").pipe(
+              Effect.annotateLogs({ domain: domain.id.toString(), worker: fault.worker })
+            )
+            wake()
+            return
+          }
+          const lane = domain.lanes.get(fault.lane)
+          const signal = lane?.signal
+          if (lane === undefined || signal === undefined || !fault.lease?.equals(lane.lease)) return
+          yield* Deferred.fail(signal, new LaneFault({ kind: "Ingestion", message: faultText(fault) }))
+        })
+      )
+
+    const openDomain = (
+      id: IndexerDomainId,
+      descriptor: DcPoolDescriptor,
+      layout: ReturnType<typeof layoutOf>
+    ): Effect.Effect<DomainState | undefined> =>
+      Effect.gen(function* () {
+        const format = descriptor.producer.format
+        const lanes = layout.dcIds.map((dcId) => (dcId === undefined ? undefined : new PoolId(id, dcId)))
+        const manifest = GlobalCkfManifest.make(consumerInstance, id, format, lanes)
+        if (manifest instanceof GlobalCkfBuildError) {
+          yield* Effect.logError("global domain manifest rejected").pipe(
+            Effect.annotateLogs({ domain: id.toString(), error: manifest.message })
+          )
+          return undefined
+        }
+        for (const warning of manifest.warnings) yield* Effect.logWarning(warning)
+        const indexer = GlobalCkfIndexer.make(manifest, { verificationWindow })
+        if (indexer instanceof GlobalCkfBuildError) {
+          yield* Effect.logError("global domain indexer could not be built").pipe(
+            Effect.annotateLogs({ domain: id.toString(), error: indexer.message })
+          )
+          return undefined
+        }
+        const scope = yield* Scope.fork(consumerScope, ExecutionStrategy.sequential)
+        const pool = yield* makeIngestionPool(indexer, ingestion).pipe(Scope.extend(scope), Effect.either)
+        if (pool._tag === "Left") {
+          yield* Scope.close(scope, Exit.void)
+          yield* Effect.logError("global ingestion pool could not be started").pipe(
+            Effect.annotateLogs({ domain: id.toString(), error: pool.left.message })
+          )
+          return undefined
+        }
+        const domain: DomainState = {
+          key: id.key,
+          id,
+          format,
+          querySemantics: descriptor.querySemantics,
+          indexer,
+          pool: pool.right,
+          scope,
+          layout: layout.key,
+          lanes: new Map(),
+          broken: false
+        }
+        yield* Effect.forkIn(dispatchFaults(domain), scope)
+        yield* Effect.logInfo("global domain opened").pipe(
+          Effect.annotateLogs({ domain: id.toString(), format: format.key, layout: layout.key })
+        )
+        return domain
+      }).pipe(Effect.withSpan("GlobalConsumer.domain.open", { attributes: { domain: id.toString() } }))
+
+    const closeDomain = (domain: DomainState, why: string): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        domains.delete(domain.key)
+        domainListCache = undefined
+        // Queries holding the domain list may still read these lanes until the scope closes.
+        for (const lane of domain.lanes.values()) lane.ready = false
+        domain.lanes.clear()
+        yield* Scope.close(domain.scope, Exit.void)
+        yield* Effect.logInfo("global domain closed").pipe(
+          Effect.annotateLogs({ domain: domain.id.toString(), why })
+        )
+      }).pipe(
+        Effect.withSpan("GlobalConsumer.domain.close", { attributes: { domain: domain.id.toString(), why } })
+      )
+
+    // ---- reconciliation
+
+    const reconcile = Effect.gen(function* () {
+      // A domain's lanes are fixed when it opens; waiting for every relay's first answer (each
+      // bounded by the request timeout) avoids rebuilding every domain once per relay at startup.
+      if (!relays.every((relay) => relay.attempted)) return
+      const problems = new Map<string, string>()
+      const desired = new Map<
+        string,
+        { readonly id: IndexerDomainId; readonly entries: Array<DesiredEntry> }
+      >()
+      for (const relay of relays) {
+        const info = relay.info
+        const catalog = relay.catalog
+        if (info === undefined || catalog === undefined) continue
+        for (const descriptor of catalog.pools) {
+          const poolId = descriptor.producer.poolId
+          if (!poolId.dcId.equals(info.dcId)) {
+            problems.set(
+              `${relay.spec.name}/${poolId.key}`,
+              `relay ${relay.spec.name} lists pool ${poolId} whose dc id differs from the relay's ${info.dcId}`
+            )
+            continue
+          }
+          const key = poolId.indexerDomain.key
+          let slot = desired.get(key)
+          if (slot === undefined) {
+            slot = { id: poolId.indexerDomain, entries: [] }
+            desired.set(key, slot)
+          }
+          slot.entries.push({ relay, descriptor })
+        }
+      }
+
+      for (const domain of [...domains.values()]) {
+        if (!desired.has(domain.key)) yield* closeDomain(domain, "no relay serves the domain")
+      }
+
+      const layout = layoutOf()
+      for (const [key, { id, entries }] of desired) {
+        const fits = (
+          domain: { format: DcCkfFormatIdentity; querySemantics: KvQuerySemantics },
+          e: DesiredEntry
+        ) =>
+          e.descriptor.producer.format.equals(domain.format) &&
+          Equal.equals(e.descriptor.querySemantics, domain.querySemantics)
+        let domain = domains.get(key)
+        const reason =
+          domain === undefined
+            ? "new"
+            : domain.broken
+              ? "broken"
+              : domain.layout !== layout.key
+                ? "layout"
+                : entries.some((e) => fits(domain!, e))
+                  ? undefined
+                  : "format"
+        if (reason !== undefined) {
+          const keepFormat = domain !== undefined && entries.some((e) => fits(domain!, e))
+          const template = keepFormat ? entries.find((e) => fits(domain!, e))! : entries[0]!
+          if (domain !== undefined) yield* closeDomain(domain, `rebuild (${reason})`)
+          domain = yield* openDomain(id, template.descriptor, layout)
+          if (domain === undefined) continue
+          domains.set(key, domain)
+          domainListCache = undefined
+        }
+        const live = domain!
+        const wanted = new Set<number>()
+        for (const entry of entries) {
+          const poolId = entry.descriptor.producer.poolId
+          const where = `${entry.relay.spec.name}/${poolId.key}`
+          if (!fits(live, entry)) {
+            problems.set(
+              where,
+              `relay ${entry.relay.spec.name} serves domain ${id} with format ${entry.descriptor.producer.format.key} ` +
+                `and ${entry.descriptor.querySemantics.kvBlockSize}-token blocks; the domain's lanes use ` +
+                `${live.format.key} and ${live.querySemantics.kvBlockSize}; not laned`
+            )
+            continue
+          }
+          const owner = live.indexer.manifest.poolId(entry.relay.index)
+          if (owner === undefined || !owner.equals(poolId)) {
+            problems.set(
+              where,
+              `relay ${entry.relay.spec.name} repeats the dc id of an earlier relay; not laned`
+            )
+            continue
+          }
+          wanted.add(entry.relay.index)
+          const lane = live.lanes.get(entry.relay.index)
+          if (lane?.descriptor.producer.equals(entry.descriptor.producer)) {
+            // Same producer: registrations, roles and endpoint may change without a resubscription.
+            lane.descriptor = entry.descriptor
+            continue
+          }
+          if (lane !== undefined) yield* stopLane(live, lane, "producer changed")
+          yield* startLane(live, entry)
+        }
+        for (const lane of [...live.lanes.values()]) {
+          if (!wanted.has(lane.lane)) yield* stopLane(live, lane, "pool left the relay's catalog")
+        }
+      }
+
+      for (const [where, text] of problems) {
+        if (currentProblems.get(where) !== text) yield* Effect.logWarning(text)
+      }
+      currentProblems = problems
+    }).pipe(Effect.withSpan("GlobalConsumer.reconcile"))
+
+    yield* Effect.forkIn(
+      Effect.forever(Queue.take(wakeups).pipe(Effect.zipRight(reconcile))).pipe(
+        Effect.annotateLogs("component", "GlobalConsumer")
+      ),
+      consumerScope
+    )
+
+    // ---- relays
+
+    const invalidate = (relay: RelayState, why: string): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const hadCatalog = relay.catalog !== undefined
+        relay.catalog = undefined
+        relay.info = undefined
+        relay.connected = false
+        relay.lastError = why
+        wake()
+        return hadCatalog
+          ? Effect.logWarning("relay epoch ended; everything learned from it is invalidated").pipe(
+              Effect.annotateLogs({ ...relayAnnotations(relay), why })
+            )
+          : Effect.logDebug("relay epoch ended").pipe(
+              Effect.annotateLogs({ ...relayAnnotations(relay), why })
+            )
+      })
+
+    class EpochEnded extends Data.TaggedError("EpochEnded")<{ readonly message: string }> {}
+
+    const runEpoch = (
+      relay: RelayState,
+      client: RelayClient
+    ): Effect.Effect<never, RelayClientError | EpochEnded> =>
+      Effect.gen(function* () {
+        relay.epochs += 1
+        yield* Metric.increment(Metric.tagged(relayEpochsTotal, "relay", relay.spec.name))
+        const info = yield* client.relayInfo.pipe(
+          Effect.ensuring(
+            Effect.sync(() => {
+              relay.attempted = true
+            })
+          )
+        )
+        if (relay.knownDcId !== undefined && !relay.knownDcId.equals(info.dcId)) {
+          yield* Effect.logWarning("relay reports a different dc id; its domains are rebuilt").pipe(
+            Effect.annotateLogs({ previous: relay.knownDcId.hex, current: info.dcId.hex })
+          )
+        }
+        relay.info = info
+        relay.knownDcId = info.dcId
+        yield* Effect.logInfo("relay learned").pipe(
+          Effect.annotateLogs({
+            dcName: info.dcName,
+            dcId: info.dcId.hex,
+            relayIncarnation: String(info.relay.relayIncarnation)
+          })
+        )
+        wake()
+        yield* client.watchCatalog(`${subscriberId}/catalog`).pipe(
+          Stream.runForEach((catalog) =>
+            Effect.suspend(() => {
+              if (!Equal.equals(catalog.relay, info.relay)) {
+                return Effect.fail(
+                  new EpochEnded({
+                    message: `relay identity changed within the epoch (incarnation ${info.relay.relayIncarnation} -> ${catalog.relay.relayIncarnation})`
+                  })
+                )
+              }
+              const previous = relay.catalog
+              if (previous !== undefined && catalog.revision < previous.revision) {
+                return Effect.fail(
+                  new EpochEnded({
+                    message: `catalog revision went back from ${previous.revision} to ${catalog.revision}`
+                  })
+                )
+              }
+              if (
+                previous !== undefined &&
+                catalog.revision === previous.revision &&
+                !sameCatalogContent(previous, catalog)
+              ) {
+                return Effect.fail(
+                  new EpochEnded({
+                    message: `catalog revision ${catalog.revision} was sent with different content`
+                  })
+                )
+              }
+              relay.catalog = catalog
+              relay.connected = true
+              relay.lastError = undefined
+              wake()
+              return Effect.void
+            })
+          )
+        )
+        return yield* Effect.fail(new EpochEnded({ message: "catalog watch ended" }))
+      }).pipe(Effect.withSpan("GlobalConsumer.relay.epoch", { attributes: { relay: relay.spec.name } }))
+
+    const relayLoop = (relay: RelayState): Effect.Effect<never> =>
+      Effect.gen(function* () {
+        const client = yield* connector.connect(relay.spec)
+        relay.client = client
+        let attempt = 0
+        for (;;) {
+          const started = nowMs()
+          const exit = yield* Effect.exit(runEpoch(relay, client))
+          const why = Exit.isFailure(exit)
+            ? Cause.failureOption(exit.cause).pipe((failure) =>
+                failure._tag === "Some"
+                  ? failure.value._tag === "EpochEnded"
+                    ? failure.value.message
+                    : relayClientErrorText(failure.value)
+                  : Cause.pretty(exit.cause)
+              )
+            : "epoch ended"
+          yield* invalidate(relay, why)
+          if (nowMs() - started >= resetAfterMs) attempt = 0
+          yield* sleepBackoff(attempt)
+          attempt += 1
+        }
+      }).pipe(Effect.annotateLogs(relayAnnotations(relay)))
+
+    for (const relay of relays) yield* Effect.forkIn(relayLoop(relay), consumerScope)
+
+    // ---- public surface
+
+    const domainList = (): ReadonlyArray<DomainStatus> => {
+      if (domainListCache === undefined) {
+        domainListCache = Object.freeze([...domains.values()].sort((a, b) => a.id.compareTo(b.id)))
+      }
+      return domainListCache
+    }
+
+    const refreshGauges = Effect.suspend(() => {
+      const updates: Array<Effect.Effect<void>> = [Metric.set(domainsGauge, domains.size)]
+      for (const relay of relays) {
+        let ready = 0
+        let notReady = 0
+        for (const domain of domains.values()) {
+          const lane = domain.lanes.get(relay.index)
+          if (lane === undefined) continue
+          if (lane.ready) ready++
+          else notReady++
+        }
+        const tagged = Metric.tagged(lanesGauge, "relay", relay.spec.name)
+        updates.push(Metric.set(Metric.tagged(tagged, "state", "ready"), ready))
+        updates.push(Metric.set(Metric.tagged(tagged, "state", "not_ready"), notReady))
+        updates.push(
+          Metric.set(Metric.tagged(relayConnectedGauge, "relay", relay.spec.name), relay.connected ? 1 : 0)
+        )
+      }
+      return Effect.all(updates, { discard: true })
+    })
+
+    yield* Effect.logInfo("global consumer started").pipe(
+      Effect.annotateLogs({
+        consumerInstance: hex16(consumerInstance),
+        relays: config.relays.map((r) => `${r.name}=${r.url}`).join(" ")
+      })
+    )
+
+    const service: GlobalConsumerService = {
+      consumerInstance,
+      subscriberId,
+      relays: () =>
+        relays.map((relay) => ({
+          name: relay.spec.name,
+          url: relay.spec.url,
+          lane: relay.index,
+          info: relay.info,
+          catalog: relay.catalog,
+          connected: relay.connected,
+          epochs: relay.epochs,
+          lastError: relay.lastError
+        })),
+      domains: domainList,
+      problems: () => [...currentProblems.values()],
+      refreshGauges
+    }
+    return service
+  })
+
+/** The consumer as a scoped layer; needs a `RelayConnector` (e.g. `RelayConnector.layerHttp()`). */
+export const layer = (
+  config: GlobalConsumerConfig
+): Layer.Layer<GlobalConsumer, GlobalConsumerConfigError, RelayConnector> =>
+  Layer.scoped(GlobalConsumer, make(config))

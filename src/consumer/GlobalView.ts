@@ -1,0 +1,184 @@
+/**
+ * The query side of the global consumer, for in-process routers and the HTTP API
+ * (PROTOCOL.md §7): which ready DC lane holds how long a prefix of a prompt.
+ *
+ * `blockHashes` are the hashes exactly as workers publish them in stored events (each already
+ * chains its prefix), so they are probed as given. A request names its domains either by model
+ * (every domain one of whose lanes' pools registers the model, or an alias of it, in the
+ * namespace) or directly by pool domain. The answer has one entry per ready lane of every
+ * matching domain, deepest prefix first.
+ */
+
+import { Context, Data, Effect, Layer } from "effect"
+import type { IndexerDomainId, PoolId, ProducerIdentity } from "../ckf/identity.js"
+import { hashPairs } from "../ckf/u64.js"
+import type { EndpointId, KvQuerySemantics } from "../domain/model.js"
+import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from "./GlobalConsumer.js"
+
+// ---------------------------------------------------------------------------------------------
+// Requests, results, errors
+
+/** Block hashes as u64 values, or already as hash pairs (`[hi, lo]*`) on the hot path. */
+export type BlockHashes = ReadonlyArray<bigint> | Uint32Array
+
+export type OverlapRequest =
+  | { readonly namespace: string; readonly model: string; readonly blockHashes: BlockHashes }
+  | { readonly poolDomain: IndexerDomainId; readonly blockHashes: BlockHashes }
+
+export interface OverlapResult {
+  /** The relay's name from `--relay NAME=URL`. */
+  readonly relay: string
+  readonly lane: number
+  readonly poolId: PoolId
+  readonly servingEndpoint: EndpointId
+  readonly prefixDepth: number
+  /** `prefixDepth × kvBlockSize`. */
+  readonly matchedTokens: number
+}
+
+/** No domain matches the model (in that namespace) or the pool domain. */
+export class NoMatchingDomain extends Data.TaggedError("NoMatchingDomain")<{ readonly message: string }> {}
+
+/** Domains match, but none of them has a ready lane. */
+export class NoReadyLane extends Data.TaggedError("NoReadyLane")<{ readonly message: string }> {}
+
+export type OverlapError = NoMatchingDomain | NoReadyLane
+
+export interface DomainLaneView {
+  readonly lane: number
+  readonly relay: string
+  readonly poolId: PoolId
+  readonly producer: ProducerIdentity
+  readonly servingEndpoint: EndpointId
+  readonly ready: boolean
+  readonly installedSequence: bigint | undefined
+}
+
+export interface DomainView {
+  readonly id: IndexerDomainId
+  readonly querySemantics: KvQuerySemantics
+  readonly lanes: ReadonlyArray<DomainLaneView>
+}
+
+export interface GlobalViewService {
+  /** Synchronous form for routers on the hot path. */
+  readonly overlapNow: (request: OverlapRequest) => ReadonlyArray<OverlapResult> | OverlapError
+  readonly overlap: (request: OverlapRequest) => Effect.Effect<ReadonlyArray<OverlapResult>, OverlapError>
+  readonly domainsNow: () => ReadonlyArray<DomainView>
+  readonly domains: Effect.Effect<ReadonlyArray<DomainView>>
+}
+
+export class GlobalView extends Context.Tag("kvrelay/GlobalView")<GlobalView, GlobalViewService>() {}
+
+// ---------------------------------------------------------------------------------------------
+// Matching and querying
+
+const servesModel = (domain: DomainStatus, namespace: string, model: string): boolean => {
+  for (const lane of domain.lanes.values()) {
+    const descriptor = lane.descriptor
+    if (descriptor.servingEndpoint.namespace !== namespace) continue
+    for (const registration of descriptor.registrations) {
+      if (registration.model === model) return true
+      for (const alias of registration.aliases) if (alias === model) return true
+    }
+  }
+  return false
+}
+
+const toPairs = (hashes: BlockHashes): Uint32Array =>
+  hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
+
+/** Deepest first; equal depths keep domain order, then lane order, so answers are stable. */
+const byDepth = (a: OverlapResult, b: OverlapResult): number => b.prefixDepth - a.prefixDepth
+
+/** Query the matching domains of `consumer` (no Effect: one synchronous pass). */
+export const overlapOf = (
+  consumer: GlobalConsumerService,
+  request: OverlapRequest
+): ReadonlyArray<OverlapResult> | OverlapError => {
+  const all = consumer.domains()
+  const matching =
+    "poolDomain" in request
+      ? all.filter((domain) => domain.id.equals(request.poolDomain))
+      : all.filter((domain) => servesModel(domain, request.namespace, request.model))
+  if (matching.length === 0) {
+    return new NoMatchingDomain({
+      message:
+        "poolDomain" in request
+          ? `no lane serves pool domain ${request.poolDomain}`
+          : `no lane serves model ${JSON.stringify(request.model)} in namespace ${JSON.stringify(request.namespace)}`
+    })
+  }
+  const pairs = toPairs(request.blockHashes)
+  const results: Array<OverlapResult> = []
+  for (const domain of matching) {
+    const answer = domain.indexer.findPrefixMatches(pairs)
+    if (answer === "Unavailable") continue
+    const blockSize = domain.querySemantics.kvBlockSize
+    for (const match of answer.lanes) {
+      if (match === undefined) continue
+      // The query captured readiness once; a lane retired since (weak read) or never reported
+      // ready by its own attempt is not answered for.
+      const lane = domain.lanes.get(match.physicalLane)
+      if (lane === undefined || !lane.ready) continue
+      results.push({
+        relay: lane.relay,
+        lane: match.physicalLane,
+        poolId: match.poolId,
+        servingEndpoint: lane.descriptor.servingEndpoint,
+        prefixDepth: match.prefixDepth,
+        matchedTokens: match.prefixDepth * blockSize
+      })
+    }
+  }
+  if (results.length === 0) {
+    return new NoReadyLane({
+      message: `${matching.length} matching domain${matching.length === 1 ? " has" : "s have"} no ready lane`
+    })
+  }
+  return results.sort(byDepth)
+}
+
+/** The lanes of every live domain, ordered by domain and lane. */
+export const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<DomainView> =>
+  consumer.domains().map((domain) => ({
+    id: domain.id,
+    querySemantics: domain.querySemantics,
+    lanes: [...domain.lanes.values()]
+      .sort((a, b) => a.lane - b.lane)
+      .map((lane) => ({
+        lane: lane.lane,
+        relay: lane.relay,
+        poolId: lane.descriptor.producer.poolId,
+        producer: lane.descriptor.producer,
+        servingEndpoint: lane.descriptor.servingEndpoint,
+        ready: lane.ready,
+        installedSequence: lane.installedSequence
+      }))
+  }))
+
+export const make = (consumer: GlobalConsumerService): GlobalViewService => ({
+  overlapNow: (request) => overlapOf(consumer, request),
+  overlap: (request) =>
+    Effect.suspend(() => {
+      const answer = overlapOf(consumer, request)
+      return Array.isArray(answer) ? Effect.succeed(answer) : Effect.fail(answer as OverlapError)
+    }).pipe(
+      Effect.withSpan("GlobalView.overlap", {
+        attributes: {
+          by: "poolDomain" in request ? "poolDomain" : "model",
+          blocks:
+            request.blockHashes instanceof Uint32Array
+              ? request.blockHashes.length / 2
+              : request.blockHashes.length
+        }
+      })
+    ),
+  domainsNow: () => domainsOf(consumer),
+  domains: Effect.sync(() => domainsOf(consumer))
+})
+
+export const layer: Layer.Layer<GlobalView, never, GlobalConsumer> = Layer.effect(
+  GlobalView,
+  Effect.map(GlobalConsumer, make)
+)
