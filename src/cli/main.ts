@@ -1,50 +1,110 @@
 /**
- * Command-line entry of kvrelay (placeholder until the relay service exists): `bench` runs the
- * benchmarks.
+ * `kvrelay relay | global | demo | bench`. Invalid settings exit with status 2 and one line per
+ * problem on stderr, each naming its flag; SIGINT/SIGTERM stop the long-running commands cleanly
+ * (exit 0).
  */
+
+import { readFileSync } from "node:fs"
+import { NodeRuntime } from "@effect/platform-node"
+import { type Effect, Either } from "effect"
+import { type CommandSpec, commandHelp, type UsageError } from "./args.js"
+import {
+  BenchSettings,
+  benchCommand,
+  DemoSettings,
+  demoCommand,
+  GlobalSettings,
+  globalCommand,
+  loadSettings,
+  RelaySettings,
+  relayCommand,
+  relayDiscoveryConfig
+} from "./settings.js"
+
+const commands: ReadonlyArray<CommandSpec> = [relayCommand, globalCommand, demoCommand, benchCommand]
 
 const usage = `kvrelay <command> [options]
 
 Commands:
-  demo                                     an in-process tour of the CKF core (producers, CBI1, consumer)
-  bench [--quick] [--json] [--only NAME]   run the benchmarks (ratios against same-run baselines)
+${commands.map((c) => `  ${c.name.padEnd(8)} ${c.summary}`).join("\n")}
 
-Options:
-  --help                                   show this help
+Run \`kvrelay <command> --help\` for a command's options. Every option also reads KVRELAY_<OPTION>
+from the environment (the flag wins) and from a JSON --config file.
 `
 
-const main = async (argv: ReadonlyArray<string>): Promise<number> => {
-  const [command, ...rest] = argv
-  if (command === undefined || command === "--help" || command === "-h" || command === "help") {
+const fail = (error: UsageError, command: string): number => {
+  for (const problem of error.problems) process.stderr.write(`kvrelay ${command}: ${problem}\n`)
+  process.stderr.write(`Run \`kvrelay ${command} --help\` for the options.\n`)
+  return 2
+}
+
+const sources = (argv: ReadonlyArray<string>) => ({
+  argv,
+  env: process.env,
+  readFile: (path: string) => readFileSync(path, "utf8")
+})
+
+/** Runs a long-lived Effect program until it ends or a signal interrupts it. */
+const runService = (program: Effect.Effect<unknown, unknown>): void => {
+  NodeRuntime.runMain(program, { disablePrettyLogger: true })
+}
+
+const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> => {
+  const [name, ...rest] = argv
+  if (name === undefined || name === "--help" || name === "-h" || name === "help") {
     process.stdout.write(usage)
-    return command === undefined ? 2 : 0
+    return name === undefined ? 2 : 0
   }
-  if (command === "demo") {
-    const { runCkfDemo } = await import("./ckfDemo.js")
-    runCkfDemo((line) => process.stdout.write(`${line}\n`))
+  const spec = commands.find((c) => c.name === name)
+  if (spec === undefined) {
+    process.stderr.write(`kvrelay: unknown command ${JSON.stringify(name)}\n\n${usage}`)
+    return 2
+  }
+  if (rest.includes("--help") || rest.includes("-h")) {
+    process.stdout.write(commandHelp(spec))
     return 0
   }
-  if (command === "bench") {
-    if (rest.includes("--help")) {
-      process.stdout.write(usage)
+  switch (spec.name) {
+    case "relay": {
+      const settings = loadSettings(relayCommand, RelaySettings, sources(rest))
+      if (Either.isLeft(settings)) return fail(settings.left, "relay")
+      const discovery = relayDiscoveryConfig(settings.right)
+      if (Either.isLeft(discovery)) return fail(discovery.left, "relay")
+      const { relayProgram } = await import("./relayCommand.js")
+      runService(relayProgram(settings.right, discovery.right))
+      return "running"
+    }
+    case "global": {
+      const settings = loadSettings(globalCommand, GlobalSettings, sources(rest))
+      if (Either.isLeft(settings)) return fail(settings.left, "global")
+      const { globalProgram } = await import("./globalCommand.js")
+      runService(globalProgram(settings.right))
+      return "running"
+    }
+    case "demo": {
+      const settings = loadSettings(demoCommand, DemoSettings, sources(rest))
+      if (Either.isLeft(settings)) return fail(settings.left, "demo")
+      const { demoProgram } = await import("./demo.js")
+      runService(demoProgram(settings.right))
+      return "running"
+    }
+    default: {
+      const settings = loadSettings(benchCommand, BenchSettings, sources(rest))
+      if (Either.isLeft(settings)) return fail(settings.left, "bench")
+      const { runBenchmarks } = await import("../../bench/main.js")
+      await runBenchmarks({
+        quick: settings.right.quick,
+        json: settings.right.json,
+        only: settings.right.only ?? []
+      })
       return 0
     }
-    const onlyIndex = rest.indexOf("--only")
-    const { runBenchmarks } = await import("../../bench/main.js")
-    await runBenchmarks({
-      quick: rest.includes("--quick"),
-      json: rest.includes("--json"),
-      only: onlyIndex >= 0 && rest[onlyIndex + 1] !== undefined ? rest[onlyIndex + 1]!.split(",") : []
-    })
-    return 0
   }
-  process.stderr.write(`kvrelay: unknown command ${JSON.stringify(command)}\n\n${usage}`)
-  return 2
 }
 
 main(process.argv.slice(2)).then(
   (code) => {
-    process.exitCode = code
+    if (code !== "running") process.exitCode = code
   },
   (error: unknown) => {
     process.stderr.write(

@@ -1,0 +1,36 @@
+/**
+ * `kvrelay global`: follow the relays given by `--relay NAME=URL` (lane order = flag order) and
+ * answer overlap queries over HTTP, until SIGINT/SIGTERM.
+ */
+
+import { Effect } from "effect"
+import * as GlobalHttpServer from "../transport/http/GlobalHttpServer.js"
+import { observabilityLayer, printListening } from "./runtime.js"
+import { type GlobalSettings, splitAddress, splitRelayTarget } from "./settings.js"
+
+export const globalProgram = (settings: GlobalSettings) => {
+  const { host, port } = splitAddress(settings.http)
+  return Effect.gen(function* () {
+    const url = yield* GlobalHttpServer.serverUrl
+    yield* Effect.logInfo("global consumer serving").pipe(
+      Effect.annotateLogs({ url, relays: settings.relay.join(" ") })
+    )
+    yield* printListening(url)
+    return yield* Effect.never
+  }).pipe(
+    Effect.provide(
+      GlobalHttpServer.layerGlobal(
+        { relays: settings.relay.map(splitRelayTarget) },
+        { host, port, maxBodyBytes: settings.maxRequestBodyBytes }
+      )
+    ),
+    Effect.provide(
+      observabilityLayer({
+        logLevel: settings.logLevel,
+        otlp: settings.otlp,
+        env: process.env,
+        defaultServiceName: "kvrelay-global"
+      })
+    )
+  )
+}

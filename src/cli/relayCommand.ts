@@ -1,0 +1,78 @@
+/**
+ * `kvrelay relay`: discovery → relay host → HTTP API, until SIGINT/SIGTERM. Interruption closes
+ * the scopes in reverse: the HTTP server stops accepting and ends its streams, then the host
+ * withdraws every pool from the catalog and drains its actors, then discovery closes.
+ */
+
+import { randomBytes } from "node:crypto"
+import { NodeFileSystem } from "@effect/platform-node"
+import { Effect, Layer } from "effect"
+import type { DiscoveryConfig } from "../discovery/DiscoveryConfig.js"
+import { discoveryLayer } from "../discovery/index.js"
+import * as RelayHost from "../relay/RelayHost.js"
+import { KvDcRelay } from "../relay/RelayService.js"
+import * as RelayHttpServer from "../transport/http/RelayHttpServer.js"
+import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
+import { observabilityLayer, printListening } from "./runtime.js"
+import { type RelaySettings, splitAddress } from "./settings.js"
+
+/** A process-wide instance id (the Dynamo runtime's connection id); incarnations are per start. */
+const processInstanceId = (): bigint => randomBytes(8).readBigUInt64LE() & 0x7fff_ffff_ffff_ffffn
+
+export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig) =>
+  Effect.gen(function* () {
+    const relay = yield* KvDcRelay
+    const { host, port } = splitAddress(settings.http)
+    const address = yield* RelayHttpServer.serve(relay, {
+      host,
+      port,
+      limits: {
+        maxCatalogWatchers: settings.maxCatalogWatchers,
+        maxReadinessWatchers: settings.maxReadinessWatchers,
+        maxLoadWatchers: settings.maxLoadWatchers,
+        maxRequestBodyBytes: settings.maxRequestBodyBytes
+      }
+    })
+    yield* Effect.logInfo("KV DC relay serving").pipe(
+      Effect.annotateLogs({
+        url: address.url,
+        dc: settings.dcId,
+        dcId: relay.dcId.hex,
+        incarnation: String(relay.identity.relayIncarnation)
+      })
+    )
+    yield* printListening(address.url)
+    return yield* Effect.never
+  }).pipe(
+    Effect.scoped,
+    Effect.provide(
+      RelayHost.layer({
+        dcName: settings.dcId,
+        drtInstanceId: processInstanceId(),
+        eventTransport: makeZmqEventTransport(),
+        scope: {
+          namespaces: discovery.namespaces,
+          endpointPrefixes: discovery.endpointPrefixes,
+          watchAll: discovery.watchAll
+        },
+        expectedUniqueBlocks: settings.expectedUniqueBlocks,
+        publicationThreshold: settings.publicationThreshold,
+        publicationDelayMs: settings.publicationDelayMs,
+        recoveryAttemptTimeoutMs: settings.recoveryAttemptTimeoutMs,
+        publicationSource: { maxActiveStreams: settings.maxPoolStreams },
+        registry: {
+          maxInitializedPoolHubs: settings.maxInitializedPoolHubs,
+          publication: { maxSubscribers: settings.maxSubscribersPerPool }
+        }
+      }).pipe(Layer.provide(discoveryLayer(discovery)), Layer.provide(NodeFileSystem.layer))
+    ),
+    Effect.provide(
+      observabilityLayer({
+        logLevel: settings.logLevel,
+        otlp: settings.otlp,
+        env: process.env,
+        defaultServiceName: "kvrelay-relay",
+        attributes: { "kvrelay.dc": settings.dcId }
+      })
+    )
+  )
