@@ -453,6 +453,11 @@ export interface HubSubscription {
   readonly releaseSnapshot: () => void
   /** The next frame; LAGGED ⇒ `SubscriberLagged`, any other closure ⇒ `PublicationUnavailable`. */
   readonly recv: Effect.Effect<HubFrame, SubscriberLagged | PublicationUnavailable>
+  /**
+   * Every queued frame (at least one, waiting for it), in order. A writer that takes the whole
+   * backlog per wake-up keeps up with the actor's bursts; one frame per wake-up does not.
+   */
+  readonly recvAll: Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable>
   readonly closeReason: SubscriberCloseReason
   readonly queuedFrames: number
   readonly queuedBytes: number
@@ -541,13 +546,23 @@ class HubSubscriber implements HubSubscription {
     if (waiter !== undefined) waiter()
   }
 
-  readonly recv: Effect.Effect<HubFrame, SubscriberLagged | PublicationUnavailable> = Effect.async(
-    (resume) => {
+  readonly recv: Effect.Effect<HubFrame, SubscriberLagged | PublicationUnavailable> = Effect.map(
+    Effect.suspend(() => this.receive(1)),
+    (frames) => frames[0]!
+  )
+
+  readonly recvAll: Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable> =
+    Effect.suspend(() => this.receive(Number.POSITIVE_INFINITY))
+
+  private receive(
+    max: number
+  ): Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable> {
+    return Effect.async((resume) => {
       const attempt = (): boolean => {
-        const frame = this.frames.shift()
-        if (frame !== undefined) {
-          this.bytes -= frame.payload.length + FRAME_OVERHEAD_BYTES
-          resume(Effect.succeed(frame))
+        if (this.frames.length > 0) {
+          const taken = this.frames.length <= max ? this.frames.splice(0) : this.frames.splice(0, max)
+          for (const frame of taken) this.bytes -= frame.payload.length + FRAME_OVERHEAD_BYTES
+          resume(Effect.succeed(taken))
           return true
         }
         if (this.reason === "Lagged") {
@@ -574,8 +589,8 @@ class HubSubscriber implements HubSubscription {
       return Effect.sync(() => {
         if (this.waiter === waiter) this.waiter = undefined
       })
-    }
-  )
+    })
+  }
 
   readonly close: Effect.Effect<void> = Effect.sync(() => {
     this.shut("Retired")

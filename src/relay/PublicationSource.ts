@@ -13,7 +13,7 @@
  * Relay shutdown ends every stream silently.
  */
 
-import { Data, Deferred, Duration, Effect, Exit, Option, Queue, Scope, Stream } from "effect"
+import { Chunk, Data, Deferred, Duration, Effect, Exit, Option, Queue, Scope, Stream } from "effect"
 import { Cbi1Error, encodeCbi1Snapshot } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
 import type { PoolRegistry } from "./PoolRegistry.js"
@@ -233,26 +233,32 @@ export const make = (
           )
 
           let current = sequence
-          const nextDelta: Effect.Effect<PublicationFrame, PublicationError> = unlessRetired(
-            subscription.recv.pipe(Effect.mapError(publicationErrorOf))
+          // The whole backlog per wake-up: under a burst the actor publishes many deltas per turn,
+          // and a consumer that moved one frame per wake-up would fall behind and be lagged.
+          const nextDeltas: Effect.Effect<Chunk.Chunk<PublicationFrame>, PublicationError> = unlessRetired(
+            subscription.recvAll.pipe(Effect.mapError(publicationErrorOf))
           ).pipe(
-            Effect.flatMap((frame) => {
-              if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
-                const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
-                return Effect.zipRight(fence(expected, message), Effect.fail(invalid(message)))
+            Effect.flatMap((frames) => {
+              const out: Array<PublicationFrame> = []
+              for (const frame of frames) {
+                if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
+                  const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
+                  return Effect.zipRight(fence(expected, message), Effect.fail(invalid(message)))
+                }
+                current = frame.sequence
+                out.push({
+                  kind: "Delta",
+                  identity: expected,
+                  baseSequence: frame.baseSequence,
+                  sequence: frame.sequence,
+                  payload: frame.payload
+                })
               }
-              current = frame.sequence
-              return Effect.succeed<PublicationFrame>({
-                kind: "Delta",
-                identity: expected,
-                baseSequence: frame.baseSequence,
-                sequence: frame.sequence,
-                payload: frame.payload
-              })
+              return Effect.succeed(Chunk.unsafeFromArray(out))
             })
           )
 
-          return Stream.concat(Stream.repeatEffectOption(nextChunk), Stream.repeatEffect(nextDelta))
+          return Stream.concat(Stream.repeatEffectOption(nextChunk), Stream.repeatEffectChunk(nextDeltas))
         })
       )
 

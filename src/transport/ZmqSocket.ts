@@ -118,6 +118,23 @@ export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
   "topic"
 ]
 
+/**
+ * How long receive loops may run before the event loop gets a turn. Shared by every loop of the
+ * process: it bounds a whole turn, not one socket's share of it.
+ */
+const EVENT_LOOP_TURN_BUDGET_MS = 1
+let turnStartedAt = performance.now()
+const eventLoopTurn: Effect.Effect<void> = Effect.async<void>((resume) => {
+  const handle = setImmediate(() => {
+    turnStartedAt = performance.now()
+    resume(Effect.void)
+  })
+  return Effect.sync(() => clearImmediate(handle))
+})
+const yieldWhenTurnIsSpent: Effect.Effect<void> = Effect.suspend(() =>
+  performance.now() - turnStartedAt >= EVENT_LOOP_TURN_BUDGET_MS ? eventLoopTurn : Effect.void
+)
+
 /** One received message after decoding. */
 export type IngestMessage =
   | {
@@ -196,6 +213,11 @@ export const subscribe = (options: SubscriptionOptions): Effect.Effect<void, Zmq
           )
         )
       ),
+      // While messages are queued, `receive` resolves without ever returning to the event loop:
+      // a burst would then starve every socket write (pool streams fall behind and are lagged),
+      // timer and HTTP request of the process. A pool stream moves one hop per turn, so a long turn
+      // delays every delta: give the event loop a turn once the shared budget is spent.
+      Effect.zipLeft(yieldWhenTurnIsSpent),
       Effect.forever,
       Effect.catchAll((error) =>
         Effect.logDebug("subscription receive loop ended").pipe(

@@ -84,6 +84,9 @@ import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
 // ---------------------------------------------------------------------------------------------
 // Options
 
+/** Bytes a response buffers before its writer waits for the socket (one full CBI1 chunk frame). */
+const RESPONSE_HIGH_WATER_MARK = 4 * 1024 * 1024 + 4096
+
 export interface RelayHttpLimits {
   /** Catalog watchers at once (default 64). Pool streams are limited by the publication source. */
   readonly maxCatalogWatchers: number
@@ -532,7 +535,8 @@ const forward = <A, E>(
   handoff: Handoff<Take.Take<A, E>>
 ): Effect.Effect<void, never, Scope.Scope> =>
   stream.pipe(
-    Stream.runForEach((item) => handoff.offer(Take.of(item))),
+    // Whole chunks: a backlog the source delivers at once goes out in one write.
+    Stream.runForEachChunk((chunk) => handoff.offer(Take.chunk(chunk))),
     Effect.matchCauseEffect({
       onSuccess: () => handoff.offer(Take.end),
       onFailure: (cause) => handoff.offer(Take.failCause(cause))
@@ -796,12 +800,34 @@ const poolSubscribe: Handler = (ctx, request) =>
       Effect.map(Clock.currentTimeNanos, (nanos) =>
         Option.some(encodePoolFrame({ kind, baseSequence, sequence, sendTsUs: nanos / 1000n, payload }))
       )
-    const emit = (next: PublicationFrame) => {
-      if (next.kind === "SnapshotChunk") snapshotChunksLeft = Math.max(0, snapshotChunksLeft - 1)
-      else snapshotChunksLeft = 0
-      lastSequence = next.sequence
-      return frame(FRAME_KINDS[next.kind], next.baseSequence, next.sequence, next.payload)
-    }
+    /** Every pending frame in one buffer (one socket write for a whole backlog). */
+    const emitPending = Effect.map(Clock.currentTimeNanos, (nanos) => {
+      const sendTsUs = nanos / 1000n
+      const encoded: Array<Uint8Array> = []
+      let bytes = 0
+      for (const next of pending.splice(0)) {
+        if (next.kind === "SnapshotChunk") snapshotChunksLeft = Math.max(0, snapshotChunksLeft - 1)
+        else snapshotChunksLeft = 0
+        lastSequence = next.sequence
+        const one = encodePoolFrame({
+          kind: FRAME_KINDS[next.kind],
+          baseSequence: next.baseSequence,
+          sequence: next.sequence,
+          sendTsUs,
+          payload: next.payload
+        })
+        encoded.push(one)
+        bytes += one.length
+      }
+      if (encoded.length === 1) return Option.some(encoded[0]!)
+      const out = new Uint8Array(bytes)
+      let offset = 0
+      for (const one of encoded) {
+        out.set(one, offset)
+        offset += one.length
+      }
+      return Option.some(out)
+    })
     const terminal = (reason: ErrorReason, message: string) =>
       Effect.gen(function* () {
         done = true
@@ -816,8 +842,7 @@ const poolSubscribe: Handler = (ctx, request) =>
 
     const step: Effect.Effect<Option.Option<Uint8Array>> = Effect.gen(function* () {
       if (done) return Option.none()
-      const queued = pending.shift()
-      if (queued !== undefined) return yield* emit(queued)
+      if (pending.length > 0) return yield* emitPending
       // The heartbeat is armed only once every snapshot chunk went out.
       const got = yield* unlessShutdown(
         ctx,
@@ -842,8 +867,7 @@ const poolSubscribe: Handler = (ctx, request) =>
           }),
         onSuccess: (chunk) => {
           pending.push(...chunk)
-          const first = pending.shift()
-          return first === undefined ? Effect.succeed(Option.some(EMPTY)) : emit(first)
+          return pending.length === 0 ? Effect.succeed(Option.some(EMPTY)) : emitPending
         }
       })
     })
@@ -1130,7 +1154,10 @@ export const serve = (
 ): Effect.Effect<RelayHttpAddress, ServeError, Scope.Scope> =>
   Effect.gen(function* () {
     const { app, beginShutdown, inFlight } = yield* makeApp(relay, options)
-    const nodeServer = Http.createServer()
+    // A response may buffer one full snapshot chunk before the writer waits for `drain`: waiting
+    // needs an event-loop turn, and a delta burst arriving meanwhile would overflow the
+    // subscriber's 16-frame queue and lag a client that is reading perfectly well.
+    const nodeServer = Http.createServer({ highWaterMark: RESPONSE_HIGH_WATER_MARK })
     const server = yield* NodeHttpServer.make(() => nodeServer, {
       host: options.host ?? DEFAULT_RELAY_HTTP_HOST,
       port: options.port ?? DEFAULT_RELAY_HTTP_PORT
