@@ -1,0 +1,259 @@
+/**
+ * The global consumer's HTTP API (PROTOCOL §7) over a real server on 127.0.0.1 and `fetch`, with
+ * the consumer fed by scripted in-memory relays: routes, JSON shapes, and every error status.
+ */
+
+import { HttpServer } from "@effect/platform"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Layer, Logger, LogLevel, type Scope } from "effect"
+import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
+import { GlobalView, make as makeView } from "../../../src/consumer/GlobalView.js"
+import * as GlobalHttpServer from "../../../src/transport/http/GlobalHttpServer.js"
+import { eventually } from "../../consumer/consumerHarness.js"
+import { type FakePool, FakeRelay, fakeConnector } from "../../consumer/fakeRelay.js"
+
+const live = <A, E>(name: string, body: () => Effect.Effect<A, E, Scope.Scope>) =>
+  it.scopedLive(name, () => body().pipe(Logger.withMinimumLogLevel(LogLevel.Error)), 15_000)
+
+interface Reply {
+  readonly status: number
+  readonly headers: Headers
+  readonly text: string
+  readonly json: unknown
+}
+
+const call = (url: string, path: string, init?: RequestInit): Effect.Effect<Reply> =>
+  Effect.promise(async () => {
+    const response = await fetch(`${url}${path}`, init)
+    const text = await response.text()
+    let json: unknown
+    try {
+      json = JSON.parse(text)
+    } catch {
+      json = undefined
+    }
+    return { status: response.status, headers: response.headers, text, json }
+  })
+
+const post = (url: string, body: unknown) =>
+  call(url, "/v1/overlap", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: typeof body === "string" ? body : JSON.stringify(body)
+  })
+
+const hashes = [0x1111_2222_3333n, 0x4444_5555_6666n, 0x7777_8888_9999n]
+
+/** Relay "a" with one pool holding the first two hashes; optionally a second, never-ready relay. */
+const setup = (options: { readonly unreachablePool?: boolean } = {}) =>
+  Effect.gen(function* () {
+    const a = yield* FakeRelay.make("a", 1n)
+    const pool: FakePool = yield* a.addPool()
+    yield* pool.store(hashes.slice(0, 2))
+    if (options.unreachablePool === true) {
+      // Listed in the catalog, but its stream is refused: the lane never becomes ready.
+      a.pools.delete(pool.producer.key)
+    }
+    const consumer = yield* makeConsumer({ relays: [{ name: "a", url: "http://relay-a" }] }).pipe(
+      Effect.provide(fakeConnector(new Map([["http://relay-a", a]])))
+    )
+    const server = yield* Layer.build(
+      GlobalHttpServer.layer({ host: "127.0.0.1", port: 0, maxBodyBytes: 4096 }).pipe(
+        Layer.provide(
+          Layer.mergeAll(
+            Layer.succeed(GlobalConsumer, consumer),
+            Layer.succeed(GlobalView, makeView(consumer))
+          )
+        )
+      )
+    )
+    const url = yield* GlobalHttpServer.serverUrl.pipe(Effect.provide(server))
+    const address = (yield* HttpServer.HttpServer.pipe(Effect.provide(server))).address
+    yield* eventually(
+      "the domain is known",
+      Effect.sync(
+        () => consumer.domains().length === 1 && (options.unreachablePool === true || readyOf(consumer))
+      )
+    )
+    return { url, consumer, pool, address }
+  })
+
+const readyOf = (consumer: Effect.Effect.Success<ReturnType<typeof makeConsumer>>) =>
+  consumer.domains().some((d) => [...d.lanes.values()].some((l) => l.ready))
+
+const request = (blockHashes: ReadonlyArray<unknown>) => ({ namespace: "prod", model: "llama", blockHashes })
+
+describe("GlobalHttpServer", () => {
+  live("binds an ephemeral port and serves /healthz and /metrics", () =>
+    Effect.gen(function* () {
+      const { url, address } = yield* setup()
+      expect(address._tag === "TcpAddress" && address.port > 0).toBe(true)
+      expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
+      const health = yield* call(url, "/healthz")
+      expect([health.status, health.text]).toEqual([200, "ok"])
+      const metrics = yield* call(url, "/metrics")
+      expect(metrics.status).toBe(200)
+      expect(metrics.headers.get("content-type")).toMatch(/^text\/plain/)
+      expect(metrics.text).toMatch(/^# TYPE kvrelay_global_domains gauge$/m)
+      expect(metrics.text).toMatch(/kvrelay_global_lanes\{relay="a",state="ready"\} 1/)
+    })
+  )
+
+  live("GET /v1/domains lists lanes with u64 values as decimal text", () =>
+    Effect.gen(function* () {
+      const { url, pool } = yield* setup()
+      const reply = yield* call(url, "/v1/domains")
+      expect(reply.status).toBe(200)
+      expect(reply.headers.get("content-type")).toBe("application/json")
+      expect(reply.json).toEqual([
+        {
+          cacheSemantics: { digest: "01".repeat(16), source: "explicit" },
+          routingScope: { digest: "02".repeat(16), source: "explicit" },
+          querySemantics: { kvBlockSize: 16, hashFormat: "dynamo_standard_v1" },
+          lanes: [
+            {
+              lane: 0,
+              relay: "a",
+              poolId: {
+                identityVersion: 1,
+                cacheSemantics: { digest: "01".repeat(16), source: "explicit" },
+                routingScope: { digest: "02".repeat(16), source: "explicit" },
+                dcId: "0000000000000001"
+              },
+              producer: {
+                poolId: expect.any(Object),
+                producerIncarnation: "100",
+                layoutGeneration: "1",
+                format: {
+                  formatVersion: 1,
+                  seed: String(pool.producer.format.seed),
+                  bucketCount: pool.producer.format.bucketCount,
+                  fingerprintBits: 16,
+                  slotsPerBucket: 4
+                }
+              },
+              servingEndpoint: { namespace: "prod", component: "backend", endpoint: "generate" },
+              ready: true,
+              installedSequence: String(pool.sequence)
+            }
+          ]
+        }
+      ])
+    })
+  )
+
+  live("POST /v1/overlap answers by model and by pool domain; u64 as text or a number ≤ 2^53", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const byModel = yield* post(url, request([String(hashes[0]), Number(hashes[1]), String(hashes[2])]))
+      expect(byModel.status).toBe(200)
+      expect(byModel.json).toEqual({
+        results: [
+          {
+            relay: "a",
+            lane: 0,
+            poolId: expect.objectContaining({ dcId: "0000000000000001" }),
+            servingEndpoint: { namespace: "prod", component: "backend", endpoint: "generate" },
+            prefixDepth: 2,
+            matchedTokens: 32
+          }
+        ]
+      })
+      const byDomain = yield* post(url, {
+        poolDomain: {
+          cacheSemantics: { digest: "01".repeat(16), source: "explicit" },
+          routingScope: { digest: "02".repeat(16), source: "explicit" }
+        },
+        blockHashes: [String(hashes[0])]
+      })
+      expect(byDomain.status).toBe(200)
+      expect((byDomain.json as { results: Array<{ prefixDepth: number }> }).results[0]!.prefixDepth).toBe(1)
+      const empty = yield* post(url, request([]))
+      expect(empty.status).toBe(200)
+      expect((empty.json as { results: Array<{ prefixDepth: number }> }).results[0]!.prefixDepth).toBe(0)
+      expect((yield* post(url, request([2 ** 53]))).status).toBe(200)
+    })
+  )
+
+  live("malformed bodies, unknown fields and bad hashes are 400 INVALID_REQUEST", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const bad: Array<[unknown, RegExp]> = [
+        ["{", /invalid JSON/],
+        ["[]", /JSON object/],
+        [{ namespace: "prod", model: "llama" }, /missing field "blockHashes"/],
+        [{ ...request(["1"]), extra: true }, /unknown field "extra"/],
+        [request(["-1"]), /blockHashes\[0\]/],
+        [request(["0123"]), /canonical decimal/],
+        [request(["18446744073709551616"]), /u64/],
+        [request([2 ** 53 + 2]), /2\^53/],
+        [request([1.5]), /integer/],
+        [request([null]), /blockHashes\[0\]/],
+        [{ namespace: "", model: "llama", blockHashes: [] }, /namespace/],
+        [{ namespace: "prod", model: " llama", blockHashes: [] }, /model/],
+        [
+          { poolDomain: { cacheSemantics: { digest: "zz", source: "explicit" } }, blockHashes: [] },
+          /digest|routingScope/
+        ],
+        [
+          {
+            poolDomain: {
+              cacheSemantics: { digest: "01".repeat(16), source: "explicit", x: 1 },
+              routingScope: { digest: "02".repeat(16), source: "explicit" }
+            },
+            blockHashes: []
+          },
+          /unknown field "poolDomain.cacheSemantics.x"/
+        ]
+      ]
+      for (const [body, message] of bad) {
+        const reply = yield* post(url, body)
+        expect(reply.status, JSON.stringify(body)).toBe(400)
+        expect(reply.json).toEqual({ reason: "INVALID_REQUEST", message: expect.stringMatching(message) })
+      }
+    })
+  )
+
+  live("a body over the limit is 413; wrong methods are 405; unknown paths are 404", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const large = yield* post(
+        url,
+        request(Array.from({ length: 400 }, (_, i) => String(10n ** 18n + BigInt(i))))
+      )
+      expect(large.status).toBe(413)
+      expect(large.json).toMatchObject({ reason: "INVALID_REQUEST" })
+      const wrong = yield* call(url, "/v1/overlap")
+      expect(wrong.status).toBe(405)
+      expect(wrong.headers.get("allow")).toBe("POST")
+      expect((yield* call(url, "/v1/domains", { method: "POST" })).status).toBe(405)
+      const missing = yield* call(url, "/v1/nothing")
+      expect(missing.status).toBe(404)
+      expect(missing.json).toMatchObject({ reason: "INVALID_REQUEST" })
+    })
+  )
+
+  live("no matching domain is 404; matching domains without a ready lane are 503", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const otherModel = yield* post(url, { namespace: "prod", model: "mistral", blockHashes: ["1"] })
+      expect(otherModel.status).toBe(404)
+      expect(otherModel.json).toMatchObject({ reason: "POOL_NOT_FOUND" })
+      const otherNamespace = yield* post(url, { namespace: "dev", model: "llama", blockHashes: ["1"] })
+      expect(otherNamespace.status).toBe(404)
+      const otherDomain = yield* post(url, {
+        poolDomain: {
+          cacheSemantics: { digest: "01".repeat(16), source: "default_derived" },
+          routingScope: { digest: "02".repeat(16), source: "explicit" }
+        },
+        blockHashes: ["1"]
+      })
+      expect(otherDomain.status).toBe(404)
+
+      const down = yield* setup({ unreachablePool: true })
+      const unavailable = yield* post(down.url, request(["1"]))
+      expect(unavailable.status).toBe(503)
+      expect(unavailable.json).toMatchObject({ reason: "PUBLICATION_UNAVAILABLE" })
+    })
+  )
+})
