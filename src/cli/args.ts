@@ -118,21 +118,40 @@ export const decodeSettings = <A, I>(
   Either.mapLeft(
     Schema.decodeUnknownEither(schema, { errors: "all", onExcessProperty: "error" })(merged),
     (error) => {
-      const issues = ParseResult.ArrayFormatter.formatErrorSync(error)
-      const problems = issues.map((issue) => {
-        const key = issue.path.length > 0 ? String(issue.path[0]) : undefined
-        const where = key === undefined ? "settings" : flagOf(key)
-        const message =
-          issue._tag === "Unexpected"
-            ? "unknown setting"
-            : issue._tag === "Missing"
-              ? "is required"
-              : issue.message
-        return `${where}: ${message}`
-      })
+      // A defaulted or union-typed setting reports every alternative it failed ("Expected
+      // undefined, actual …", one "Expected <member>" per literal): one line per setting keeps
+      // the cause, or merges the alternatives.
+      const bySetting = new Map<string, Array<ParseResult.ArrayFormatterIssue>>()
+      for (const issue of ParseResult.ArrayFormatter.formatErrorSync(error)) {
+        const key = issue.path.length > 0 ? String(issue.path[0]) : ""
+        bySetting.set(key, [...(bySetting.get(key) ?? []), issue])
+      }
+      const problems: Array<string> = []
+      for (const [key, issues] of bySetting) {
+        const where = key === "" ? "settings" : flagOf(key)
+        const relevant = issues.filter((issue) => !OPTIONAL_MISMATCH.test(issue.message))
+        const kept = relevant.length > 0 ? relevant : issues
+        const causes = kept.filter((issue) => issue._tag !== "Type")
+        if (causes.length > 0) {
+          for (const issue of causes) problems.push(`${where}: ${issueText(issue)}`)
+          continue
+        }
+        const mismatches = kept.map((issue) => TYPE_MISMATCH.exec(issue.message))
+        problems.push(
+          mismatches.every((m) => m !== null)
+            ? `${where}: expected ${mismatches.map((m) => m![1]).join(" | ")}, got ${mismatches[0]![2]}`
+            : `${where}: ${kept[0]!.message}`
+        )
+      }
       return new UsageError([...new Set(problems)])
     }
   )
+
+const OPTIONAL_MISMATCH = /^Expected (undefined|null), actual /
+const TYPE_MISMATCH = /^Expected ([\s\S]+), actual ([\s\S]+)$/
+
+const issueText = (issue: ParseResult.ArrayFormatterIssue): string =>
+  issue._tag === "Unexpected" ? "unknown setting" : issue._tag === "Missing" ? "is required" : issue.message
 
 // ---------------------------------------------------------------------------------------------
 // Reusable field schemas (inputs are strings from flags/environment or JSON values from a file)

@@ -1,0 +1,181 @@
+/**
+ * End to end (issue 6): the `kvrelay` command line as a user meets it (PROTOCOL.md §1). Help
+ * exits 0; invalid settings exit 2 with exactly one stderr line per problem, naming its flag,
+ * whether the value came from a flag, a `KVRELAY_*` variable or a `--config` file; a missing or
+ * invalid discovery document fails startup with a message naming it.
+ */
+
+import { accessSync, constants, readFileSync, writeFileSync } from "node:fs"
+import { join } from "node:path"
+import { afterAll, describe, expect, it } from "vitest"
+import {
+  BIN,
+  type CliResult,
+  cleanup,
+  DiscoveryFile,
+  ROOT,
+  runKvrelay,
+  tempDir
+} from "./relayProcessHarness.js"
+
+afterAll(() => cleanup())
+
+/** The problem lines of a usage failure (without the trailing "Run … --help" hint). */
+const problems = (result: CliResult, command: string): Array<string> => {
+  const lines = result.stderr.trim().split("\n")
+  expect(lines.at(-1)).toBe(`Run \`kvrelay ${command} --help\` for the options.`)
+  return lines.slice(0, -1)
+}
+
+const expectUsageFailure = (result: CliResult, command: string, expected: ReadonlyArray<RegExp>) => {
+  expect(result.code).toBe(2)
+  expect(result.stdout).toBe("")
+  const lines = problems(result, command)
+  expect(lines, result.stderr).toHaveLength(expected.length)
+  for (const [i, pattern] of expected.entries()) expect(lines[i]).toMatch(pattern)
+  for (const line of lines) expect(line).toMatch(new RegExp(`^kvrelay ${command}: --[a-z-]+: `))
+}
+
+describe.concurrent("kvrelay command line", () => {
+  for (const command of ["relay", "global", "demo", "bench"]) {
+    it(`kvrelay ${command} --help exits 0 and lists the options`, async () => {
+      const result = await runKvrelay([command, "--help"])
+      expect(result.code).toBe(0)
+      expect(result.stderr).toBe("")
+      expect(result.stdout).toContain(`kvrelay ${command}`)
+      expect(result.stdout).toContain("Options:")
+      if (command === "relay") {
+        for (const flag of ["--dc-id", "--discovery", "--http", "--publication-threshold"]) {
+          expect(result.stdout).toContain(flag)
+        }
+        expect(result.stdout).toContain("KVRELAY_DC_ID")
+      }
+      if (command === "global") expect(result.stdout).toContain("--relay")
+    })
+  }
+
+  it("the package's kvrelay bin (what `npx kvrelay` runs) prints the commands and exits 0", async () => {
+    // `npx kvrelay` with a cold npm cache installs this package, whose `prepare` rebuilds dist/
+    // under the other tests' feet: the test runs the bin the way npx's link does instead.
+    const manifest = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as {
+      bin: Record<string, string>
+    }
+    expect(manifest.bin).toEqual({ kvrelay: "bin/kvrelay.js" })
+    expect(readFileSync(BIN, "utf8").split("\n")[0]).toBe("#!/usr/bin/env node")
+    accessSync(BIN, constants.X_OK)
+    const result = await runKvrelay(["--help"], { asBin: true })
+    expect(result.code).toBe(0)
+    const stdout = result.stdout
+    expect(stdout).toContain("kvrelay <command>")
+    for (const command of ["relay", "global", "demo", "bench"]) expect(stdout).toContain(`  ${command} `)
+  })
+
+  it("an unknown command exits 2", async () => {
+    const result = await runKvrelay(["frobnicate"])
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain('unknown command "frobnicate"')
+  })
+
+  it("a missing --dc-id is reported by its flag", async () => {
+    expectUsageFailure(await runKvrelay(["relay"]), "relay", [/^kvrelay relay: --dc-id: is required$/])
+  })
+
+  it("every invalid setting gives one line naming its flag, from flags, KVRELAY_* and --config alike", async () => {
+    const config = join(tempDir(), "relay.json")
+    writeFileSync(config, JSON.stringify({ dcId: "from-file", colour: "blue" }))
+    const result = await runKvrelay(
+      [
+        "relay",
+        "--config",
+        config,
+        "--dc-id",
+        " padded ",
+        "--publication-threshold",
+        "0",
+        "--http",
+        "nowhere",
+        "--log-level",
+        "loud",
+        "--expected-unique-blocks",
+        "8"
+      ],
+      // The flag wins over its variable: the bad KVRELAY_EXPECTED_UNIQUE_BLOCKS is not reported.
+      { env: { KVRELAY_PUBLICATION_DELAY_MS: "soon", KVRELAY_EXPECTED_UNIQUE_BLOCKS: "0" } }
+    )
+    expect(result.code).toBe(2)
+    expect(result.stdout).toBe("")
+    const lines = problems(result, "relay")
+    const byFlag = (flag: string) => lines.filter((l) => l.startsWith(`kvrelay relay: ${flag}: `))
+    expect(byFlag("--dc-id")).toEqual([
+      "kvrelay relay: --dc-id: must not have leading or trailing whitespace"
+    ])
+    expect(byFlag("--publication-threshold")).toEqual([
+      "kvrelay relay: --publication-threshold: expected a positive integer, got 0"
+    ])
+    expect(byFlag("--http")).toEqual(['kvrelay relay: --http: expected HOST:PORT, got "nowhere"'])
+    expect(byFlag("--log-level")).toEqual([
+      'kvrelay relay: --log-level: expected "trace" | "debug" | "info" | "warning" | "error" | "fatal" | "none", got "loud"'
+    ])
+    expect(byFlag("--publication-delay-ms")).toHaveLength(1)
+    expect(byFlag("--publication-delay-ms")[0]).toContain('"soon"')
+    expect(byFlag("--colour")).toEqual(["kvrelay relay: --colour: unknown setting"])
+    expect(lines, result.stderr).toHaveLength(6)
+  })
+
+  it("an unknown flag is named", async () => {
+    expectUsageFailure(await runKvrelay(["relay", "--dc-id", "dc", "--no-such-flag"]), "relay", [
+      /^kvrelay relay: --no-such-flag: unknown flag for kvrelay relay$/
+    ])
+  })
+
+  it("an invalid --discovery backend is named", async () => {
+    expectUsageFailure(await runKvrelay(["relay", "--dc-id", "dc", "--discovery", "zookeeper:x"]), "relay", [
+      /^kvrelay relay: --discovery: /
+    ])
+  })
+
+  it("kvrelay global without --relay exits 2 naming --relay", async () => {
+    expectUsageFailure(await runKvrelay(["global"]), "global", [/^kvrelay global: --relay: is required$/])
+  })
+
+  it("a missing discovery file fails startup, naming it", async () => {
+    const missing = join(tempDir(), "absent.json")
+    const result = await runKvrelay([
+      "relay",
+      "--dc-id",
+      "dc",
+      "--discovery",
+      `file:${missing}`,
+      "--http",
+      "127.0.0.1:0"
+    ])
+    expect(result.code).not.toBe(0)
+    expect(result.code).not.toBeNull()
+    expect(result.stdout).not.toContain('"listening"')
+    expect(result.stderr).toContain(missing)
+    expect(result.stderr).toMatch(/cannot read/)
+  })
+
+  it("an invalid discovery document fails startup, naming the problem", async () => {
+    const invalid = new DiscoveryFile()
+    invalid.write({ version: 1, cards: [{ namespace: "prod", bogus: true }], sources: [] })
+    const notJson = new DiscoveryFile()
+    notJson.write("{ this is not json")
+    const [first, second] = await Promise.all(
+      [invalid, notJson].map((file) =>
+        runKvrelay(["relay", "--dc-id", "dc", "--discovery", file.spec, "--http", "127.0.0.1:0"])
+      )
+    )
+    for (const [result, file] of [
+      [first!, invalid],
+      [second!, notJson]
+    ] as const) {
+      expect(result.code).not.toBe(0)
+      expect(result.code).not.toBeNull()
+      expect(result.stdout).not.toContain('"listening"')
+      expect(result.stderr).toContain(file.path)
+      expect(result.stderr).toMatch(/invalid/)
+    }
+    expect(first!.stderr).toContain("bogus")
+  })
+})
