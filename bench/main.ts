@@ -16,6 +16,8 @@ import {
   benchProducerApply,
   benchReplaceRanks
 } from "./ckf.js"
+import { benchEndToEnd } from "./e2e.js"
+import { benchGlobal } from "./global.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
@@ -41,7 +43,9 @@ const suites: ReadonlyArray<Suite> = [
   ["pool_actor", benchActor],
   ["hub_fanout", benchHubFanout],
   ["zmq_ingest", benchZmqIngest],
-  ["membership", benchMembershipChurn]
+  ["membership", benchMembershipChurn],
+  ["global", benchGlobal],
+  ["e2e", benchEndToEnd]
 ]
 
 /** Repository root: bench/ compiles to dist/bench/, so the root is two levels up from there. */

@@ -1,0 +1,445 @@
+/**
+ * End to end: simulated workers (ZeroMQ PUB sockets in this process) → a `kvrelay relay` child
+ * process → one HTTP pool-stream subscriber in this process.
+ *
+ * - Sustained blocks/s: a fixed burst of 8-block Stored events, timed from the first send until
+ *   the subscriber has received the delta that covers the relay's final publication sequence
+ *   (every block applied, published and on the wire). Queues are deep enough that nothing drops.
+ * - p99 event → delta-on-the-wire latency at half that rate: probe events are sent every 50 ms
+ *   among paced traffic; a probe is seen when a delta carries its fingerprint in bucket a or b.
+ * - Both with tracing off and with OTLP export on (to a receiver in this process), so the cost of
+ *   tracing is a same-run ratio; and against the in-process actor figure of the same run.
+ */
+
+import { type ChildProcess, spawn } from "node:child_process"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { createServer, request } from "node:http"
+import type { AddressInfo } from "node:net"
+import { tmpdir } from "node:os"
+import { dirname, join } from "node:path"
+import { performance } from "node:perf_hooks"
+import { fileURLToPath } from "node:url"
+import * as zmq from "zeromq"
+import { CkfAddressing, DEFAULT_SEED } from "../src/ckf/addressing.js"
+import { bucketCountFor } from "../src/ckf/config.js"
+import type { RouterEvent } from "../src/domain/events.js"
+import { encodeDynamoMessage, KV_EVENT_TOPIC } from "../src/transport/DynamoZmq.js"
+import { type BenchContext, HashStream, percentile, record } from "./harness.js"
+
+const BLOCKS = 8
+const EXPECTED_BLOCKS = 1_048_576
+
+const repoRoot = (): string => {
+  const here = dirname(fileURLToPath(import.meta.url))
+  return here.endsWith(join("dist", "bench")) ? join(here, "..", "..") : join(here, "..")
+}
+
+interface Worker {
+  readonly socket: zmq.Publisher
+  readonly endpoint: string
+  readonly workerId: string
+  readonly publisherId: bigint
+  eventId: number
+  sequence: number
+}
+
+const makeWorkers = async (count: number): Promise<Array<Worker>> => {
+  const workers: Array<Worker> = []
+  for (let i = 0; i < count; i++) {
+    // Deep send queue: the burst must be delivered, not dropped at the high-water mark.
+    const socket = new zmq.Publisher({ sendHighWaterMark: 2_000_000, linger: 0 })
+    await socket.bind("tcp://127.0.0.1:*")
+    workers.push({
+      socket,
+      endpoint: socket.lastEndpoint!,
+      workerId: String(9000 + i),
+      publisherId: BigInt(1000 + i),
+      eventId: 1,
+      sequence: 0
+    })
+  }
+  return workers
+}
+
+const storedFrames = (worker: Worker, hashes: Uint32Array): Array<Buffer> => {
+  const event: RouterEvent = {
+    workerId: worker.workerId,
+    dpRank: 0,
+    eventId: worker.eventId++,
+    storageTier: "device",
+    data: {
+      _tag: "Stored",
+      blockHashes: hashes,
+      tokensHashes: hashes,
+      parentHash: undefined,
+      startPosition: undefined
+    }
+  }
+  return encodeDynamoMessage({
+    topic: KV_EVENT_TOPIC,
+    publisherId: worker.publisherId,
+    sequence: worker.sequence++,
+    publishedAtMs: Date.now(),
+    events: [event]
+  })
+}
+
+const discoveryDocument = (workers: ReadonlyArray<Worker>) => ({
+  version: 1,
+  cards: workers.map((w) => ({
+    namespace: "bench",
+    component: "backend",
+    endpoint: "generate",
+    instanceId: w.workerId,
+    modelSuffix: null,
+    card: { name: "bench-model", sourcePath: "bench/model", kvCacheBlockSize: 16 }
+  })),
+  sources: workers.map((w) => ({
+    kvStateEndpoint: "bench.backend.generate",
+    workerId: w.workerId,
+    dpRank: 0,
+    publisherId: String(w.publisherId),
+    transport: { kind: "dynamo-zmq", endpoint: w.endpoint, topic: KV_EVENT_TOPIC },
+    recoveryTarget: null
+  }))
+})
+
+interface Relay {
+  readonly child: ChildProcess
+  readonly url: string
+}
+
+const startRelay = (discoveryPath: string, otlp: string | undefined): Promise<Relay> =>
+  new Promise((resolve, reject) => {
+    const args = [
+      join(repoRoot(), "bin", "kvrelay.js"),
+      "relay",
+      "--dc-id",
+      "bench",
+      "--discovery",
+      `file:${discoveryPath}`,
+      "--http",
+      "127.0.0.1:0",
+      "--expected-unique-blocks",
+      String(EXPECTED_BLOCKS),
+      "--log-level",
+      "error"
+    ]
+    if (otlp !== undefined) args.push("--otlp", otlp)
+    const nodeArgs =
+      process.env["KVRELAY_BENCH_RELAY_NODE_ARGS"]?.split(" ").filter((a) => a.length > 0) ?? []
+    const child = spawn(process.execPath, [...nodeArgs, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    let stdout = ""
+    let stderr = ""
+    const timer = setTimeout(() => reject(new Error(`relay did not start: ${stderr}`)), 20_000)
+    child.stderr!.on("data", (chunk: Buffer) => {
+      stderr += chunk.toString()
+    })
+    // An interrupted bench must not leave its relay running.
+    const killOnExit = () => child.kill("SIGKILL")
+    process.once("exit", killOnExit)
+    child.once("exit", () => process.removeListener("exit", killOnExit))
+    child.stdout!.on("data", (chunk: Buffer) => {
+      stdout += chunk.toString()
+      const line = stdout.split("\n").find((l) => l.includes('"listening"'))
+      if (line !== undefined) {
+        clearTimeout(timer)
+        resolve({ child, url: (JSON.parse(line) as { url: string }).url })
+      }
+    })
+    child.on("exit", (code) => reject(new Error(`relay exited with ${code}: ${stderr}`)))
+  })
+
+const stopRelay = (relay: Relay): Promise<void> =>
+  new Promise((resolve) => {
+    if (relay.child.exitCode !== null) return resolve()
+    relay.child.once("exit", () => resolve())
+    relay.child.kill("SIGTERM")
+    setTimeout(() => relay.child.kill("SIGKILL"), 5000).unref()
+  })
+
+const getJson = async <A>(url: string): Promise<A> => (await (await fetch(url)).json()) as A
+
+interface CatalogJson {
+  readonly pools: ReadonlyArray<{ readonly producer: unknown }>
+}
+interface StatsJson {
+  readonly endpoints: ReadonlyArray<{
+    readonly publication: { readonly sequence: string } | null
+    readonly aggregation: { readonly members: ReadonlyArray<unknown> } | null
+  }>
+}
+
+const until = async (what: string, check: () => Promise<boolean>, timeoutMs = 30_000): Promise<void> => {
+  const deadline = performance.now() + timeoutMs
+  while (!(await check())) {
+    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 20))
+  }
+}
+
+/** A pool-stream subscriber decoding frames (PROTOCOL §5) and delta images (CBI1 §6). */
+class Subscriber {
+  lastSequence = 0n
+  deltas = 0
+  terminal: string | undefined
+  private buffer: Buffer = Buffer.alloc(0)
+  private readonly waiters: Array<(images: Uint32Array, at: number) => void> = []
+  private closeRequest: (() => void) | undefined
+
+  constructor(url: string, producer: unknown) {
+    const body = JSON.stringify({ subscriberId: "bench", expectedProducer: producer })
+    const req = request(`${url}/v1/pools/subscribe`, {
+      method: "POST",
+      headers: { "content-type": "application/json" }
+    })
+    req.on("response", (res) => {
+      res.on("data", (chunk: Buffer) => this.push(chunk))
+    })
+    req.on("error", () => undefined)
+    req.end(body)
+    this.closeRequest = () => req.destroy()
+  }
+
+  onDelta(listener: (images: Uint32Array, at: number) => void): void {
+    this.waiters.push(listener)
+  }
+
+  close(): void {
+    this.closeRequest?.()
+  }
+
+  private push(chunk: Buffer): void {
+    const at = performance.now()
+    this.buffer = this.buffer.length === 0 ? chunk : Buffer.concat([this.buffer, chunk])
+    while (this.buffer.length >= 4) {
+      const size = this.buffer.readUInt32LE(0)
+      if (this.buffer.length < 4 + size) break
+      const kind = this.buffer[4]
+      const sequence = this.buffer.readBigUInt64LE(13)
+      const payload = this.buffer.subarray(29, 4 + size)
+      if (kind === 2) {
+        // CBI1 delta body after the 48-byte header: base u64, count u32, count × (bucket u32, word u64).
+        const count = payload.readUInt32LE(48 + 8)
+        const images = new Uint32Array(count * 3)
+        for (let i = 0; i < count; i++) {
+          const o = 48 + 12 + 12 * i
+          images[3 * i] = payload.readUInt32LE(o)
+          images[3 * i + 1] = payload.readUInt32LE(o + 4)
+          images[3 * i + 2] = payload.readUInt32LE(o + 8)
+        }
+        this.deltas++
+        this.lastSequence = sequence
+        for (const listener of this.waiters) listener(images, at)
+      } else if (kind === 1 || kind === 3) {
+        this.lastSequence = sequence
+      } else if (kind === 4) {
+        this.terminal = payload.toString("utf8")
+      }
+      this.buffer = this.buffer.subarray(4 + size)
+    }
+  }
+}
+
+interface PhaseResult {
+  readonly blocksPerSecond: number
+  readonly p50Ms: number
+  readonly p99Ms: number
+}
+
+const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<PhaseResult> => {
+  const dir = mkdtempSync(join(tmpdir(), "kvrelay-bench-e2e-"))
+  const workers = await makeWorkers(4)
+  const discoveryPath = join(dir, "discovery.json")
+  writeFileSync(discoveryPath, JSON.stringify(discoveryDocument(workers)))
+  const relay = await startRelay(discoveryPath, otlp)
+  let subscriber: Subscriber | undefined
+  try {
+    // The pool appears once the workers' sources are connected; a first event per worker binds
+    // its rank (live-only sources apply their first event directly).
+    await until(
+      "the relay's pool",
+      async () => (await getJson<CatalogJson>(`${relay.url}/v1/catalog`)).pools.length > 0
+    )
+    const catalog = await getJson<CatalogJson>(`${relay.url}/v1/catalog`)
+    subscriber = new Subscriber(relay.url, catalog.pools[0]!.producer)
+    const stream = new HashStream(otlp === undefined ? 11 : 13)
+    const batch = () => {
+      const hashes = new Uint32Array(2 * BLOCKS)
+      for (let i = 0; i < BLOCKS; i++) stream.next(hashes, 2 * i)
+      return hashes
+    }
+    for (const w of workers) await w.socket.send(storedFrames(w, batch()))
+    await until("every rank in the pool", async () => {
+      const stats = await getJson<StatsJson>(`${relay.url}/v1/stats`)
+      return (stats.endpoints[0]?.aggregation?.members.length ?? 0) === workers.length
+    })
+
+    // Probes: events whose first block is watched for on the wire (its fingerprint in a delta
+    // image of bucket a or b). Each rank's events are applied in order, so a probe sent last by
+    // every worker marks the end of a burst without polling the relay (a stats request would
+    // itself compete with the ingest being measured).
+    const addressing = new CkfAddressing(DEFAULT_SEED, bucketCountFor(EXPECTED_BLOCKS))
+    const pending = new Map<number, { fp: number; a: number; b: number; sentAt: number }>()
+    const latencies: Array<number> = []
+    subscriber.onDelta((images, at) => {
+      if (pending.size === 0) return
+      for (let i = 0; i < images.length; i += 3) {
+        const bucket = images[i]!
+        for (const [id, probe] of pending) {
+          if (bucket !== probe.a && bucket !== probe.b) continue
+          const lo = images[i + 1]!
+          const hi = images[i + 2]!
+          const fp = probe.fp
+          if ((lo & 0xffff) === fp || lo >>> 16 === fp || (hi & 0xffff) === fp || hi >>> 16 === fp) {
+            latencies.push(at - probe.sentAt)
+            pending.delete(id)
+          }
+        }
+      }
+    })
+    let probeId = 0
+    const probe = (w: Worker): Array<Buffer> => {
+      const hashes = batch()
+      addressing.prepareHalves(hashes[0]!, hashes[1]!)
+      pending.set(probeId++, {
+        fp: addressing.fp,
+        a: addressing.a,
+        b: addressing.b,
+        sentAt: performance.now()
+      })
+      return storedFrames(w, hashes)
+    }
+
+    // Peak: a burst well inside the filter's capacity (load ≤ 0.4 at the end).
+    const perWorker = ctx.quick ? 2_000 : 8_000
+    const frames = workers.map((w) => Array.from({ length: perWorker }, () => storedFrames(w, batch())))
+    const start = performance.now()
+    // The subscriber shares this process: yield to the event loop now and then, or its socket is
+    // never read while the publishers send (a real consumer runs elsewhere).
+    await Promise.all(
+      workers.map(async (w, i) => {
+        let n = 0
+        for (const f of frames[i]!) {
+          await w.socket.send(f)
+          if (++n % 32 === 0) await new Promise((r) => setImmediate(r))
+        }
+        await w.socket.send(probe(w))
+      })
+    )
+    const sentIn = performance.now() - start
+    await until(
+      "the burst on the wire",
+      async () => {
+        // A lagged stream never shows the probes: say so now rather than at the timeout.
+        if (subscriber!.terminal !== undefined)
+          throw new Error(`the pool stream ended during the burst: ${subscriber!.terminal}`)
+        return pending.size === 0
+      },
+      120_000
+    )
+    const blocksPerSecond = (workers.length * (perWorker + 1) * BLOCKS) / ((performance.now() - start) / 1000)
+    latencies.length = 0
+
+    // Latency at half the peak: paced traffic, a probe every 50 ms.
+    const rate = blocksPerSecond / 2
+    const durationMs = ctx.quick ? 2_000 : 6_000
+    const tickMs = 10
+    const batchesPerTick = Math.max(1, Math.round((rate * tickMs) / 1000 / BLOCKS))
+    const paceStart = performance.now()
+    let nextProbe = paceStart
+    for (let tick = 0; performance.now() - paceStart < durationMs; tick++) {
+      const wait = paceStart + tick * tickMs - performance.now()
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait))
+      for (let k = 0; k < batchesPerTick; k++) {
+        const w = workers[(tick * batchesPerTick + k) % workers.length]!
+        if (k === 0 && performance.now() >= nextProbe) {
+          nextProbe += 50
+          await w.socket.send(probe(w))
+        } else await w.socket.send(storedFrames(w, batch()))
+      }
+    }
+    await until("the last probes", async () => pending.size === 0, 10_000).catch(() => undefined)
+    latencies.sort((a, b) => a - b)
+    ctx.log(
+      `  e2e ${otlp === undefined ? "tracing off" : "tracing on "}: ${Math.round(blocksPerSecond).toLocaleString("en-US")} blocks/s peak; ` +
+        `(publishers done in ${Math.round(sentIn)} ms); ` +
+        `at ${Math.round(rate).toLocaleString("en-US")} blocks/s: ${latencies.length} probes, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms, ${pending.size} unseen`
+    )
+    return { blocksPerSecond, p50Ms: percentile(latencies, 50), p99Ms: percentile(latencies, 99) }
+  } finally {
+    subscriber?.close()
+    await stopRelay(relay)
+    for (const w of workers) w.socket.close()
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+/** An OTLP/HTTP receiver that accepts and discards spans (the collector's cost is not ours). */
+const startOtlpSink = (): Promise<{
+  readonly url: string
+  readonly close: () => void
+  readonly requests: () => number
+}> =>
+  new Promise((resolve) => {
+    let requests = 0
+    const server = createServer((req, res) => {
+      requests++
+      req.resume()
+      req.on("end", () => {
+        res.writeHead(200, { "content-type": "application/json" })
+        res.end("{}")
+      })
+    })
+    server.listen(0, "127.0.0.1", () =>
+      resolve({
+        url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+        close: () => server.close(),
+        requests: () => requests
+      })
+    )
+  })
+
+export const benchEndToEnd = async (ctx: BenchContext): Promise<void> => {
+  const off = await runPhase(ctx, undefined)
+  const sink = await startOtlpSink()
+  let on: PhaseResult
+  try {
+    on = await runPhase(ctx, sink.url)
+  } finally {
+    sink.close()
+  }
+  const actor = ctx.results.find((r) => r.name === "actor_admit_blocks")
+  record(
+    ctx,
+    "e2e_relay_blocks",
+    "blocks/s",
+    off.blocksPerSecond,
+    actor?.value ?? null,
+    "workers → relay process → HTTP subscriber; baseline = in-process actor admit (same run)"
+  )
+  record(
+    ctx,
+    "e2e_relay_blocks_tracing_on",
+    "blocks/s",
+    on.blocksPerSecond,
+    off.blocksPerSecond,
+    `OTLP export on (${sink.requests()} export requests); target ratio ≥ 0.9`
+  )
+  record(
+    ctx,
+    "e2e_event_to_wire_p99",
+    "ms",
+    off.p99Ms,
+    off.p50Ms,
+    "at half of peak, tracing off; baseline = p50"
+  )
+  record(
+    ctx,
+    "e2e_event_to_wire_p99_tracing_on",
+    "ms",
+    on.p99Ms,
+    off.p99Ms,
+    "at half of peak, tracing on; baseline = p99 tracing off"
+  )
+}
