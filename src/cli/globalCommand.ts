@@ -5,7 +5,7 @@
 
 import { Effect } from "effect"
 import * as GlobalHttpServer from "../transport/http/GlobalHttpServer.js"
-import { observabilityLayer, printListening } from "./runtime.js"
+import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
 import { type GlobalSettings, splitAddress, splitRelayTarget } from "./settings.js"
 
 export const globalProgram = (settings: GlobalSettings) => {
@@ -24,6 +24,18 @@ export const globalProgram = (settings: GlobalSettings) => {
         { host, port, maxBodyBytes: settings.maxRequestBodyBytes }
       )
     ),
+    Effect.catchTags({
+      ServeError: (error) =>
+        Effect.fail(
+          new StartupProblem({
+            flag: "--http",
+            reason: `cannot listen on ${settings.http}: ${bindFailure(error.cause)}`,
+            status: 2
+          })
+        ),
+      GlobalConsumerConfigError: (error) =>
+        Effect.fail(new StartupProblem({ flag: "--relay", reason: error.message, status: 2 }))
+    }),
     Effect.provide(
       observabilityLayer({
         logLevel: settings.logLevel,

@@ -5,8 +5,7 @@
  */
 
 import { readFileSync } from "node:fs"
-import { NodeRuntime } from "@effect/platform-node"
-import { type Effect, Either } from "effect"
+import { Either } from "effect"
 import { type CommandSpec, commandHelp, type UsageError } from "./args.js"
 import {
   BenchSettings,
@@ -33,8 +32,8 @@ from the environment (the flag wins) and from a JSON --config file.
 `
 
 const fail = (error: UsageError, command: string): number => {
+  // Only the problems: PROTOCOL §1 asks for one line per problem, so no trailing hint line.
   for (const problem of error.problems) process.stderr.write(`kvrelay ${command}: ${problem}\n`)
-  process.stderr.write(`Run \`kvrelay ${command} --help\` for the options.\n`)
   return 2
 }
 
@@ -43,11 +42,6 @@ const sources = (argv: ReadonlyArray<string>) => ({
   env: process.env,
   readFile: (path: string) => readFileSync(path, "utf8")
 })
-
-/** Runs a long-lived Effect program until it ends or a signal interrupts it. */
-const runService = (program: Effect.Effect<unknown, unknown>): void => {
-  NodeRuntime.runMain(program, { disablePrettyLogger: true })
-}
 
 const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> => {
   const [name, ...rest] = argv
@@ -71,21 +65,24 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
       const discovery = relayDiscoveryConfig(settings.right)
       if (Either.isLeft(discovery)) return fail(discovery.left, "relay")
       const { relayProgram } = await import("./relayCommand.js")
-      runService(relayProgram(settings.right, discovery.right))
+      const { runCommand } = await import("./runtime.js")
+      runCommand("relay", relayProgram(settings.right, discovery.right))
       return "running"
     }
     case "global": {
       const settings = loadSettings(globalCommand, GlobalSettings, sources(rest))
       if (Either.isLeft(settings)) return fail(settings.left, "global")
       const { globalProgram } = await import("./globalCommand.js")
-      runService(globalProgram(settings.right))
+      const { runCommand } = await import("./runtime.js")
+      runCommand("global", globalProgram(settings.right))
       return "running"
     }
     case "demo": {
       const settings = loadSettings(demoCommand, DemoSettings, sources(rest))
       if (Either.isLeft(settings)) return fail(settings.left, "demo")
       const { demoProgram } = await import("./demo.js")
-      runService(demoProgram(settings.right))
+      const { runCommand } = await import("./runtime.js")
+      runCommand("demo", demoProgram(settings.right))
       return "running"
     }
     default: {

@@ -13,7 +13,7 @@ import * as RelayHost from "../relay/RelayHost.js"
 import { KvDcRelay } from "../relay/RelayService.js"
 import * as RelayHttpServer from "../transport/http/RelayHttpServer.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
-import { observabilityLayer, printListening } from "./runtime.js"
+import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
 import { type RelaySettings, splitAddress } from "./settings.js"
 
 /** A process-wide instance id (the Dynamo runtime's connection id); incarnations are per start. */
@@ -32,7 +32,16 @@ export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig
         maxLoadWatchers: settings.maxLoadWatchers,
         maxRequestBodyBytes: settings.maxRequestBodyBytes
       }
-    })
+    }).pipe(
+      Effect.mapError(
+        (error) =>
+          new StartupProblem({
+            flag: "--http",
+            reason: `cannot listen on ${settings.http}: ${bindFailure(error.cause)}`,
+            status: 2
+          })
+      )
+    )
     yield* Effect.logInfo("KV DC relay serving").pipe(
       Effect.annotateLogs({
         url: address.url,
@@ -65,6 +74,17 @@ export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig
           publication: { maxSubscribers: settings.maxSubscribersPerPool }
         }
       }).pipe(Layer.provide(discoveryLayer(discovery)), Layer.provide(NodeFileSystem.layer))
+    ),
+    // A file that cannot be read or holds an invalid document is a bad --discovery value; an etcd
+    // that does not answer is an outage (exit 1), still reported against the flag.
+    Effect.catchTag("DiscoveryStartupError", (error) =>
+      Effect.fail(
+        new StartupProblem({
+          flag: "--discovery",
+          reason: `${error.backend}: ${error.reason}`,
+          status: discovery.backend._tag === "File" ? 2 : 1
+        })
+      )
     ),
     Effect.provide(
       observabilityLayer({

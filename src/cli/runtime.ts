@@ -3,7 +3,7 @@
  * tracing when an endpoint is configured, and the `listening` line on stdout.
  */
 
-import { Effect, Layer, Logger, LogLevel } from "effect"
+import { Cause, Data, Effect, Layer, Logger, LogLevel } from "effect"
 import { tracingLayer } from "../observability/Tracing.js"
 
 export type LogLevelName = "trace" | "debug" | "info" | "warning" | "error" | "fatal" | "none"
@@ -47,3 +47,54 @@ export const printListening = (url: string): Effect.Effect<void> =>
   Effect.sync(() => {
     process.stdout.write(`${JSON.stringify({ event: "listening", url })}\n`)
   })
+
+/**
+ * A startup failure caused by a setting's value: a discovery file that cannot be read or is
+ * invalid, an HTTP address that cannot be bound. Reported like an invalid setting (one line
+ * naming the flag); `status` 2 for configuration, 1 for an outage (an unreachable etcd).
+ */
+export class StartupProblem extends Data.TaggedError("StartupProblem")<{
+  readonly flag: string
+  readonly reason: string
+  readonly status: 1 | 2
+}> {
+  override get message(): string {
+    return `${this.flag}: ${this.reason}`
+  }
+}
+
+/** Why a bind failed, from the Node error under the platform's ServeError. */
+export const bindFailure = (cause: unknown): string => {
+  const error = cause as { readonly code?: unknown; readonly message?: unknown } | undefined
+  if (error?.code === "EADDRINUSE") return "the address is already in use"
+  if (error?.code === "EACCES") return "permission denied for this address"
+  if (error?.code === "EADDRNOTAVAIL") return "the address is not available on this host"
+  return typeof error?.message === "string" ? error.message : String(cause)
+}
+
+/**
+ * Runs a long-lived command until it ends or SIGINT/SIGTERM interrupts it. A StartupProblem is
+ * printed as `kvrelay COMMAND: --flag: reason` and sets its exit status; any other failure is
+ * logged and exits 1.
+ */
+export const runCommand = (command: string, program: Effect.Effect<unknown, unknown>): void => {
+  let status: number | undefined
+  const reported = program.pipe(
+    Effect.catchIf(
+      (error): error is StartupProblem => error instanceof StartupProblem,
+      (problem) =>
+        Effect.sync(() => {
+          process.stderr.write(`kvrelay ${command}: ${problem.message}\n`)
+          status = problem.status
+        })
+    )
+  )
+  // Imported lazily: the bench command never starts a service runtime.
+  void import("@effect/platform-node").then(({ NodeRuntime }) =>
+    NodeRuntime.runMain(reported, {
+      disablePrettyLogger: true,
+      teardown: (exit, onExit) =>
+        onExit(status ?? (exit._tag === "Failure" && !Cause.isInterruptedOnly(exit.cause) ? 1 : 0))
+    })
+  )
+}

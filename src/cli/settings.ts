@@ -4,7 +4,12 @@
  */
 
 import { Either, Schema } from "effect"
-import { type DiscoveryConfig, makeDiscoveryConfig } from "../discovery/DiscoveryConfig.js"
+import {
+  type DiscoveryConfig,
+  makeDiscoveryConfig,
+  parseDiscoveryBackend,
+  validateEtcdPrefix
+} from "../discovery/DiscoveryConfig.js"
 import {
   BooleanFlag,
   type CommandSpec,
@@ -158,10 +163,19 @@ export const benchCommand: CommandSpec = {
 const withDefault = <A, I>(schema: Schema.Schema<A, I, never>, value: () => A) =>
   Schema.optionalWith(schema, { default: value })
 
+// Checked here as well as in makeDiscoveryConfig so that a bad backend or prefix is reported with
+// every other invalid setting, not only once the rest decodes.
+const DiscoveryBackendText = Schema.String.pipe(
+  Schema.filter((text) =>
+    Either.match(parseDiscoveryBackend(text), { onLeft: (p) => p.message, onRight: () => true })
+  )
+)
+const EtcdPrefixText = Schema.String.pipe(Schema.filter((text) => validateEtcdPrefix(text)?.message ?? true))
+
 export const RelaySettings = Schema.Struct({
   dcId: NonBlank,
-  discovery: withDefault(Schema.String, () => "file:kvrelay-discovery.json"),
-  etcdPrefix: Schema.optional(Schema.String),
+  discovery: withDefault(DiscoveryBackendText, () => "file:kvrelay-discovery.json"),
+  etcdPrefix: Schema.optional(EtcdPrefixText),
   namespace: Schema.optional(StringList),
   endpointPrefix: Schema.optional(StringList),
   http: withDefault(HttpAddress, () => "127.0.0.1:8080"),
@@ -312,7 +326,16 @@ export const relayDiscoveryConfig = (settings: RelaySettings): Either.Either<Dis
       endpointPrefixes: settings.endpointPrefix
     }),
     (error) =>
-      new UsageError(error.problems.map((p) => `${DISCOVERY_FLAGS[p.setting] ?? p.setting}: ${p.message}`))
+      new UsageError(
+        error.problems.map((p) => {
+          // List settings name an element (`namespaces[1]`): the flag is given once per element.
+          const [, base = p.setting, index] = /^(\w+)(?:\[(\d+)\])?$/.exec(p.setting) ?? []
+          const flag = DISCOVERY_FLAGS[base] ?? p.setting
+          return index === undefined
+            ? `${flag}: ${p.message}`
+            : `${flag}: value ${Number(index) + 1}: ${p.message}`
+        })
+      )
   )
 
 /** `HOST:PORT` split for the HTTP servers. */

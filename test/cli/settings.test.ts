@@ -75,8 +75,19 @@ describe("relay settings", () => {
     const files = { "/c.json": JSON.stringify({ dcId: "a", colour: "blue" }) }
     expect(problems(load(["--config", "/c.json"], {}, files))).toEqual(["--colour: unknown setting"])
     expect(problems(load(["--config", "/missing.json"]))[0]).toMatch(/^--config: cannot read \/missing.json/)
-    const settings = Either.getOrThrow(load(["--dc-id", "a", "--discovery", "zookeeper:x"]))
-    expect(problems(relayDiscoveryConfig(settings))[0]).toMatch(/^--discovery: /)
+    // The backend is checked with the other settings, so its problem is not hidden by theirs.
+    expect(problems(load(["--dc-id", " a", "--discovery", "zookeeper:x"]))).toEqual([
+      "--dc-id: must not have leading or trailing whitespace",
+      '--discovery: expected "file:PATH" or "etcd:URL[,URL…]", got "zookeeper:x"'
+    ])
+    expect(problems(load(["--dc-id", "a", "--etcd-prefix", "/kv/"]))).toEqual([
+      '--etcd-prefix: must not end with "/", got "/kv/"'
+    ])
+    // Scope problems span several settings and still come from makeDiscoveryConfig.
+    const settings = Either.getOrThrow(load(["--dc-id", "a", "--namespace", "p", "--namespace", "p"]))
+    expect(problems(relayDiscoveryConfig(settings))).toEqual([
+      '--namespace: value 2: "p" is listed more than once'
+    ])
   })
 })
 

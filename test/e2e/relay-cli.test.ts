@@ -6,6 +6,7 @@
  */
 
 import { accessSync, constants, readFileSync, writeFileSync } from "node:fs"
+import * as net from "node:net"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
 import {
@@ -20,17 +21,13 @@ import {
 
 afterAll(() => cleanup())
 
-/** The problem lines of a usage failure (without the trailing "Run … --help" hint). */
-const problems = (result: CliResult, command: string): Array<string> => {
-  const lines = result.stderr.trim().split("\n")
-  expect(lines.at(-1)).toBe(`Run \`kvrelay ${command} --help\` for the options.`)
-  return lines.slice(0, -1)
-}
+/** The stderr lines of a usage failure: one per problem and nothing else (PROTOCOL §1). */
+const problems = (result: CliResult): Array<string> => result.stderr.trim().split("\n")
 
 const expectUsageFailure = (result: CliResult, command: string, expected: ReadonlyArray<RegExp>) => {
   expect(result.code).toBe(2)
   expect(result.stdout).toBe("")
-  const lines = problems(result, command)
+  const lines = problems(result)
   expect(lines, result.stderr).toHaveLength(expected.length)
   for (const [i, pattern] of expected.entries()) expect(lines[i]).toMatch(pattern)
   for (const line of lines) expect(line).toMatch(new RegExp(`^kvrelay ${command}: --[a-z-]+: `))
@@ -104,7 +101,7 @@ describe.concurrent("kvrelay command line", () => {
     )
     expect(result.code).toBe(2)
     expect(result.stdout).toBe("")
-    const lines = problems(result, "relay")
+    const lines = problems(result)
     const byFlag = (flag: string) => lines.filter((l) => l.startsWith(`kvrelay relay: ${flag}: `))
     expect(byFlag("--dc-id")).toEqual([
       "kvrelay relay: --dc-id: must not have leading or trailing whitespace"
@@ -149,11 +146,59 @@ describe.concurrent("kvrelay command line", () => {
       "--http",
       "127.0.0.1:0"
     ])
-    expect(result.code).not.toBe(0)
-    expect(result.code).not.toBeNull()
+    // A discovery file that cannot be read is invalid configuration: status 2, one line naming
+    // the flag and the file.
+    expect(result.code).toBe(2)
     expect(result.stdout).not.toContain('"listening"')
-    expect(result.stderr).toContain(missing)
-    expect(result.stderr).toMatch(/cannot read/)
+    const lines = problems(result)
+    expect(lines, result.stderr).toHaveLength(1)
+    expect(lines[0]).toMatch(/^kvrelay relay: --discovery: file:.*cannot read/)
+    expect(lines[0]).toContain(missing)
+  })
+
+  it("an HTTP address that cannot be bound fails startup with status 2, naming --http", async () => {
+    const file = new DiscoveryFile()
+    file.write({ version: 1, cards: [], sources: [] })
+    const blocker = net.createServer()
+    await new Promise<void>((resolve) => blocker.listen(0, "127.0.0.1", resolve))
+    const { port } = blocker.address() as net.AddressInfo
+    try {
+      const [relay, global] = await Promise.all([
+        // Info logs (startup, shutdown) would share stderr with the problem line.
+        runKvrelay([
+          "relay",
+          "--dc-id",
+          "dc",
+          "--discovery",
+          file.spec,
+          "--http",
+          `127.0.0.1:${port}`,
+          "--log-level",
+          "error"
+        ]),
+        runKvrelay([
+          "global",
+          "--relay",
+          "a=http://127.0.0.1:9",
+          "--http",
+          `127.0.0.1:${port}`,
+          "--log-level",
+          "error"
+        ])
+      ])
+      expectUsageFailure(relay!, "relay", [/^kvrelay relay: --http: cannot listen on .*already in use$/])
+      expectUsageFailure(global!, "global", [/^kvrelay global: --http: cannot listen on .*already in use$/])
+    } finally {
+      blocker.close()
+    }
+  })
+
+  it("problems of different settings are reported together", async () => {
+    expectUsageFailure(
+      await runKvrelay(["relay", "--dc-id", " dc", "--discovery", "zookeeper:x", "--etcd-prefix", "kv"]),
+      "relay",
+      [/^kvrelay relay: --dc-id: /, /^kvrelay relay: --discovery: /, /^kvrelay relay: --etcd-prefix: /]
+    )
   })
 
   it("an invalid discovery document fails startup, naming the problem", async () => {
@@ -170,11 +215,12 @@ describe.concurrent("kvrelay command line", () => {
       [first!, invalid],
       [second!, notJson]
     ] as const) {
-      expect(result.code).not.toBe(0)
-      expect(result.code).not.toBeNull()
+      expect(result.code).toBe(2)
       expect(result.stdout).not.toContain('"listening"')
-      expect(result.stderr).toContain(file.path)
-      expect(result.stderr).toMatch(/invalid/)
+      const lines = problems(result)
+      expect(lines, result.stderr).toHaveLength(1)
+      expect(lines[0]).toMatch(/^kvrelay relay: --discovery: file:.*invalid/)
+      expect(lines[0]).toContain(file.path)
     }
     expect(first!.stderr).toContain("bogus")
   })
