@@ -346,12 +346,15 @@ export const makeEngineDecoder = (
   })
   return (frames) => {
     if (frames.length !== 3) return malformed("frame-count", `expected 3 frames, got ${frames.length}`)
+    // The SUB subscription is a prefix filter (PROTOCOL §3: the relay "subscribes to" the topic),
+    // so a longer topic frame is a message the subscription asked for: an engine publishing
+    // "kv@worker-3" to a source advertised with topic "" or "kv" is followed, not dropped.
     const topic = frames[0]!
     if (
-      topic.length !== topicBytes.length ||
-      !Buffer.from(topic.buffer, topic.byteOffset, topic.length).equals(topicBytes)
+      topic.length < topicBytes.length ||
+      !Buffer.from(topic.buffer, topic.byteOffset, topicBytes.length).equals(topicBytes)
     )
-      return malformed("topic", `topic frame is not ${JSON.stringify(source.topic)}`)
+      return malformed("topic", `topic frame does not start with ${JSON.stringify(source.topic)}`)
     const seqFrame = frames[1]!
     if (seqFrame.length !== 8)
       return malformed("sequence-width", `sequence frame is ${seqFrame.length} bytes, expected 8`)

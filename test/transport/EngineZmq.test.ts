@@ -354,7 +354,9 @@ describe("engine frame codec", () => {
     expect(reason([Buffer.from("kv"), u64FrameOf(1)])).toBe("frame-count")
     expect(reason([Buffer.from("kv"), u64FrameOf(1), p, p])).toBe("frame-count")
     expect(reason([Buffer.from("kx"), u64FrameOf(1), p])).toBe("topic")
-    expect(reason([Buffer.from("kv-longer"), u64FrameOf(1), p])).toBe("topic")
+    expect(reason([Buffer.from("k"), u64FrameOf(1), p])).toBe("topic")
+    // A prefix subscription delivers longer topics: they are the source's messages.
+    expect(reason([Buffer.from("kv-longer"), u64FrameOf(1), p])).toBe("ok")
     expect(reason([Buffer.from("kv"), Buffer.alloc(4), p])).toBe("sequence-width")
     expect(reason([Buffer.from("kv"), Buffer.alloc(8, 0xff), p])).toBe("sequence-range")
     expect(reason([Buffer.from("kv"), u64FrameOf(1), Buffer.from([0xc1])])).toBe("payload")
