@@ -186,7 +186,10 @@ export const DiscoveryConfigJson = Schema.Struct({
   etcdPrefix: Schema.optional(Schema.String),
   namespaces: Schema.optional(Schema.Array(Schema.String)),
   endpointPrefixes: Schema.optional(Schema.Array(Schema.String)),
-  /** Defaults to true when no namespace is given: the CLI has no namespace flag (PROTOCOL §1). */
+  /**
+   * Defaults to true when no namespace is given: PROTOCOL §1 gives the relay no namespace flag (our
+   * `--namespace` is an addition), so watching every namespace is the contract's default.
+   */
   watchAll: Schema.optional(Schema.Boolean)
 })
 export type DiscoveryConfigInput = typeof DiscoveryConfigJson.Encoded

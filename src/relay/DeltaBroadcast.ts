@@ -12,9 +12,10 @@
  * - Closing the sender gracefully (actor shutdown) lets every receiver drain what it already has,
  *   then fail `DeltaStreamClosed`. Closing it for a fence discards buffered deltas at once: a
  *   fenced producer's tail is uncertain and must not be applied.
- * - Like tokio's `Sender::send`, enqueueing fails when no receiver is attached; the publisher turns
- *   that into a `DeliveryUncertain` fence, which the next snapshot clears. A lagged receiver stays
- *   attached until its owner closes it (tokio counts a receiver until it is dropped).
+ * - Unlike tokio's `Sender::send`, a delta sent while no receiver is attached is delivered to
+ *   nobody rather than refused (docs/decisions.md): with no subscriber there is no stream to break,
+ *   and the next subscriber starts from a snapshot. A lagged receiver stays attached until its
+ *   owner closes it (tokio counts a receiver until it is dropped).
  *
  * Waiting `take`s are woken, not handed a delta: the woken fiber pulls from the buffer itself, so
  * interrupting a `take` can never lose a delta.
