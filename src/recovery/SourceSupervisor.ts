@@ -40,7 +40,7 @@ import {
   type RankKey,
   rankKey
 } from "../domain/sources.js"
-import { type CommitGroup, commitGroups, RankState } from "./RankState.js"
+import { type CommitGroup, commitGroups, type LiveEventAction, RankState } from "./RankState.js"
 import type {
   RecoveryResetReason,
   RecoveryTarget,
@@ -60,6 +60,8 @@ export const RECOVERY_CONCURRENCY_LIMIT = 16
 export const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT: Duration.Duration = Duration.seconds(30)
 /** Full restores wait a uniform 0–3000 µs first, so a membership wave does not query in lockstep. */
 export const FULL_RESTORE_JITTER_MICROS = 3000
+
+const CONTINUE = Effect.succeed(true)
 
 /** Span attribute of a recovery attempt: the response tag, `Timeout` or `TransportError`. */
 const OUTCOME = "kvrelay.recovery.outcome"
@@ -100,9 +102,64 @@ interface RecoveryTask {
   cancelled: boolean
 }
 
+/**
+ * The seed's async slot mutex (tokio's `Mutex`: FIFO, held across awaits).
+ *
+ * Not `Effect.makeSemaphore(1)`: every live batch takes its slot's lock, and Effect's semaphore
+ * always goes through an async registration (its uncontended take plus release costs several
+ * times a whole admission). Here an uncontended acquisition is a synchronous flag flip; a release
+ * hands the lock straight to the first waiter, so nobody can barge in between.
+ */
+class SlotLock {
+  private held = false
+  private readonly waiters: Array<() => void> = []
+  private readonly unlock = Effect.sync(() => this.release())
+
+  /** Runs `effect` holding the lock; interruption while waiting or holding never leaks it. */
+  withLock<A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> {
+    return Effect.uninterruptibleMask((restore) => {
+      if (!this.held) {
+        this.held = true
+        return Effect.ensuring(restore(effect), this.unlock)
+      }
+      // The wait is interruptible, as the semaphore's take was.
+      return Effect.zipRight(restore(this.acquireSlow()), Effect.ensuring(restore(effect), this.unlock))
+    })
+  }
+
+  private acquireSlow(): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      // Released meanwhile (waiters are woken by hand-over only, so none can be waiting).
+      if (!this.held) {
+        this.held = true
+        return Effect.void
+      }
+      const waiter = { granted: false, wake: (): void => undefined }
+      return Effect.async<void>((resume) => {
+        waiter.wake = () => {
+          waiter.granted = true
+          resume(Effect.void)
+        }
+        this.waiters.push(waiter.wake)
+        return Effect.sync(() => {
+          const i = this.waiters.indexOf(waiter.wake)
+          if (i >= 0) this.waiters.splice(i, 1)
+        })
+        // Handed the lock but interrupted before resuming: pass it on.
+      }).pipe(Effect.onInterrupt(() => Effect.sync(() => waiter.granted && this.release())))
+    })
+  }
+
+  private release(): void {
+    const next = this.waiters.shift()
+    if (next === undefined) this.held = false
+    else next()
+  }
+}
+
 class SourceSlot {
   /** Stands for the seed's async slot mutex (see the module comment). */
-  readonly lock = Effect.unsafeMakeSemaphore(1)
+  readonly lock = new SlotLock()
   active: MutableBinding | undefined = undefined
   rank = new RankState()
   /**
@@ -479,7 +536,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         Effect.gen(function* () {
           const slot = slots.get(key)
           if (slot === undefined) return
-          yield* slot.lock.withPermits(1)(
+          yield* slot.lock.withLock(
             Effect.gen(function* () {
               if (lifetimeCancelled(binding) || !slot.rank.recoveryInflight || slot.active !== binding) return
               // Another recovery (a clear, a target fault) superseded the one that found the hole.
@@ -537,7 +594,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         if (taskCancelled(task, binding)) return Effect.succeed(undefined)
         const slot = slots.get(key)
         if (slot === undefined) return Effect.succeed(undefined)
-        return slot.lock.withPermits(1)(finishRecoveryLocked(slot, binding, task, result))
+        return slot.lock.withLock(finishRecoveryLocked(slot, binding, task, result))
       })
 
     const finishRecoveryLocked = (
@@ -650,7 +707,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         const slot = slots.get(key)
         if (slot === undefined) return Effect.void
         return slot.lock
-          .withPermits(1)(
+          .withLock(
             Effect.gen(function* () {
               const hadActive = yield* deactivateLocked(slot)
               const epoch = slot.lifecycleGeneration ?? 0
@@ -697,7 +754,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           slots.set(key, slot)
         }
         const locked = slot
-        return locked.lock.withPermits(1)(
+        return locked.lock.withLock(
           Effect.gen(function* () {
             const selected = activeSource(status)
             const generationChanged = locked.generationChanged(lifecycleGeneration)
@@ -828,7 +885,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         const slot = slots.get(key)
         if (slot === undefined) return Effect.succeed<TargetFaultDisposition>("Stale")
         return slot.lock
-          .withPermits(1)(
+          .withLock(
             Effect.gen(function* () {
               const binding = slot.active
               if (binding === undefined) return { disposition: "Stale" as const }
@@ -868,7 +925,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       Effect.suspend(() => {
         const slot = slots.get(rankKey(workerId, dpRank))
         if (slot === undefined) return Effect.succeed<TargetFaultDisposition>("Stale")
-        return slot.lock.withPermits(1)(
+        return slot.lock.withLock(
           Effect.gen(function* () {
             const binding = slot.active
             if (binding === undefined || binding.epoch !== sourceEpoch) return "Stale" as const
@@ -890,7 +947,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           const active = publisherBindings.get(publisherId)
           if (active === undefined) return Effect.succeed(false)
           const { binding, slot } = active
-          return slot.lock.withPermits(1)(
+          return slot.lock.withLock(
             Effect.gen(function* () {
               if (slot.active !== binding) return false
               yield* deactivateLocked(slot)
@@ -938,7 +995,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           )
         }
         if (events.length === 0) return Effect.void
-        return slot.lock.withPermits(1)(handleLiveBatchLocked(slot, binding, commitGroups(events)))
+        return slot.lock.withLock(handleLiveBatchLocked(slot, binding, commitGroups(events)))
       })
 
     const admitGroupOrFence = (
@@ -947,100 +1004,142 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       group: CommitGroup,
       message: string
     ): Effect.Effect<boolean> =>
-      admitEvents(epoch, group.events).pipe(
-        Effect.as(true),
-        Effect.catchAll((error) =>
-          Effect.sync(() => slot.fenceForReset()).pipe(
-            Effect.zipRight(
-              Effect.logError(message, error).pipe(Effect.annotateLogs({ eventId: group.eventId }))
-            ),
-            Effect.as(false)
-          )
-        )
+      Effect.matchEffect(
+        // A live group is almost always one event: skip `forEach`'s iteration machinery then.
+        group.events.length === 1
+          ? target.admitEvent(epoch, group.events[0]!)
+          : admitEvents(epoch, group.events),
+        {
+          onSuccess: () => CONTINUE,
+          onFailure: (error) =>
+            Effect.sync(() => slot.fenceForReset()).pipe(
+              Effect.zipRight(
+                Effect.logError(message, error).pipe(
+                  Effect.annotateLogs({ eventId: group.eventId }),
+                  rankLogs(slot.workerId, slot.dpRank)
+                )
+              ),
+              Effect.as(false)
+            )
+        }
       )
 
+    /**
+     * Per live batch, under the slot lock. The common actions (ignore, apply) run without a
+     * generator or log annotations: those cost more than the admission itself, and the apply path
+     * logs only when it fails (that log is annotated with the rank on its own). The rare actions
+     * run `liveGroupActionLocked`, annotated as a whole.
+     */
     const handleLiveBatchLocked = (
       slot: SourceSlot,
       binding: MutableBinding,
       groups: ReadonlyArray<CommitGroup>
     ): Effect.Effect<void> =>
+      Effect.suspend(() =>
+        slot.active !== binding || slot.resetPending ? Effect.void : liveGroupsFrom(slot, binding, groups, 0)
+      )
+
+    /** Handles `groups` from `start` on, in order; stops at the first action that says so. */
+    const liveGroupsFrom = (
+      slot: SourceSlot,
+      binding: MutableBinding,
+      groups: ReadonlyArray<CommitGroup>,
+      start: number
+    ): Effect.Effect<void> => {
+      for (let i = start; i < groups.length; i++) {
+        const action = slot.rank.observeLiveGroup(groups[i]!, binding.recoverable, binding.incrementalGaps)
+        if (action._tag === "Ignore") continue
+        const next = i + 1
+        if (action._tag === "Apply") {
+          return Effect.flatMap(
+            admitGroupOrFence(
+              slot,
+              binding.epoch,
+              action.group,
+              "KV event queue rejected a live event; rank remains fenced pending reset"
+            ),
+            (admitted) => {
+              if (!admitted) return Effect.void
+              slot.rank.commitLiveAdmission(action.eventId)
+              return next === groups.length ? Effect.void : liveGroupsFrom(slot, binding, groups, next)
+            }
+          )
+        }
+        return Effect.flatMap(
+          liveGroupActionLocked(slot, binding, action).pipe(rankLogs(slot.workerId, slot.dpRank)),
+          (proceed) =>
+            proceed && next < groups.length ? liveGroupsFrom(slot, binding, groups, next) : Effect.void
+        )
+      }
+      return Effect.void
+    }
+
+    /** A clear, recovery or degraded reset of one live group; false when the batch must stop. */
+    const liveGroupActionLocked = (
+      slot: SourceSlot,
+      binding: MutableBinding,
+      action: Exclude<LiveEventAction, { readonly _tag: "Ignore" | "Apply" }>
+    ): Effect.Effect<boolean> =>
       Effect.gen(function* () {
-        if (slot.active !== binding || slot.resetPending) return
         const key = slot.key
         const epoch = binding.epoch
-        for (const group of groups) {
-          const action = slot.rank.observeLiveGroup(group, binding.recoverable, binding.incrementalGaps)
-          switch (action._tag) {
-            case "Ignore":
-              break
-            case "Apply": {
-              const admitted = yield* admitGroupOrFence(
-                slot,
-                epoch,
-                action.group,
-                "KV event queue rejected a live event; rank remains fenced pending reset"
-              )
-              if (!admitted) return
-              slot.rank.commitLiveAdmission(action.eventId)
-              break
-            }
-            case "Clear": {
-              // NOTE: A clear is ordered only in this publisher's rank stream. It may supersede this
-              // rank's gap recovery, but it has no causal cutoff for sibling ranks and must never
-              // scan, lock, cancel, or mutate their slots.
-              yield* cancelRecovery(key)
-              slot.rank.discardRecoveryBeforeClear()
-              const admitted = yield* admitGroupOrFence(
-                slot,
-                epoch,
-                action.group,
-                "KV event queue rejected a rank clear; rank remains fenced pending reset"
-              )
-              if (!admitted) return
-              slot.rank.commitLiveAdmission(action.eventId)
-              break
-            }
-            case "Recover": {
-              // An initial restore has neither a reset nor a start: only a gap has one of them.
-              if (action.reset || action.startEventId !== undefined) counters.liveGaps++
-              if (action.reset) {
-                yield* cancelRecovery(key)
-                const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
-                if (Either.isLeft(reset)) {
-                  yield* Effect.logError(
-                    "Failed to clear KV state before gap recovery; rank remains fenced",
-                    reset.left
-                  )
-                  return
-                }
-              }
-              yield* spawnRecovery(key, binding, action.startEventId, action.endEventId)
-              break
-            }
-            case "ResetDegraded": {
-              counters.liveGaps++
+        switch (action._tag) {
+          case "Clear": {
+            // NOTE: A clear is ordered only in this publisher's rank stream. It may supersede this
+            // rank's gap recovery, but it has no causal cutoff for sibling ranks and must never
+            // scan, lock, cancel, or mutate their slots.
+            yield* cancelRecovery(key)
+            slot.rank.discardRecoveryBeforeClear()
+            const admitted = yield* admitGroupOrFence(
+              slot,
+              epoch,
+              action.group,
+              "KV event queue rejected a rank clear; rank remains fenced pending reset"
+            )
+            if (!admitted) return false
+            slot.rank.commitLiveAdmission(action.eventId)
+            return true
+          }
+          case "Recover": {
+            // An initial restore has neither a reset nor a start: only a gap has one of them.
+            if (action.reset || action.startEventId !== undefined) counters.liveGaps++
+            if (action.reset) {
               yield* cancelRecovery(key)
               const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
               if (Either.isLeft(reset)) {
                 yield* Effect.logError(
-                  "Failed to clear KV state after an event sequence gap; rank remains fenced",
+                  "Failed to clear KV state before gap recovery; rank remains fenced",
                   reset.left
                 )
-                return
+                return false
               }
-              const admitted = yield* admitGroupOrFence(
-                slot,
-                epoch,
-                action.group,
-                "KV indexer rejected degraded gap event; rank remains fenced"
-              )
-              if (!admitted) return
-              slot.rank.commitLiveAdmission(action.group.eventId)
-              break
             }
+            yield* spawnRecovery(key, binding, action.startEventId, action.endEventId)
+            return true
+          }
+          case "ResetDegraded": {
+            counters.liveGaps++
+            yield* cancelRecovery(key)
+            const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
+            if (Either.isLeft(reset)) {
+              yield* Effect.logError(
+                "Failed to clear KV state after an event sequence gap; rank remains fenced",
+                reset.left
+              )
+              return false
+            }
+            const admitted = yield* admitGroupOrFence(
+              slot,
+              epoch,
+              action.group,
+              "KV indexer rejected degraded gap event; rank remains fenced"
+            )
+            if (!admitted) return false
+            slot.rank.commitLiveAdmission(action.group.eventId)
+            return true
           }
         }
-      }).pipe(rankLogs(slot.workerId, slot.dpRank))
+      })
 
     // -------------------------------------------------------------------------------------------
     // Health and shutdown
