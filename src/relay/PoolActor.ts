@@ -561,17 +561,38 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       }
     }
 
-    // Sleeps until the absolute deadline (a TestClock adjusted before the sleeper started still
-    // fires it) and then wakes a waiting consumer. A full mailbox drops the tick: the consumer is
-    // busy then and checks the deadline itself before it waits again.
-    const sleeper = (deadline: number) =>
-      Effect.suspend(() => Effect.sleep(Math.max(0, deadline - clock.unsafeCurrentTimeMillis()))).pipe(
-        Effect.andThen(
-          Effect.sync(() => {
-            if (timerArmed && timerDeadline <= clock.unsafeCurrentTimeMillis()) mailbox.unsafeOffer(TICK)
-          })
-        )
-      )
+    // One sleeper fiber for the actor's life, rather than one forked (and the previous one
+    // interrupted) per publication: a fork and an interrupt cost more than publishing a delta.
+    // The consumer hands it the deadline to sleep to (`sleeperTarget`) and wakes it when it is
+    // parked. It sleeps until that absolute deadline (a TestClock adjusted before the sleep began
+    // still fires it), or on to a later one set meanwhile, and then wakes a waiting consumer. A
+    // full mailbox drops the tick: the consumer is busy then and checks the deadline itself
+    // before it waits again.
+    let sleeperTarget: number | undefined
+    let wakeSleeper: (() => void) | undefined
+    const sleeperParked = Effect.async<void>((resume) => {
+      if (sleeperTarget !== undefined) return resume(Effect.void)
+      wakeSleeper = () => {
+        wakeSleeper = undefined
+        resume(Effect.void)
+      }
+      return Effect.sync(() => {
+        wakeSleeper = undefined
+      })
+    })
+    const sleeperTurn = Effect.suspend(() => {
+      const target = sleeperTarget
+      if (target === undefined) return sleeperParked
+      const now = clock.unsafeCurrentTimeMillis()
+      if (target > now) return Effect.sleep(target - now)
+      sleeperTarget = undefined
+      if (timerArmed && timerDeadline <= now) mailbox.unsafeOffer(TICK)
+      return Effect.void
+    })
+    const armSleeper = (deadline: number): void => {
+      sleeperTarget = deadline
+      wakeSleeper?.()
+    }
 
     /** Hands a fault to the owner; false when a fence interrupted the (blocked) send. */
     const sendFault = (fault: ActorFault): Effect.Effect<boolean> =>
@@ -881,7 +902,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             }
             if (sleeperDeadline !== timerDeadline) {
               sleeperDeadline = timerDeadline
-              yield* FiberHandle.run(sleepers, sleeper(timerDeadline))
+              armSleeper(timerDeadline)
             }
           }
         }
@@ -962,6 +983,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         yield* Deferred.succeed(stopped, undefined)
       })
 
+    yield* FiberHandle.run(sleepers, Effect.interruptible(Effect.forever(sleeperTurn)))
     yield* consume.pipe(
       Effect.onExit(finish),
       Effect.annotateLogs({ pool: poolLabel, layoutGeneration: String(streamScope.layoutGeneration) }),

@@ -293,6 +293,12 @@ export interface EncodingPermits {
   readonly acquire: Effect.Effect<Effect.Effect<void>, EncodingPermitsClosed>
   readonly close: Effect.Effect<void>
   readonly available: number
+  /**
+   * Runs `f` (synchronous) under a permit when one is free right now, `None` otherwise. Taking
+   * and returning a permit around code that cannot yield is invisible to every other fiber, so
+   * this is `withPermit` minus its effects; the caller falls back to `withPermit` on `None`.
+   */
+  readonly runIfFree: <A>(f: () => A) => Option.Option<A>
 }
 
 export const makeEncodingPermits = (permits: number = DEFAULT_ENCODING_CONCURRENCY): EncodingPermits => {
@@ -332,7 +338,8 @@ export const makeEncodingPermits = (permits: number = DEFAULT_ENCODING_CONCURREN
     }),
     get available() {
       return closed ? 0 : available
-    }
+    },
+    runIfFree: (f) => (!closed && available > 0 ? Option.some(f()) : Option.none())
   }
 }
 
@@ -894,13 +901,12 @@ export class PublicationHub {
           this.apply(delta)
           continue
         }
-        const encoded = yield* Effect.either(
-          this.config.encodingPermits.withPermit(
-            Effect.sync(() =>
-              encodeCbi1Delta(this.expected, delta.baseSequence, delta.sequence, delta.images)
-            )
-          )
-        )
+        const encode = () => encodeCbi1Delta(this.expected, delta.baseSequence, delta.sequence, delta.images)
+        const permits = this.config.encodingPermits
+        const free = permits.runIfFree(encode)
+        const encoded = Option.isSome(free)
+          ? Either.right(free.value)
+          : yield* Effect.either(permits.withPermit(Effect.sync(encode)))
         if (this.stopped) return
         if (Either.isLeft(encoded)) return yield* this.fail(encoded.left.message)
         if (encoded.right instanceof Cbi1Error) {

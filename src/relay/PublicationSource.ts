@@ -101,6 +101,8 @@ export interface PublicationSource {
   readonly activeStreams: () => number
 }
 
+const END: Effect.Effect<never, Option.Option<never>> = Effect.fail(Option.none())
+
 const invalid = (message: string) => new PublicationError({ kind: "InvalidPublication", message })
 
 /** A publication source over `registry`, shut down when the current scope closes. */
@@ -186,21 +188,43 @@ export const make = (
           yield* Effect.forkIn(produce, streamScope)
 
           // A retired generation ends the stream at the next pull, even mid-snapshot: whatever is
-          // still queued belongs to a producer the consumer must drop.
+          // still queued belongs to a producer the consumer must drop. A relay shutdown ends it
+          // silently, and comes first.
           const retired = Effect.fail(
-            new PublicationError({
-              kind: "Unavailable",
-              message: "pool generation retired; open a fresh stream"
-            })
-          )
-          const unlessRetired = <A>(
-            effect: Effect.Effect<A, PublicationError>
-          ): Effect.Effect<A, PublicationError> =>
-            Effect.suspend(() =>
-              generation.isCancelled
-                ? retired
-                : Effect.interruptible(Effect.raceFirst(effect, Effect.zipRight(generation.await, retired)))
+            Option.some(
+              new PublicationError({
+                kind: "Unavailable",
+                message: "pool generation retired; open a fresh stream"
+              })
             )
+          )
+          const ended = (): Effect.Effect<never, Option.Option<PublicationError>> | undefined =>
+            lifecycle.isCancelled ? END : generation.isCancelled ? retired : undefined
+          // One watcher per stream wakes a waiting pull when either ends, instead of a race per
+          // pull (a race forks two fibers: it cost more than moving the delta it waited for).
+          // Closing the hub subscription wakes a delta pull; `stop` wakes a snapshot pull.
+          const stop = yield* Deferred.make<void>()
+          yield* Effect.forkIn(
+            Effect.raceFirst(generation.await, lifecycle.await).pipe(
+              Effect.zipRight(Deferred.succeed(stop, undefined)),
+              Effect.zipRight(subscription.close),
+              Effect.interruptible
+            ),
+            streamScope
+          )
+          const unlessEnded = <A>(
+            effect: Effect.Effect<A, PublicationError>
+          ): Effect.Effect<A, Option.Option<PublicationError>> =>
+            Effect.suspend(() => {
+              const end = ended()
+              if (end !== undefined) return end
+              return Effect.interruptible(
+                Effect.raceFirst(
+                  Effect.mapBoth(effect, { onFailure: Option.some, onSuccess: Option.some }),
+                  Effect.as(Deferred.await(stop), Option.none<A>())
+                )
+              ).pipe(Effect.flatMap((a) => (Option.isSome(a) ? Effect.succeed(a.value) : (ended() ?? END))))
+            })
 
           const sequence = snapshot.sequence
           let taken = 0
@@ -208,7 +232,7 @@ export const make = (
             () => {
               if (taken === chunks.length) return Effect.fail(Option.none())
               // A chunk already handed over goes out before a stall is reported.
-              return unlessRetired(
+              return unlessEnded(
                 Queue.poll(handover).pipe(
                   Effect.flatMap((ready) =>
                     Option.isSome(ready)
@@ -226,39 +250,52 @@ export const make = (
                     sequence,
                     payload
                   }
-                }),
-                Effect.mapError(Option.some)
+                })
               )
             }
           )
 
           let current = sequence
           // The whole backlog per wake-up: under a burst the actor publishes many deltas per turn,
-          // and a consumer that moved one frame per wake-up would fall behind and be lagged.
-          const nextDeltas: Effect.Effect<Chunk.Chunk<PublicationFrame>, PublicationError> = unlessRetired(
-            subscription.recvAll.pipe(Effect.mapError(publicationErrorOf))
-          ).pipe(
-            Effect.flatMap((frames) => {
-              const out: Array<PublicationFrame> = []
-              for (const frame of frames) {
-                if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
-                  const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
-                  return Effect.zipRight(fence(expected, message), Effect.fail(invalid(message)))
+          // and a consumer that moved one frame per wake-up would fall behind and be lagged. A
+          // waiting pull is woken by the watcher above when the stream ends (its subscription is
+          // closed): what decides is then the end, not the closed subscription.
+          const nextDeltas: Effect.Effect<
+            Chunk.Chunk<PublicationFrame>,
+            Option.Option<PublicationError>
+          > = Effect.suspend(() => {
+            const end = ended()
+            if (end !== undefined) return end
+            return Effect.matchEffect(Effect.interruptible(subscription.recvAll), {
+              onFailure: (error) => ended() ?? Effect.fail(Option.some(publicationErrorOf(error))),
+              onSuccess: (frames) => {
+                const out: Array<PublicationFrame> = []
+                for (const frame of frames) {
+                  if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
+                    const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
+                    return Effect.zipRight(
+                      fence(expected, message),
+                      Effect.fail(Option.some(invalid(message)))
+                    )
+                  }
+                  current = frame.sequence
+                  out.push({
+                    kind: "Delta",
+                    identity: expected,
+                    baseSequence: frame.baseSequence,
+                    sequence: frame.sequence,
+                    payload: frame.payload
+                  })
                 }
-                current = frame.sequence
-                out.push({
-                  kind: "Delta",
-                  identity: expected,
-                  baseSequence: frame.baseSequence,
-                  sequence: frame.sequence,
-                  payload: frame.payload
-                })
+                return Effect.succeed(Chunk.unsafeFromArray(out))
               }
-              return Effect.succeed(Chunk.unsafeFromArray(out))
             })
-          )
+          })
 
-          return Stream.concat(Stream.repeatEffectOption(nextChunk), Stream.repeatEffectChunk(nextDeltas))
+          return Stream.concat(
+            Stream.repeatEffectOption(nextChunk),
+            Stream.repeatEffectChunkOption(nextDeltas)
+          )
         })
       )
 
@@ -297,10 +334,9 @@ export const make = (
             const stream = yield* restore(open(expected, generation, streamScope)).pipe(
               Effect.onError(() => Scope.close(streamScope, Exit.void))
             )
-            return stream.pipe(
-              Stream.interruptWhen(lifecycle.await),
-              Stream.ensuring(Scope.close(streamScope, Exit.void))
-            )
+            // A relay shutdown ends the stream at its next pull (and wakes a waiting one): see
+            // `open`. Not `Stream.interruptWhen`, which forks a fiber for every element.
+            return stream.pipe(Stream.ensuring(Scope.close(streamScope, Exit.void)))
           })
         )
       }).pipe(

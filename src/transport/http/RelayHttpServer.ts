@@ -489,6 +489,11 @@ class Handoff<A> {
   private readonly items: Array<A> = []
   private readonly nonEmpty = Effect.unsafeMakeLatch(false)
   private readonly notFull = Effect.unsafeMakeLatch(true)
+  /** The waiting `next` (one reader per handoff); resolving it deregisters it. */
+  private waiter: ((outcome: HandoffWait<A>) => void) | undefined = undefined
+  /** When the waiting `next` began, if it asked for a heartbeat (Clock milliseconds). */
+  private heartbeatFrom: number | undefined = undefined
+  private closed = false
 
   constructor(
     private readonly capacity: number,
@@ -503,8 +508,51 @@ class Handoff<A> {
       this.items.push(item)
       this.nonEmpty.unsafeOpen()
       if (this.items.length >= this.capacity) this.notFull.unsafeClose()
+      const waiter = this.waiter
+      if (waiter !== undefined) waiter({ _tag: "Item", item: Option.getOrThrow(this.poll()) })
       return Effect.void
     })
+
+  /** Ends the waiting `next` and every later one with `Closed` (server shutdown). */
+  close(): void {
+    this.closed = true
+    this.waiter?.(HANDOFF_CLOSED)
+  }
+
+  /** Ends the waiting `next` with `Heartbeat` if it asked for one and has waited `ms` by `now`. */
+  heartbeatDue(now: number, ms: number): number | undefined {
+    const from = this.heartbeatFrom
+    if (from === undefined) return undefined
+    const left = from + ms - now
+    if (left > 0) return left
+    this.waiter?.(HANDOFF_HEARTBEAT)
+    return undefined
+  }
+
+  /**
+   * The next element, `Closed` once `close` ran, or `Heartbeat` when `heartbeatFrom` is given and
+   * the caller's heartbeat driver finds the wait long enough. Unlike `take`, waiting costs no
+   * fiber: it is a callback that `offer`, `close` and the driver resolve, once.
+   */
+  next(heartbeatFrom: number | undefined): Effect.Effect<HandoffWait<A>> {
+    return Effect.async<HandoffWait<A>>((resume) => {
+      const ready = this.poll()
+      if (Option.isSome(ready)) return resume(Effect.succeed({ _tag: "Item", item: ready.value }))
+      if (this.closed) return resume(Effect.succeed(HANDOFF_CLOSED))
+      const waiter = (outcome: HandoffWait<A>) => {
+        this.waiter = undefined
+        this.heartbeatFrom = undefined
+        resume(Effect.succeed(outcome))
+      }
+      this.waiter = waiter
+      this.heartbeatFrom = heartbeatFrom
+      return Effect.sync(() => {
+        if (this.waiter !== waiter) return
+        this.waiter = undefined
+        this.heartbeatFrom = undefined
+      })
+    })
+  }
 
   private poll(): Option.Option<A> {
     if (this.items.length === 0) return Option.none()
@@ -528,6 +576,13 @@ class Handoff<A> {
     })
   }
 }
+
+type HandoffWait<A> =
+  | { readonly _tag: "Item"; readonly item: A }
+  | { readonly _tag: "Heartbeat" }
+  | { readonly _tag: "Closed" }
+const HANDOFF_HEARTBEAT = { _tag: "Heartbeat" } as const
+const HANDOFF_CLOSED = { _tag: "Closed" } as const
 
 /** Runs `stream` into `handoff` as `Take`s (its end and failure included) in a scoped fiber. */
 const forward = <A, E>(
@@ -791,6 +846,20 @@ const poolSubscribe: Handler = (ctx, request) =>
     // subscriber queue, where falling behind is detected.
     const takes = new Handoff<Take.Take<PublicationFrame, PublicationError>>(1, false)
     yield* forward(frames, takes)
+    // The shutdown signal and the heartbeat each have one fiber per stream that resolves the
+    // writer's wait, rather than a race and a timeout per frame (each forks fibers: together they
+    // cost more than the frame). The heartbeat fiber wakes at most once per interval.
+    yield* Deferred.await(ctx.shutdown).pipe(
+      Effect.zipRight(Effect.sync(() => takes.close())),
+      Effect.interruptible,
+      Effect.forkScoped
+    )
+    const clock = yield* Effect.clock
+    const heartbeatMs = Duration.toMillis(ctx.poolHeartbeat)
+    yield* Effect.suspend(() => {
+      const left = takes.heartbeatDue(clock.unsafeCurrentTimeMillis(), heartbeatMs)
+      return left === undefined ? Effect.sleep(heartbeatMs) : Effect.sleep(left)
+    }).pipe(Effect.forever, Effect.interruptible, Effect.forkScoped)
     let snapshotChunksLeft = Math.ceil(expected.format.bucketCount / SNAPSHOT_CHUNK_BUCKETS)
     let lastSequence = 0n
     let done = false
@@ -844,17 +913,14 @@ const poolSubscribe: Handler = (ctx, request) =>
       if (done) return Option.none()
       if (pending.length > 0) return yield* emitPending
       // The heartbeat is armed only once every snapshot chunk went out.
-      const got = yield* unlessShutdown(
-        ctx,
-        takes.take(snapshotChunksLeft > 0 ? undefined : ctx.poolHeartbeat)
-      )
-      if (Option.isNone(got))
+      const got = yield* takes.next(snapshotChunksLeft > 0 ? undefined : clock.unsafeCurrentTimeMillis())
+      if (got._tag === "Closed")
         return yield* terminal("PUBLICATION_UNAVAILABLE", "relay HTTP server is shutting down")
-      if (Option.isNone(got.value)) {
+      if (got._tag === "Heartbeat") {
         yield* RelayMetrics.poolHeartbeatSent
         return yield* frame(FRAME_HEARTBEAT, lastSequence, lastSequence, EMPTY)
       }
-      return yield* Take.match(got.value.value, {
+      return yield* Take.match(got.item, {
         onEnd: () => terminal("PUBLICATION_UNAVAILABLE", "relay is shutting down; subscribe again"),
         onFailure: (cause) =>
           Option.match(Cause.failureOption(cause), {
