@@ -213,7 +213,9 @@ describe("global consumer against real relays", () => {
         yield* Effect.forEach(
           Array.from({ length: 40 }, (_, i) => burst.slice(i * 10, i * 10 + 10)),
           (blocks) => eastPool.store(`${round + 10}`, blocks),
-          { discard: true }
+          // Concurrent: the actor publishes the burst's deltas in one turn, so the one-frame
+          // queue overflows however fast the stream's writer is.
+          { discard: true, concurrency: "unbounded" }
         )
         yield* Effect.sleep("50 millis")
       }
