@@ -8,7 +8,7 @@
 
 import { GOLDEN } from "./splitmix.js"
 import { hiOf, loOf } from "./u64.js"
-import { Xxh3Seeded, xxhOut } from "./xxh3.js"
+import { Xxh3Seeded, xxh3U64Batch, xxh3U64Invert, xxhOut } from "./xxh3.js"
 
 export const DEFAULT_SEED = 0x5dee_ce66_d1b5_4a33n
 export const ALTERNATE_BUCKET_DOMAIN = GOLDEN
@@ -32,6 +32,10 @@ export class CkfAddressing {
   readonly bucketCount: number
   readonly mask: number
   private readonly hasher: Xxh3Seeded
+  /** The seed's 8-byte-input bitflip. */
+  private readonly bitflip: Uint32Array
+  /** `mixed` of the last `prepareHalves` as [hi, lo]. */
+  readonly mixedOut = new Uint32Array(2)
   /** delta(fp) for every fingerprint; entry 0 is unused. */
   readonly delta: Uint32Array
   /** Outputs of the last `prepareHalves` call. */
@@ -50,6 +54,7 @@ export class CkfAddressing {
     this.bucketCount = bucketCount
     this.mask = bucketCount - 1
     this.hasher = new Xxh3Seeded(this.seed)
+    this.bitflip = this.hasher.bitflip8
     const key = `${this.seed}:${bucketCount}`
     let table = deltaTables.get(key)
     if (table === undefined) {
@@ -66,16 +71,38 @@ export class CkfAddressing {
     this.delta = table
   }
 
-  /** Prepare the hash (hi, lo); results in `this.fp`, `this.a`, `this.b`. */
+  /** Prepare the hash (hi, lo); results in `this.fp`, `this.a`, `this.b`; `mixed` in `mixedOut`. */
   prepareHalves(hi: number, lo: number): void {
-    this.hasher.hashU64(hi, lo)
-    const fp = xxhOut.lo & 0xffff
+    const out = this.mixedOut
+    out[0] = hi
+    out[1] = lo
+    xxh3U64Batch(this.bitflip, out, 0, 1, out, 0)
+    this.prepareMixedAt(out, 0)
+  }
+
+  /**
+   * `mixed = XXH3(LE8(h), seed)` of `count` hash pairs from `input[inOffset..]` into
+   * `out[outOffset..]`, as [hi, lo] pairs: one call hashes a whole event or query.
+   */
+  mixBatch(input: Uint32Array, inOffset: number, count: number, out: Uint32Array, outOffset: number): void {
+    xxh3U64Batch(this.bitflip, input, inOffset, count, out, outOffset)
+  }
+
+  /** Fingerprint and buckets of an already mixed hash `[keys[k], keys[k + 1]]` = [hi, lo]. */
+  prepareMixedAt(keys: Uint32Array, k: number): void {
+    const lo = keys[k + 1]!
+    const fp = lo & 0xffff
     const f = fp === 0 ? 1 : fp
     // Bucket counts are ≤ 2^24, so bits 16..39 of `mixed` cover every mask.
-    const a = ((xxhOut.lo >>> 16) | (xxhOut.hi << 16)) & this.mask
+    const a = ((lo >>> 16) | (keys[k]! << 16)) & this.mask
     this.fp = f
     this.a = a
     this.b = a ^ this.delta[f]!
+  }
+
+  /** The block hash of a `mixed` value, in place on `v = [hi, lo]` (XXH3 of 8 bytes is a bijection). */
+  unmix(v: Uint32Array): void {
+    xxh3U64Invert(this.bitflip, v)
   }
 
   /** The other candidate bucket of a fingerprint stored in `bucket`. */

@@ -34,7 +34,7 @@ import type {
   ProducerIdentity
 } from "./identity.js"
 import type { DcCkfDelta, DcCkfSnapshot } from "./publisher.js"
-import { findPrefixDepths, type PrefixSearchConfig, type PrefixSearchStats } from "./search.js"
+import type { PrefixSearchConfig, PrefixSearchStats } from "./search.js"
 import { TransposedCkfTable } from "./transposed.js"
 import { hiOf, loOf, toBigInt, U64_MAX } from "./u64.js"
 import { Xxh3Seeded, xxhOut } from "./xxh3.js"
@@ -320,28 +320,126 @@ const formatProblem = (format: DcCkfFormatIdentity): string | undefined => {
 }
 
 const EMPTY_HASHES = new Uint32Array(0)
+/** u32s per transposed row (16 lanes × 2 halves) and the SWAR constants of a lane test. */
+const ROW_U32 = CKF_LANE_COUNT * 2
+const REP16 = 0x0001_0001
+const HIGH16 = 0x8000_8000
 
 export class GlobalCkfIndexer {
   private readonly shared: GlobalCkfShared
-  // Query scratch: positions are prepared lazily, at most once per query (stamped by generation).
+  // Query scratch, per position of the current query and valid while `stamps[pos]` equals
+  // `generation`: the fingerprint and buckets (each position is hashed at most once per query),
+  // the lanes already tested there, and which of them hit.
   private queryHashes: Uint32Array = EMPTY_HASHES
   private generation = 0
   private stamps = new Uint32Array(0)
-  private masks = new Uint16Array(0)
+  private fps = new Uint32Array(0)
+  private rowsA = new Uint32Array(0)
+  private rowsB = new Uint32Array(0)
+  private tested = new Uint16Array(0)
+  private hits = new Uint16Array(0)
   private readonly depths = new Uint32Array(CKF_LANE_COUNT)
+  private readonly mixed = new Uint32Array(2)
+  // Counters of the query in progress (reported through `PrefixSearchStats`).
+  private probeCalls = 0
+  private laneProbes = 0
+  private leftEdgeLanes = 0
+  private activatedLanes = 0
+  private provenanceSkips = 0
 
-  // A position's lane mask is computed once per query: different lanes' binary searches and the
-  // verification window revisit positions, and a probe already answers for all 16 lanes.
-  private readonly probeAt = (pos: number): number => {
-    if (this.stamps[pos] === this.generation) return this.masks[pos]!
-    const shared = this.shared
-    const hashes = this.queryHashes
-    const addressing = shared.addressing
-    addressing.prepareHalves(hashes[2 * pos]!, hashes[2 * pos + 1]!)
-    const mask = shared.table.probe(addressing.fp, addressing.a, addressing.b)
-    this.masks[pos] = mask
+  /**
+   * Whether `lane` holds the fingerprint of position `pos` of the current query in bucket a or b
+   * (`bit` = 1 << lane; the result is `bit` or 0). Only the asking lane's words are tested: the
+   * searches of 16 lanes look at different positions, so a full 16-lane probe per position would
+   * mostly test lanes that never ask. Each position is hashed and each (position, lane) tested at
+   * most once per query.
+   */
+  private hitAt(pos: number, lane: number, bit: number): number {
+    this.laneProbes++
+    if (this.stamps[pos] !== this.generation) this.preparePosition(pos)
+    else if ((this.tested[pos]! & bit) !== 0) return this.hits[pos]! & bit
+    const fp = this.fps[pos]!
+    const rep = (fp << 16) | fp
+    const t = this.shared.table.words
+    const i = this.rowsA[pos]! + 2 * lane
+    const j = this.rowsB[pos]! + 2 * lane
+    // The SWAR zero-half-word test of `TransposedCkfTable.probe`, for one lane.
+    const x0 = t[i]! ^ rep
+    const x1 = t[i + 1]! ^ rep
+    const y0 = t[j]! ^ rep
+    const y1 = t[j + 1]! ^ rep
+    const z =
+      (((x0 - REP16) & ~x0) | ((x1 - REP16) & ~x1) | ((y0 - REP16) & ~y0) | ((y1 - REP16) & ~y1)) & HIGH16
+    const hit = z === 0 ? 0 : bit
+    this.tested[pos] = this.tested[pos]! | bit
+    this.hits[pos] = this.hits[pos]! | hit
+    return hit
+  }
+
+  /** Hash position `pos` of the current query; no lane of it is tested yet. */
+  private preparePosition(pos: number): void {
+    const addressing = this.shared.addressing
+    const mixed = this.mixed
+    addressing.mixBatch(this.queryHashes, 2 * pos, 1, mixed, 0)
+    addressing.prepareMixedAt(mixed, 0)
+    const rowA = addressing.a * ROW_U32
+    const rowB = addressing.b * ROW_U32
+    this.fps[pos] = addressing.fp
+    this.rowsA[pos] = rowA
+    this.rowsB[pos] = rowB
+    this.tested[pos] = 0
+    this.hits[pos] = 0
     this.stamps[pos] = this.generation
-    return mask
+    this.probeCalls++
+  }
+
+  /**
+   * Prefix depth of one lane that hit position 0: the §8.2 search (galloping, binary search,
+   * verification of the `window` positions below the tentative depth, and the fallback rescan of
+   * the gap after the last binary predecessor when the first verification miss is the window's
+   * left edge). This is exactly the answer `findPrefixDepths` gives the lane: its grouping and
+   * lock-step only share probe calls, which the per-query position memo shares as well.
+   */
+  private laneDepth(n: number, window: number, lane: number): number {
+    const bit = 1 << lane
+    let lower = 0
+    let pred = 0
+    let upper = n
+    for (let pos = 1; pos < n; pos *= 2) {
+      if (this.hitAt(pos, lane, bit) === 0) {
+        upper = pos
+        break
+      }
+      pred = lower
+      lower = pos
+    }
+    while (upper - lower > 1) {
+      const mid = lower + Math.floor((upper - lower) / 2)
+      if (this.hitAt(mid, lane, bit) !== 0) {
+        pred = lower
+        lower = mid
+      } else {
+        upper = mid
+      }
+    }
+    const start = upper > window ? upper - window : 0
+    for (let pos = start; pos < upper; pos++) {
+      if (this.hitAt(pos, lane, bit) !== 0) continue
+      if (pos > start) return pos
+      // A miss at the window's left edge: the terminal branch may rest on a false hit (a capacity
+      // hole below it or a false positive at it), so rescan the gap after the predecessor of the
+      // terminal lower bound.
+      this.leftEdgeLanes++
+      if (pred >= start) {
+        this.provenanceSkips++
+        return pos
+      }
+      if (pred + 1 === start) return start
+      this.activatedLanes++
+      for (let q = pred + 1; q < start; q++) if (this.hitAt(q, lane, bit) === 0) return q
+      return start
+    }
+    return upper
   }
 
   /** Throws `GlobalCkfBuildError`; `GlobalCkfIndexer.make` returns it instead. */
@@ -434,6 +532,10 @@ export class GlobalCkfIndexer {
    * Prefix depth of the query in every ready lane. `hashes` are hash pairs of the block hashes
    * exactly as workers publish them (each already chains its prefix), so they are probed as
    * given, without re-chaining.
+   *
+   * Every lane gets the `findPrefixDepths` answer. In `stats`, `probeCalls` counts the positions
+   * hashed and `laneProbes` the (lane, position) lookups; the other counters are per lane, as in
+   * `findPrefixDepths`.
    */
   findPrefixMatches(hashes: Uint32Array, stats?: PrefixSearchStats): GlobalCkfQueryResult | "Unavailable" {
     const shared = this.shared
@@ -442,14 +544,39 @@ export class GlobalCkfIndexer {
     const captured = shared.readyLanes & shared.manifest.configuredLanes
     if (captured === 0) return "Unavailable"
     const n = hashes.length >>> 1
-    this.reserveQuery(n)
-    this.queryHashes = hashes
-    let depths: Uint32Array
-    try {
-      depths = findPrefixDepths(n, captured, shared.verificationWindow, this.probeAt, this.depths, stats)
-    } finally {
-      // The caller owns the buffer; the indexer must not keep it alive or read it later.
-      this.queryHashes = EMPTY_HASHES
+    const depths = this.depths
+    depths.fill(0)
+    this.probeCalls = 0
+    this.laneProbes = 0
+    this.leftEdgeLanes = 0
+    this.activatedLanes = 0
+    this.provenanceSkips = 0
+    if (n > 0) {
+      this.reserveQuery(n)
+      this.queryHashes = hashes
+      try {
+        // A lane that misses position 0 has depth 0.
+        let active = 0
+        for (let m = captured; m !== 0; m &= m - 1) {
+          const lane = 31 - Math.clz32(m & -m)
+          active |= this.hitAt(0, lane, 1 << lane)
+        }
+        const window = shared.verificationWindow
+        for (let m = active; m !== 0; m &= m - 1) {
+          const lane = 31 - Math.clz32(m & -m)
+          depths[lane] = this.laneDepth(n, window, lane)
+        }
+      } finally {
+        // The caller owns the buffer; the indexer must not keep it alive or read it later.
+        this.queryHashes = EMPTY_HASHES
+      }
+    }
+    if (stats !== undefined) {
+      stats.probeCalls += this.probeCalls
+      stats.laneProbes += this.laneProbes
+      stats.leftEdgeLanes += this.leftEdgeLanes
+      stats.activatedLanes += this.activatedLanes
+      stats.provenanceSkips += this.provenanceSkips
     }
     const lanes: Array<GlobalCkfLaneMatch | undefined> = new Array(CKF_LANE_COUNT).fill(undefined)
     for (let m = captured; m !== 0; m &= m - 1) {
@@ -463,7 +590,11 @@ export class GlobalCkfIndexer {
     if (n > this.stamps.length) {
       const capacity = Math.max(n, this.stamps.length * 2, 64)
       this.stamps = new Uint32Array(capacity)
-      this.masks = new Uint16Array(capacity)
+      this.fps = new Uint32Array(capacity)
+      this.rowsA = new Uint32Array(capacity)
+      this.rowsB = new Uint32Array(capacity)
+      this.tested = new Uint16Array(capacity)
+      this.hits = new Uint16Array(capacity)
       this.generation = 0
     }
     this.generation = (this.generation + 1) >>> 0

@@ -10,34 +10,41 @@
  * counts are kept as counters. One table probe per block instead of two halves the cache misses
  * of the apply path and the bytes per ownership edge.
  *
- * Both tables use linear probing with tombstone-free backward-shift deletion. Capacities are not
- * powers of two (slot = ⌊h·capacity / 2^32⌋) so that they can grow by 1.5× and stay between 53%
- * and 80% full.
+ * Keys are the CKF's `mixed = XXH3(LE8(h), seed)` rather than `h`: the producer computes `mixed`
+ * for its fingerprint and buckets anyway, it is uniformly distributed whatever the block hashes
+ * look like, and XXH3 of 8 bytes is a bijection of u64, so the relation stays exact and the block
+ * hash can be recovered (`CkfAddressing.unmix`). The slot index then comes straight from the
+ * key's high word: no second hash per block, and none when rehashing or shifting on delete.
+ *
+ * Both tables use linear probing with tombstone-free backward-shift deletion, at most 80% full.
+ * Capacities are not powers of two (slot = ⌊h·capacity / 2^32⌋): the owner table is sized
+ * exactly for the pool's expected hashes, and the edge table grows by 1.5× and stays above 53%
+ * full. That slot order is monotone in h, so a rehash reads and writes the tables front to back.
+ *
+ * The key under operation is passed in `key` ([hi, lo]) rather than as arguments: a u32 argument
+ * of a call that is not inlined is boxed into a heap number.
  */
 
 const MAX_LOAD_NUM = 4
 const MAX_LOAD_DEN = 5
-const TWO_32 = 4294967296
+const INV_TWO_32 = 1 / 4294967296
 const MIN_CAPACITY = 16
 
-/** 32-bit mix of a u64 key. */
-export const mixKey = (hi: number, lo: number): number => {
-  let h = lo ^ Math.imul(hi, 0x9e3779b1)
-  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b)
-  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35)
-  return (h ^ (h >>> 16)) >>> 0
-}
+/** Slot of a uniformly distributed u32 in a table of `capacity` (`scale` = capacity / 2^32). */
+const home = (h: number, scale: number, capacity: number): number =>
+  Math.min(capacity - 1, Math.floor(h * scale))
 
-/** 32-bit mix of a (u64, member) key. */
-const mixEdge = (h: number, member: number): number => {
-  let x = h ^ Math.imul(member, 0x27d4eb2f)
+/** 32-bit mix of a (mixed hash, member) edge key. */
+const mixEdge = (hi: number, lo: number, tag: number): number => {
+  let x = lo ^ Math.imul(hi, 0x9e3779b1) ^ Math.imul(tag, 0x27d4eb2f)
   x = Math.imul(x ^ (x >>> 15), 0x2c1b3c6d)
   x = Math.imul(x ^ (x >>> 12), 0x297a2d39)
   return (x ^ (x >>> 15)) >>> 0
 }
 
-const home = (h: number, capacity: number): number =>
-  Math.min(capacity - 1, Math.floor((h * capacity) / TWO_32))
+/** Slots that hold `keys` at the maximum load. */
+const slotsFor = (keys: number): number =>
+  Math.max(MIN_CAPACITY, Math.ceil((keys * MAX_LOAD_DEN) / MAX_LOAD_NUM))
 
 const grownCapacity = (needed: number, current: number): number => {
   let cap = current
@@ -49,8 +56,9 @@ const grownCapacity = (needed: number, current: number): number => {
 const mustShift = (hole: number, j: number, h: number): boolean =>
   hole <= j ? h <= hole || h > j : h <= hole && h > j
 
-// Owner-table slot: [hi, lo, meta]; meta = primary owner index + 1 in bits 8..31 (0 = none) and
-// the refcount in bits 0..7 (1..254), 255 meaning "in the overflow map"; meta 0 = empty slot.
+// Owner-table slot: [hi, lo, meta] of the mixed key; meta = primary owner index + 1 in bits 8..31
+// (0 = none) and the refcount in bits 0..7 (1..254), 255 meaning "in the overflow map"; meta 0 =
+// empty slot.
 const COUNT_MASK = 0xff
 const COUNT_OVERFLOW = 0xff
 const PRIMARY_SHIFT = 8
@@ -69,12 +77,21 @@ export const OWNER_LAST = 2
 export const OWNER_DEGREE_OVERFLOW = -3
 
 export class OwnershipTable {
+  /** The key under operation: [hi, lo] of the mixed hash. */
+  readonly key = new Uint32Array(2)
   private slots: Uint32Array
   private capacity: number
+  private scale: number
+  /**
+   * Beyond the expected size the table doubles, but never past room for `maxKeys` (the filter's
+   * slot count bounds the distinct hashes): a pool that outgrows its sizing hint pays one rehash
+   * rather than several on the way to a full filter.
+   */
+  private readonly maxCapacity: number
   size = 0
   /** Refcounts above 254, keyed by hash. */
   private readonly overflow = new Map<string, number>()
-  private readonly edges = new EdgeTable()
+  private readonly edges = new EdgeTable(this.key)
 
   // Member registry: index ↔ (worker, rank); indices of members that own nothing are recycled.
   private readonly indexByKey = new Map<string, number>()
@@ -85,9 +102,17 @@ export class OwnershipTable {
   memberCount = 0
   contributions = 0
 
-  constructor() {
-    this.capacity = MIN_CAPACITY
-    this.slots = new Uint32Array(MIN_CAPACITY * 3)
+  /**
+   * The table starts with room for `expectedKeys` hashes, so that filling a pool up to its sizing
+   * hint never rehashes (each growth step re-places every entry); throws when that allocation
+   * fails.
+   */
+  constructor(expectedKeys = 0, maxKeys = Number.MAX_SAFE_INTEGER) {
+    const cap = slotsFor(expectedKeys)
+    this.capacity = cap
+    this.scale = cap * INV_TWO_32
+    this.slots = new Uint32Array(cap * 3)
+    this.maxCapacity = Math.max(cap, slotsFor(maxKeys))
   }
 
   get slotCapacity(): number {
@@ -157,24 +182,32 @@ export class OwnershipTable {
   }
 
   // ---------------------------------------------------------------------------------------------
-  // Hashes
+  // Hashes (the key is `this.key`)
 
   /**
-   * Loads the hash's home slot without acting on it. Issuing the loads of an event's blocks back
-   * to back lets their cache misses overlap before the dependent work runs.
+   * Loads the home slot of the key `keys[k], keys[k + 1]` without acting on it. Issuing the loads
+   * of an event's blocks back to back lets their cache misses overlap before the dependent work
+   * runs.
    */
-  touch(h: number): number {
-    return this.slots[3 * home(h, this.capacity) + 2]!
+  touchAt(keys: Uint32Array, k: number): number {
+    return this.slots[3 * home(keys[k]!, this.scale, this.capacity) + 2]!
   }
 
-  /** Slot of the hash, or -1. */
-  find(hi: number, lo: number, h: number): number {
+  /** Slot of the key, or `-1 - i` where `i` is the empty slot an insertion would take. */
+  find(): number {
+    return this.findAt(this.key, 0)
+  }
+
+  /** `find` for the key `keys[k], keys[k + 1]`. */
+  findAt(keys: Uint32Array, k: number): number {
     const slots = this.slots
     const cap = this.capacity
-    let i = home(h, cap)
+    const hi = keys[k]!
+    const lo = keys[k + 1]!
+    let i = home(hi, this.scale, cap)
     for (;;) {
       const base = 3 * i
-      if (slots[base + 2] === 0) return -1
+      if (slots[base + 2] === 0) return -1 - i
       if (slots[base + 1] === lo && slots[base] === hi) return i
       i = i + 1 === cap ? 0 : i + 1
     }
@@ -189,17 +222,21 @@ export class OwnershipTable {
       : count
   }
 
-  /** Whether member `m` owns the hash at `slot`. */
-  ownsAt(slot: number, hi: number, lo: number, h: number, m: number): boolean {
+  /** Whether member `m` owns the key at `slot`. */
+  ownsAt(slot: number, m: number): boolean {
     if (this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT === m + 1) return true
-    return this.countAt(slot) > 1 && this.edges.has(hi, lo, h, m)
+    return this.countAt(slot) > 1 && this.edges.has(m)
   }
 
-  /** Room for one more hash and one more edge; false when an allocation failed (nothing changed). */
+  /**
+   * Room for one more hash and one more edge; false when an allocation failed (nothing changed).
+   * Slots returned by `find` before a call that changed `slotCapacity` are stale.
+   */
   reserve(): boolean {
     try {
       if ((this.size + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) {
-        this.rehash(grownCapacity(this.size + 1, this.capacity))
+        const needed = slotsFor(this.size + 1)
+        this.rehash(Math.max(needed, Math.min(2 * this.capacity, this.maxCapacity)))
       }
       return this.edges.reserve()
     } catch {
@@ -207,34 +244,42 @@ export class OwnershipTable {
     }
   }
 
-  /** First owner (0→1) of an absent hash; capacity must have been reserved. */
-  insertFirst(hi: number, lo: number, h: number, m: number): void {
+  /** Whether one more key fits without growing (then `reserve` would not rehash). */
+  hasRoomForKey(): boolean {
+    return (this.size + 1) * MAX_LOAD_DEN <= this.capacity * MAX_LOAD_NUM
+  }
+
+  /** First owner (0→1) of the absent key; `find` returned `-1 - empty` and capacity was reserved. */
+  insertAt(empty: number, m: number): void {
+    this.insertKeyAt(empty, this.key, 0, m)
+  }
+
+  /** `insertAt` for the key `keys[k], keys[k + 1]`. */
+  insertKeyAt(empty: number, keys: Uint32Array, k: number, m: number): void {
     const slots = this.slots
-    const cap = this.capacity
-    let i = home(h, cap)
-    while (slots[3 * i + 2] !== 0) i = i + 1 === cap ? 0 : i + 1
-    slots[3 * i] = hi
-    slots[3 * i + 1] = lo
-    slots[3 * i + 2] = ((m + 1) << PRIMARY_SHIFT) | 1
+    const base = 3 * empty
+    slots[base] = keys[k]!
+    slots[base + 1] = keys[k + 1]!
+    slots[base + 2] = ((m + 1) << PRIMARY_SHIFT) | 1
     this.size++
     this.counts[m]!++
     this.contributions++
   }
 
-  /** Another owner (n→n+1) of the hash at `slot`: duplicate, added, or a refcount overflow. */
-  addOwner(slot: number, hi: number, lo: number, h: number, m: number): number {
+  /** Another owner (n→n+1) of the key at `slot`: duplicate, added, or a refcount overflow. */
+  addOwner(slot: number, m: number): number {
     const slots = this.slots
     const meta = slots[3 * slot + 2]!
     const primary = meta >>> PRIMARY_SHIFT
     if (primary === m + 1) return OWNER_DUPLICATE
     const count = this.countAt(slot)
     if (count > 1 || primary === 0) {
-      if (this.edges.has(hi, lo, h, m)) return OWNER_DUPLICATE
+      if (this.edges.has(m)) return OWNER_DUPLICATE
     }
     if (count === 0xffff_ffff) return OWNER_DEGREE_OVERFLOW
     let primaryField = primary
     if (primary === 0) primaryField = m + 1
-    else this.edges.insertAbsent(hi, lo, h, m)
+    else this.edges.insertAbsent(m)
     this.setCount(slot, primaryField, count + 1)
     this.counts[m]!++
     this.contributions++
@@ -242,19 +287,18 @@ export class OwnershipTable {
   }
 
   /**
-   * Member `m` gives up the hash: unknown (not an owner), removed (n→n−1), or last (1→0, the
+   * Member `m` gives up the key: unknown (not an owner), removed (n→n−1), or last (1→0, the
    * caller removes the fingerprint and then calls `deleteLast`).
    */
-  removeOwner(slot: number, hi: number, lo: number, h: number, m: number): number {
+  removeOwner(slot: number, m: number): number {
     const meta = this.slots[3 * slot + 2]!
     const primary = meta >>> PRIMARY_SHIFT
     const count = this.countAt(slot)
-    if (primary !== m + 1 && !(count > 1 || primary === 0 ? this.edges.has(hi, lo, h, m) : false))
-      return OWNER_UNKNOWN
+    if (primary !== m + 1 && !(count > 1 || primary === 0 ? this.edges.has(m) : false)) return OWNER_UNKNOWN
     if (count === 1) return OWNER_LAST
     if (primary === m + 1) this.setCount(slot, 0, count - 1)
     else {
-      this.edges.delete(hi, lo, h, m)
+      this.edges.delete(m)
       this.setCount(slot, primary, count - 1)
     }
     this.counts[m]!--
@@ -262,10 +306,10 @@ export class OwnershipTable {
     return OWNER_REMOVED
   }
 
-  /** Removes the entry of a hash whose last owner `m` left (after its fingerprint was removed). */
-  deleteLast(slot: number, hi: number, lo: number, h: number, m: number): void {
+  /** Removes the entry of a key whose last owner `m` left (after its fingerprint was removed). */
+  deleteLast(slot: number, m: number): void {
     const primary = this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT
-    if (primary !== m + 1) this.edges.delete(hi, lo, h, m)
+    if (primary !== m + 1) this.edges.delete(m)
     this.deleteAt(slot)
     this.counts[m]!--
     this.contributions--
@@ -288,6 +332,7 @@ export class OwnershipTable {
   private deleteAt(slot: number): void {
     const slots = this.slots
     const cap = this.capacity
+    const scale = this.scale
     if ((slots[3 * slot + 2]! & COUNT_MASK) === COUNT_OVERFLOW) {
       this.overflow.delete(overflowKey(slots[3 * slot]!, slots[3 * slot + 1]!))
     }
@@ -298,10 +343,9 @@ export class OwnershipTable {
       const meta = slots[3 * j + 2]!
       if (meta === 0) break
       const u = slots[3 * j]!
-      const l = slots[3 * j + 1]!
-      if (mustShift(i, j, home(mixKey(u, l), cap))) {
+      if (mustShift(i, j, home(u, scale, cap))) {
         slots[3 * i] = u
-        slots[3 * i + 1] = l
+        slots[3 * i + 1] = slots[3 * j + 1]!
         slots[3 * i + 2] = meta
         i = j
       }
@@ -312,7 +356,7 @@ export class OwnershipTable {
     this.size--
   }
 
-  /** Appends the hashes member `m` owns as hash pairs (a scan of both tables). */
+  /** The keys member `m` owns as [hi, lo] pairs of mixed hashes (a scan of both tables). */
   hashesOf(m: number): Uint32Array {
     const out = new Uint32Array(this.counts[m]! * 2)
     let k = 0
@@ -328,54 +372,71 @@ export class OwnershipTable {
     return k === out.length ? out : out.slice(0, k)
   }
 
-  /** Visits every (member, hi, lo) edge: primary owners first, then the other owners. */
-  forEachEdge(visit: (member: number, hi: number, lo: number) => void): void {
+  /**
+   * Every (member, key) edge as [member, hi, lo] triples: primary owners first, then the other
+   * owners.
+   */
+  edgeList(): Uint32Array {
+    const out = new Uint32Array(this.contributions * 3)
     const slots = this.slots
+    let k = 0
     for (let s = 0; s < slots.length; s += 3) {
       const primary = slots[s + 2]! >>> PRIMARY_SHIFT
-      if (primary !== 0) visit(primary - 1, slots[s]!, slots[s + 1]!)
+      if (primary !== 0) {
+        out[k] = primary - 1
+        out[k + 1] = slots[s]!
+        out[k + 2] = slots[s + 1]!
+        k += 3
+      }
     }
-    this.edges.forEach(visit)
+    k = this.edges.collectAll(out, k)
+    return k === out.length ? out : out.slice(0, k)
   }
 
   private rehash(capacity: number): void {
     const next = new Uint32Array(capacity * 3)
     const old = this.slots
+    const scale = capacity * INV_TWO_32
     for (let s = 0; s < old.length; s += 3) {
       const meta = old[s + 2]!
       if (meta === 0) continue
       const u = old[s]!
-      const l = old[s + 1]!
-      let i = home(mixKey(u, l), capacity)
+      let i = home(u, scale, capacity)
       while (next[3 * i + 2] !== 0) i = i + 1 === capacity ? 0 : i + 1
       next[3 * i] = u
-      next[3 * i + 1] = l
+      next[3 * i + 1] = old[s + 1]!
       next[3 * i + 2] = meta
     }
     this.slots = next
     this.capacity = capacity
+    this.scale = scale
   }
 }
 
 /**
- * The owners of a hash beyond its primary one: a set of (hash, member) keys. Slot `[hi, lo, tag]`
- * with tag = member index + 1 (0 = empty).
+ * The owners of a key beyond its primary one: a set of (key, member) pairs. Slot `[hi, lo, tag]`
+ * with tag = member index + 1 (0 = empty). Operations act on the owner table's `key`.
  */
 class EdgeTable {
   private slots = new Uint32Array(MIN_CAPACITY * 3)
   capacity = MIN_CAPACITY
+  private scale = MIN_CAPACITY * INV_TWO_32
   size = 0
+
+  constructor(private readonly key: Uint32Array) {}
 
   get byteSize(): number {
     return this.slots.byteLength
   }
 
-  has(hi: number, lo: number, h: number, m: number): boolean {
+  has(m: number): boolean {
     if (this.size === 0) return false
     const slots = this.slots
     const cap = this.capacity
     const tag = m + 1
-    let i = home(mixEdge(h, tag), cap)
+    const hi = this.key[0]!
+    const lo = this.key[1]!
+    let i = home(mixEdge(hi, lo, tag), this.scale, cap)
     for (;;) {
       const t = slots[3 * i + 2]!
       if (t === 0) return false
@@ -395,11 +456,13 @@ class EdgeTable {
     return true
   }
 
-  insertAbsent(hi: number, lo: number, h: number, m: number): void {
+  insertAbsent(m: number): void {
     const slots = this.slots
     const cap = this.capacity
     const tag = m + 1
-    let i = home(mixEdge(h, tag), cap)
+    const hi = this.key[0]!
+    const lo = this.key[1]!
+    let i = home(mixEdge(hi, lo, tag), this.scale, cap)
     while (slots[3 * i + 2] !== 0) i = i + 1 === cap ? 0 : i + 1
     slots[3 * i] = hi
     slots[3 * i + 1] = lo
@@ -407,11 +470,14 @@ class EdgeTable {
     this.size++
   }
 
-  delete(hi: number, lo: number, h: number, m: number): boolean {
+  delete(m: number): boolean {
     const slots = this.slots
     const cap = this.capacity
+    const scale = this.scale
     const tag = m + 1
-    let i = home(mixEdge(h, tag), cap)
+    const hi = this.key[0]!
+    const lo = this.key[1]!
+    let i = home(mixEdge(hi, lo, tag), scale, cap)
     for (;;) {
       const t = slots[3 * i + 2]!
       if (t === 0) return false
@@ -425,7 +491,7 @@ class EdgeTable {
       if (t === 0) break
       const u = slots[3 * j]!
       const l = slots[3 * j + 1]!
-      if (mustShift(i, j, home(mixEdge(mixKey(u, l), t), cap))) {
+      if (mustShift(i, j, home(mixEdge(u, l, t), scale, cap))) {
         slots[3 * i] = u
         slots[3 * i + 1] = l
         slots[3 * i + 2] = t
@@ -451,23 +517,31 @@ class EdgeTable {
     return k
   }
 
-  forEach(visit: (member: number, hi: number, lo: number) => void): void {
+  /** Appends every edge as [member, hi, lo] triples. */
+  collectAll(out: Uint32Array, k: number): number {
     const slots = this.slots
     for (let s = 0; s < slots.length; s += 3) {
       const t = slots[s + 2]!
-      if (t !== 0) visit(t - 1, slots[s]!, slots[s + 1]!)
+      if (t !== 0) {
+        out[k] = t - 1
+        out[k + 1] = slots[s]!
+        out[k + 2] = slots[s + 1]!
+        k += 3
+      }
     }
+    return k
   }
 
   private rehash(capacity: number): void {
     const next = new Uint32Array(capacity * 3)
     const old = this.slots
+    const scale = capacity * INV_TWO_32
     for (let s = 0; s < old.length; s += 3) {
       const t = old[s + 2]!
       if (t === 0) continue
       const u = old[s]!
       const l = old[s + 1]!
-      let i = home(mixEdge(mixKey(u, l), t), capacity)
+      let i = home(mixEdge(u, l, t), scale, capacity)
       while (next[3 * i + 2] !== 0) i = i + 1 === capacity ? 0 : i + 1
       next[3 * i] = u
       next[3 * i + 1] = l
@@ -475,5 +549,6 @@ class EdgeTable {
     }
     this.slots = next
     this.capacity = capacity
+    this.scale = scale
   }
 }

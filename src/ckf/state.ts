@@ -20,7 +20,6 @@ import { CkfBuildError, KvCacheEventError, type KvCacheEventErrorKind } from "./
 import { type CkfEvent, type CkfMemberRef, compareMembers, memberKey } from "./events.js"
 import { DcCkfFormatIdentity } from "./identity.js"
 import {
-  mixKey,
   OWNER_DEGREE_OVERFLOW,
   OWNER_DUPLICATE,
   OWNER_LAST,
@@ -60,6 +59,13 @@ const IGNORED_OUTCOME: DcCkfEventOutcome = Object.freeze({
   publication: undefined,
   unknownRemovals: 0,
   publicationBoundary: false
+})
+
+const EMPTY_BOUNDARY_OUTCOME: DcCkfEventOutcome = Object.freeze({
+  firstError: undefined,
+  publication: undefined,
+  unknownRemovals: 0,
+  publicationBoundary: true
 })
 
 export interface DcCkfAggregationStats {
@@ -113,6 +119,8 @@ const E_CAPACITY = -1
 const E_ALLOCATION = -2
 const E_DEGREE = -3
 const E_INVARIANT = -4
+/** `storeFirstOwner` did not apply: take the general path. */
+const SLOW_PATH = 2
 
 const errorKindOf = (code: number): KvCacheEventErrorKind => {
   switch (code) {
@@ -127,6 +135,12 @@ const errorKindOf = (code: number): KvCacheEventErrorKind => {
   }
 }
 
+/** u32s per image slab (16 KiB): bounds what one retained batch can keep alive. */
+const IMAGE_SLAB_U32 = 4096
+
+/** Hashes mixed per `mixBatch` call when storing a whole replacement set. */
+const STORE_CHUNK = 256
+
 const saturating = (value: number): number => Math.min(value, Number.MAX_SAFE_INTEGER)
 
 export class DcCkfState {
@@ -140,7 +154,7 @@ export class DcCkfState {
   private words32: Uint32Array
   private slots16: Uint16Array
   private readonly rng: SplitMix64
-  private owners = new OwnershipTable()
+  private owners: OwnershipTable
 
   // Mutation log of the current insert/remove: [bucket, beforeLo, beforeHi]*.
   private readonly log: Uint32Array
@@ -152,6 +166,9 @@ export class DcCkfState {
   private dirtyOriginals: Uint32Array
   private dirtyCount = 0
   private pendingEvents = 0
+  /** Slab that batch images are carved from; `slabUsed` u32s of it belong to earlier batches. */
+  private slab = new Uint32Array(0)
+  private slabUsed = 0
 
   // Telemetry.
   private unknownRemovals = 0
@@ -160,6 +177,12 @@ export class DcCkfState {
   private distinctTouchedBuckets = 0
   private emittedImages = 0
   private netRevertedBuckets = 0
+
+  // Mixed keys of the batch being applied, and of a single hash.
+  private keys = new Uint32Array(32)
+  private readonly single = new Uint32Array(2)
+  /** First error code of the last `removeBatch` (0 = none). */
+  private batchError = 0
 
   // Cache of the last member looked up on the apply path.
   private lastMemberKeyWorker = ""
@@ -185,6 +208,8 @@ export class DcCkfState {
       this.dirtyBuckets = new Uint32Array(64)
       this.dirtyOriginals = new Uint32Array(128)
       this.log = new Uint32Array((config.maxKicks + 1) * 3)
+      // Sized for the expected unique blocks, which the filter's slots also bound.
+      this.owners = new OwnershipTable(Math.min(config.expectedBlocksPerDc, 4 * bucketCount), 4 * bucketCount)
     } catch (cause) {
       throw new CkfBuildError(
         "AllocationFailed",
@@ -206,27 +231,13 @@ export class DcCkfState {
     let unknown = 0
     switch (data._tag) {
       case "Stored": {
-        const hashes = data.blockHashes
-        let touched = 0
-        for (let i = 0; i + 1 < hashes.length; i += 2)
-          touched |= this.owners.touch(mixKey(hashes[i]!, hashes[i + 1]!))
-        this.touchSink = touched
-        for (let i = 0; i + 1 < hashes.length; i += 2) {
-          const code = this.storeHalves(event.workerId, event.dpRank, hashes[i]!, hashes[i + 1]!)
-          if (code < 0) {
-            if (code === E_CAPACITY) this.capacityFailures++
-            if (firstError === undefined) firstError = errorKindOf(code)
-          }
-        }
+        const code = this.storeBatch(event.workerId, event.dpRank, data.blockHashes)
+        if (code < 0) firstError = errorKindOf(code)
         break
       }
       case "Removed": {
-        const hashes = data.blockHashes
-        for (let i = 0; i + 1 < hashes.length; i += 2) {
-          const code = this.removeHalves(event.workerId, event.dpRank, hashes[i]!, hashes[i + 1]!)
-          if (code === UNCHANGED) unknown++
-          else if (code < 0 && firstError === undefined) firstError = errorKindOf(code)
-        }
+        unknown = this.removeBatch(event.workerId, event.dpRank, data.blockHashes)
+        if (this.batchError < 0) firstError = errorKindOf(this.batchError)
         break
       }
       case "Cleared": {
@@ -235,14 +246,89 @@ export class DcCkfState {
         break
       }
     }
-    this.unknownRemovals = saturating(this.unknownRemovals + unknown)
+    if (unknown !== 0) this.unknownRemovals = saturating(this.unknownRemovals + unknown)
     const boundary = this.pendingEvents >= this.config.publishEveryNEvents
-    return {
-      firstError,
-      publication: boundary ? this.drainPublication() : undefined,
-      unknownRemovals: unknown,
-      publicationBoundary: boundary
+    const publication = boundary ? this.drainPublication() : undefined
+    // The common outcomes are shared immutable values: one allocation less per event.
+    if (firstError === undefined && unknown === 0 && publication === undefined) {
+      return boundary ? EMPTY_BOUNDARY_OUTCOME : IGNORED_OUTCOME
     }
+    return { firstError, publication, unknownRemovals: unknown, publicationBoundary: boundary }
+  }
+
+  /** Scratch for the mixed keys of one batch, as [hi, lo] pairs. */
+  private keysFor(count: number): Uint32Array {
+    if (this.keys.length < 2 * count) this.keys = new Uint32Array(Math.max(2 * count, 2 * this.keys.length))
+    return this.keys
+  }
+
+  /**
+   * Stores of one Stored event: every block is hashed once (its `mixed` keys the owner table and
+   * gives the fingerprint and buckets), and its owner-table home is loaded before any block is
+   * applied. Returns the first error code, or 0.
+   */
+  private storeBatch(workerId: string, dpRank: number, hashes: Uint32Array): number {
+    const count = hashes.length >>> 1
+    const keys = this.keysFor(count)
+    this.addressing.mixBatch(hashes, 0, count, keys, 0)
+    const owners = this.owners
+    let touched = 0
+    for (let i = 0; i < count; i++) touched |= owners.touchAt(keys, 2 * i)
+    this.touchSink = touched
+    return this.storeKeys(workerId, dpRank, keys, count, false)
+  }
+
+  /**
+   * Store transitions of the `count` mixed keys in `keys` for one member, in order; returns the
+   * first error code, or 0. Capacity omissions are counted; `abortOnError` stops at the first
+   * error (rank replacement) instead of attempting the remaining keys (Stored events).
+   */
+  private storeKeys(
+    workerId: string,
+    dpRank: number,
+    keys: Uint32Array,
+    count: number,
+    abortOnError: boolean
+  ): number {
+    let first = 0
+    let m = this.member(workerId, dpRank)
+    for (let i = 0; i < count; i++) {
+      let code = m >= 0 ? this.storeFirstOwner(m, keys, 2 * i) : SLOW_PATH
+      if (code === SLOW_PATH) {
+        code = this.storeKey(workerId, dpRank, keys, 2 * i)
+        // The slow path may have registered or released the member.
+        m = this.member(workerId, dpRank)
+      } else if (code === E_CAPACITY) {
+        this.releaseIfEmpty(workerId, dpRank, m)
+        m = this.member(workerId, dpRank)
+      }
+      if (code < 0) {
+        if (code === E_CAPACITY) this.capacityFailures++
+        if (first === 0) first = code
+        if (abortOnError) break
+      }
+    }
+    return first
+  }
+
+  /** Removals of one Removed event; returns the unknown count, the first error in `batchError`. */
+  private removeBatch(workerId: string, dpRank: number, hashes: Uint32Array): number {
+    this.batchError = 0
+    if (this.member(workerId, dpRank) < 0) return hashes.length >>> 1
+    const count = hashes.length >>> 1
+    const keys = this.keysFor(count)
+    this.addressing.mixBatch(hashes, 0, count, keys, 0)
+    const owners = this.owners
+    let touched = 0
+    for (let i = 0; i < count; i++) touched |= owners.touchAt(keys, 2 * i)
+    this.touchSink = touched
+    let unknown = 0
+    for (let i = 0; i < count; i++) {
+      const code = this.removeKey(workerId, dpRank, keys, 2 * i)
+      if (code === UNCHANGED) unknown++
+      else if (code < 0 && this.batchError === 0) this.batchError = code
+    }
+    return unknown
   }
 
   /** Store transition for one hash; `true` when the member newly owns it. */
@@ -292,16 +378,62 @@ export class DcCkfState {
     this.lastMember = -1
   }
 
+  /** The mixed key of one hash into `single` (edge and test paths; batches use `storeBatch`). */
+  private mixSingle(hi: number, lo: number): Uint32Array {
+    const single = this.single
+    single[0] = hi
+    single[1] = lo
+    this.addressing.mixBatch(single, 0, 1, single, 0)
+    return single
+  }
+
+  /** Store transition of one hash given as halves; an internal result code (negative = error). */
   storeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
-    const h = mixKey(hi, lo)
+    return this.storeKey(workerId, dpRank, this.mixSingle(hi, lo), 0)
+  }
+
+  /** Remove transition of one hash given as halves; an internal result code (negative = error). */
+  removeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
+    return this.removeKey(workerId, dpRank, this.mixSingle(hi, lo), 0)
+  }
+
+  /**
+   * The common store of a batch: registered member `m` becomes the first owner of an untracked
+   * hash while the owner table and the dirty window have room. It does exactly what `storeKey`
+   * does in that case (a capacity omission returns `E_CAPACITY` with no exact-state write; the
+   * caller releases an empty member), without the lookups and reservations the case does not
+   * need. Anything else returns `SLOW_PATH` with nothing changed.
+   */
+  private storeFirstOwner(m: number, keys: Uint32Array, k: number): number {
     const owners = this.owners
-    let slot = owners.find(hi, lo, h)
+    const found = owners.findAt(keys, k)
+    if (
+      found >= 0 ||
+      !owners.hasRoomForKey() ||
+      this.dirtyCount + this.config.maxKicks + 1 > this.dirtyBuckets.length
+    ) {
+      return SLOW_PATH
+    }
+    const addressing = this.addressing
+    addressing.prepareMixedAt(keys, k)
+    if (!this.insertFingerprint(addressing.fp, addressing.a, addressing.b)) return E_CAPACITY
+    owners.insertKeyAt(-1 - found, keys, k, m)
+    return CHANGED
+  }
+
+  /** Store transition of the hash whose mixed key is `keys[k], keys[k + 1]`. */
+  private storeKey(workerId: string, dpRank: number, keys: Uint32Array, k: number): number {
+    const owners = this.owners
+    const key = owners.key
+    key[0] = keys[k]!
+    key[1] = keys[k + 1]!
+    let slot = owners.find()
     let m = this.member(workerId, dpRank)
-    if (slot >= 0 && m >= 0 && owners.ownsAt(slot, hi, lo, h, m)) return UNCHANGED
+    if (slot >= 0 && m >= 0 && owners.ownsAt(slot, m)) return UNCHANGED
     const capacity = owners.slotCapacity
     if (!owners.reserve()) return E_ALLOCATION
-    // Growing the table moves entries; look the hash up again.
-    if (slot >= 0 && owners.slotCapacity !== capacity) slot = owners.find(hi, lo, h)
+    // Growing the table moves entries; look the key up again.
+    if (owners.slotCapacity !== capacity) slot = owners.find()
     if (m < 0) {
       m = this.ensureMember(workerId, dpRank)
       if (m < 0) return E_ALLOCATION
@@ -312,17 +444,16 @@ export class DcCkfState {
         return E_ALLOCATION
       }
       const addressing = this.addressing
-      addressing.prepareHalves(hi, lo)
+      addressing.prepareMixedAt(keys, k)
       if (!this.insertFingerprint(addressing.fp, addressing.a, addressing.b)) {
         // A capacity omission leaves no exact-state trace, not even an empty member.
         this.releaseIfEmpty(workerId, dpRank, m)
         return E_CAPACITY
       }
-      this.commitLog()
-      owners.insertFirst(hi, lo, h, m)
+      owners.insertAt(-1 - slot, m)
       return CHANGED
     }
-    const added = owners.addOwner(slot, hi, lo, h, m)
+    const added = owners.addOwner(slot, m)
     if (added === OWNER_DUPLICATE) return UNCHANGED
     if (added === OWNER_DEGREE_OVERFLOW) {
       this.releaseIfEmpty(workerId, dpRank, m)
@@ -331,24 +462,26 @@ export class DcCkfState {
     return CHANGED
   }
 
-  removeHalves(workerId: string, dpRank: number, hi: number, lo: number): number {
+  /** Remove transition of the hash whose mixed key is `keys[k], keys[k + 1]`. */
+  private removeKey(workerId: string, dpRank: number, keys: Uint32Array, k: number): number {
     const m = this.member(workerId, dpRank)
     if (m < 0) return UNCHANGED
-    const h = mixKey(hi, lo)
     const owners = this.owners
-    const slot = owners.find(hi, lo, h)
+    const key = owners.key
+    key[0] = keys[k]!
+    key[1] = keys[k + 1]!
+    const slot = owners.find()
     if (slot < 0) return UNCHANGED
-    const removed = owners.removeOwner(slot, hi, lo, h, m)
+    const removed = owners.removeOwner(slot, m)
     if (removed === OWNER_UNKNOWN) return UNCHANGED
     if (removed === OWNER_LAST) {
       // The final owner removes one fingerprint copy; a missing copy is reported before any
       // exact-state change.
       if (!this.reserveDirty(1)) return E_ALLOCATION
       const addressing = this.addressing
-      addressing.prepareHalves(hi, lo)
+      addressing.prepareMixedAt(keys, k)
       if (!this.removeFingerprint(addressing.fp, addressing.a, addressing.b)) return E_INVARIANT
-      this.commitLog()
-      owners.deleteLast(slot, hi, lo, h, m)
+      owners.deleteLast(slot, m)
     }
     this.releaseIfEmpty(workerId, dpRank, m)
     return CHANGED
@@ -357,9 +490,9 @@ export class DcCkfState {
   private removeMemberCode(workerId: string, dpRank: number): number {
     const m = this.member(workerId, dpRank)
     if (m < 0) return UNCHANGED
-    const hashes = this.owners.hashesOf(m)
-    for (let i = 0; i < hashes.length; i += 2) {
-      const code = this.removeHalves(workerId, dpRank, hashes[i]!, hashes[i + 1]!)
+    const keys = this.owners.hashesOf(m)
+    for (let i = 0; i < keys.length; i += 2) {
+      const code = this.removeKey(workerId, dpRank, keys, i)
       // The first error aborts; earlier removals stay applied and the member keeps the suffix,
       // so the state remains exact and a retry can finish the clear.
       if (code < 0) return code
@@ -415,25 +548,37 @@ export class DcCkfState {
     return -1
   }
 
+  /** The first write of an insert that found an empty slot: reported as a one-entry log. */
+  private writeEmpty(bucket: number, slot: number, fp: number): void {
+    this.markDirty(bucket, this.words32, 2 * bucket)
+    this.slots16[(bucket << 2) + slot] = fp
+    this.physicalTouches = saturating(this.physicalTouches + 1)
+  }
+
   /**
    * Insert `fp` into bucket a or b: the first empty slot in a, then in b, else bounded kicks with
-   * SplitMix64 and a reverse rollback on failure. The RNG is not rolled back.
+   * SplitMix64 and a reverse rollback on failure. The RNG is not rolled back. On success every
+   * write has been reported to the dirty window in write order; on failure nothing has.
    */
   private insertFingerprint(fp: number, a: number, b: number): boolean {
-    this.logLen = 0
-    const slots = this.slots16
     let empty = this.firstEmpty(a)
     if (empty >= 0) {
-      this.logWrite(a)
-      slots[(a << 2) + empty] = fp
+      this.writeEmpty(a, empty, fp)
       return true
     }
     empty = this.firstEmpty(b)
     if (empty >= 0) {
-      this.logWrite(b)
-      slots[(b << 2) + empty] = fp
+      this.writeEmpty(b, empty, fp)
       return true
     }
+    return this.relocate(fp, a, b)
+  }
+
+  /** The bounded kicks of an insert whose buckets are both full; see `insertFingerprint`. */
+  private relocate(fp: number, a: number, b: number): boolean {
+    let empty: number
+    this.logLen = 0
+    const slots = this.slots16
     const rng = this.rng
     const delta = this.addressing.delta
     let bucket = (rng.next() & 1) === 0 ? a : b
@@ -450,6 +595,7 @@ export class DcCkfState {
       if (empty >= 0) {
         this.logWrite(bucket)
         slots[(bucket << 2) + empty] = f
+        this.commitLog()
         return true
       }
     }
@@ -464,17 +610,17 @@ export class DcCkfState {
     return false
   }
 
-  /** Zero the first slot holding `fp` in bucket a, then b. */
+  /** Zero the first slot holding `fp` in bucket a, then b, and report the write. */
   private removeFingerprint(fp: number, a: number, b: number): boolean {
-    this.logLen = 0
     const slots = this.slots16
     for (let pass = 0; pass < 2; pass++) {
       const bucket = pass === 0 ? a : b
       const base = bucket << 2
       for (let i = 0; i < 4; i++) {
         if (slots[base + i] === fp) {
-          this.logWrite(bucket)
+          this.markDirty(bucket, this.words32, 2 * bucket)
           slots[base + i] = 0
+          this.physicalTouches = saturating(this.physicalTouches + 1)
           return true
         }
       }
@@ -482,10 +628,10 @@ export class DcCkfState {
     return false
   }
 
-  /** Report the logged writes of a successful mutation to the dirty window, in write order. */
+  /** Report the logged writes of a successful relocation to the dirty window, in write order. */
   private commitLog(): void {
     const log = this.log
-    for (let n = 0; n < this.logLen; n += 3) this.markDirty(log[n]!, log[n + 1]!, log[n + 2]!)
+    for (let n = 0; n < this.logLen; n += 3) this.markDirty(log[n]!, log, n + 1)
     this.physicalTouches = saturating(this.physicalTouches + this.logLen / 3)
     this.logLen = 0
   }
@@ -511,7 +657,12 @@ export class DcCkfState {
     }
   }
 
-  private markDirty(bucket: number, lo: number, hi: number): void {
+  /**
+   * Record `bucket` with the pre-image `[src[at], src[at + 1]]` = [lo, hi] unless it is already in
+   * the window (the first pre-image wins). The word comes in by array and offset because a u32
+   * argument would be boxed on a call that is not inlined.
+   */
+  private markDirty(bucket: number, src: Uint32Array, at: number): void {
     const bit = 1 << (bucket & 31)
     const word = bucket >>> 5
     const bits = this.dirtyBits
@@ -519,8 +670,8 @@ export class DcCkfState {
     bits[word] = bits[word]! | bit
     const n = this.dirtyCount
     this.dirtyBuckets[n] = bucket
-    this.dirtyOriginals[2 * n] = lo
-    this.dirtyOriginals[2 * n + 1] = hi
+    this.dirtyOriginals[2 * n] = src[at]!
+    this.dirtyOriginals[2 * n + 1] = src[at + 1]!
     this.dirtyCount = n + 1
   }
 
@@ -535,31 +686,33 @@ export class DcCkfState {
     const buckets = this.dirtyBuckets
     const originals = this.dirtyOriginals
     const bits = this.dirtyBits
-    let images = 0
+    // Images are written straight into a shared slab and each batch views its own range: one
+    // buffer allocation serves many batches.
+    let base = this.slabUsed
+    if (this.slab.length - base < dirty * 3) {
+      this.slab = new Uint32Array(Math.max(IMAGE_SLAB_U32, dirty * 3))
+      this.slabUsed = 0
+      base = 0
+    }
+    const out = this.slab
+    let k = base
     for (let n = 0; n < dirty; n++) {
       const b = buckets[n]!
-      if (words[2 * b] !== originals[2 * n] || words[2 * b + 1] !== originals[2 * n + 1]) images++
+      const lo = words[2 * b]!
+      const hi = words[2 * b + 1]!
+      if (lo !== originals[2 * n] || hi !== originals[2 * n + 1]) {
+        out[k] = b
+        out[k + 1] = lo
+        out[k + 2] = hi
+        k += 3
+      }
+      bits[b >>> 5] = 0
     }
+    const images = (k - base) / 3
     let batch: DcCkfPublicationBatch | undefined
     if (images > 0) {
-      const out = new Uint32Array(images * 3)
-      let k = 0
-      for (let n = 0; n < dirty; n++) {
-        const b = buckets[n]!
-        const lo = words[2 * b]!
-        const hi = words[2 * b + 1]!
-        if (lo !== originals[2 * n] || hi !== originals[2 * n + 1]) {
-          out[k] = b
-          out[k + 1] = lo
-          out[k + 2] = hi
-          k += 3
-        }
-      }
-      batch = new DcCkfPublicationBatch(out)
-    }
-    for (let n = 0; n < dirty; n++) {
-      const b = buckets[n]!
-      bits[b >>> 5] = 0
+      batch = new DcCkfPublicationBatch(new Uint32Array(out.buffer, base * 4, k - base))
+      this.slabUsed = k
     }
     this.distinctTouchedBuckets = saturating(this.distinctTouchedBuckets + dirty)
     this.emittedImages = saturating(this.emittedImages + images)
@@ -613,26 +766,25 @@ export class DcCkfState {
     } catch (error) {
       return error instanceof CkfBuildError ? error : new CkfBuildError("AllocationFailed", String(error))
     }
-    const replaced = new Set(replacements.map((r) => memberKey(r.workerId, r.dpRank)))
-    // Retained owners are re-stored in table order: placement may differ from the old layout,
-    // but ownership and refcounts are identical (placement is history-dependent anyway).
-    let failure = 0
     const owners = this.owners
-    owners.forEachEdge((m, hi, lo) => {
-      if (failure < 0) return
-      const workerId = owners.workerOf(m)
-      const dpRank = owners.rankOf(m)
-      if (replaced.has(memberKey(workerId, dpRank))) return
-      const code = next.storeHalves(workerId, dpRank, hi, lo)
-      if (code < 0) failure = code
-    })
-    if (failure < 0) return new KvCacheEventError(errorKindOf(failure))
+    const replaced = new Set<number>()
+    for (const r of replacements) {
+      const m = owners.memberIndex(memberKey(r.workerId, r.dpRank))
+      if (m >= 0) replaced.add(m)
+    }
+    // Retained owners are re-stored in table order: placement may differ from the old layout,
+    // but ownership and refcounts are identical (placement is history-dependent anyway). Both
+    // states share the seed, so the mixed keys carry over without rehashing.
+    const edges = owners.edgeList()
+    for (let k = 0; k < edges.length; k += 3) {
+      const m = edges[k]!
+      if (replaced.has(m)) continue
+      const code = next.storeKey(owners.workerOf(m), owners.rankOf(m), edges, k + 1)
+      if (code < 0) return new KvCacheEventError(errorKindOf(code))
+    }
     for (const replacement of [...replacements].sort(compareMembers)) {
-      const pairs = replacement.hashes
-      for (let i = 0; i + 1 < pairs.length; i += 2) {
-        const code = next.storeHalves(replacement.workerId, replacement.dpRank, pairs[i]!, pairs[i + 1]!)
-        if (code < 0) return new KvCacheEventError(errorKindOf(code))
-      }
+      const code = next.storeAll(replacement.workerId, replacement.dpRank, replacement.hashes)
+      if (code < 0) return new KvCacheEventError(errorKindOf(code))
     }
     // Diff against what consumers have: a bucket still pending keeps its old first pre-image;
     // any other bucket that changed is marked with its current (published) word.
@@ -646,7 +798,7 @@ export class DcCkfState {
       const b = this.dirtyBuckets[n]!
       const lo = this.dirtyOriginals[2 * n]!
       const hi = this.dirtyOriginals[2 * n + 1]!
-      if (newWords[2 * b] !== lo || newWords[2 * b + 1] !== hi) next.markDirty(b, lo, hi)
+      if (newWords[2 * b] !== lo || newWords[2 * b + 1] !== hi) next.markDirty(b, this.dirtyOriginals, 2 * n)
     }
     for (let b = 0; b < this.bucketCount; b++) {
       const lo = oldWords[2 * b]!
@@ -654,7 +806,7 @@ export class DcCkfState {
       if ((this.dirtyBits[b >>> 5]! & (1 << (b & 31))) !== 0) continue
       if (newWords[2 * b] !== lo || newWords[2 * b + 1] !== hi) {
         if (!next.reserveDirty(1)) return new KvCacheEventError("AllocationFailed")
-        next.markDirty(b, lo, hi)
+        next.markDirty(b, oldWords, 2 * b)
       }
     }
     next.pendingEvents = 1
@@ -666,6 +818,19 @@ export class DcCkfState {
     next.physicalTouches = saturating(this.physicalTouches + rebuildTouches)
     this.adopt(next)
     return this.drainPublication()
+  }
+
+  /** Store every hash pair of `pairs` for one member, stopping at the first error code. */
+  private storeAll(workerId: string, dpRank: number, pairs: Uint32Array): number {
+    const total = pairs.length >>> 1
+    const keys = this.keysFor(Math.min(total, STORE_CHUNK))
+    for (let start = 0; start < total; start += STORE_CHUNK) {
+      const count = Math.min(STORE_CHUNK, total - start)
+      this.addressing.mixBatch(pairs, 2 * start, count, keys, 0)
+      const code = this.storeKeys(workerId, dpRank, keys, count, true)
+      if (code < 0) return code
+    }
+    return CHANGED
   }
 
   /** `replace_rank`: one member's complete replacement. */
@@ -724,12 +889,19 @@ export class DcCkfState {
     return this.containsHalves(hiOf(h), loOf(h))
   }
 
+  /** Slot of a hash in the owner table, or negative when untracked. */
+  private findHash(hash: bigint): number {
+    const h = BigInt.asUintN(64, hash)
+    const owners = this.owners
+    const key = this.mixSingle(hiOf(h), loOf(h))
+    owners.key[0] = key[0]!
+    owners.key[1] = key[1]!
+    return owners.find()
+  }
+
   /** Exact refcount of a hash (0 when untracked). */
   refcount(hash: bigint): number {
-    const h = BigInt.asUintN(64, hash)
-    const hi = hiOf(h)
-    const lo = loOf(h)
-    const slot = this.owners.find(hi, lo, mixKey(hi, lo))
+    const slot = this.findHash(hash)
     return slot < 0 ? 0 : this.owners.countAt(slot)
   }
 
@@ -737,12 +909,8 @@ export class DcCkfState {
   owns(workerId: string, dpRank: number, hash: bigint): boolean {
     const m = this.owners.memberIndex(memberKey(workerId, dpRank))
     if (m < 0) return false
-    const v = BigInt.asUintN(64, hash)
-    const hi = hiOf(v)
-    const lo = loOf(v)
-    const h = mixKey(hi, lo)
-    const slot = this.owners.find(hi, lo, h)
-    return slot >= 0 && this.owners.ownsAt(slot, hi, lo, h, m)
+    const slot = this.findHash(hash)
+    return slot >= 0 && this.owners.ownsAt(slot, m)
   }
 
   /** One bucket word (diagnostic and test use). */
@@ -762,7 +930,17 @@ export class DcCkfState {
   /** The hashes a member owns, as hash pairs. */
   memberHashes(workerId: string, dpRank: number): Uint32Array {
     const m = this.owners.memberIndex(memberKey(workerId, dpRank))
-    return m < 0 ? new Uint32Array(0) : this.owners.hashesOf(m)
+    if (m < 0) return new Uint32Array(0)
+    const pairs = this.owners.hashesOf(m)
+    const v = this.single
+    for (let i = 0; i < pairs.length; i += 2) {
+      v[0] = pairs[i]!
+      v[1] = pairs[i + 1]!
+      this.addressing.unmix(v)
+      pairs[i] = v[0]!
+      pairs[i + 1] = v[1]!
+    }
+    return pairs
   }
 
   /** Block counts per member, sorted by (worker id, dp rank). */

@@ -136,6 +136,164 @@ const rrmxmx = (hi: number, lo: number, len: number): void => {
 // ---------------------------------------------------------------------------------------------
 // Seeded fast paths
 
+// rrmxmx multiplier split for the inlined 32×32 products below.
+const MX2_L0 = MX2_L & 0xffff
+const MX2_L1 = MX2_L >>> 16
+
+/**
+ * XXH3-64 of `count` u64s as 8 little-endian bytes each, for one seed: `input[inOffset + 2i]` and
+ * `input[inOffset + 2i + 1]` are the (hi, lo) halves of value i, and its result is written as
+ * (hi, lo) to `out[outOffset + 2i]`, `out[outOffset + 2i + 1]`. `bitflip` is the seed's [hi, lo]
+ * 4..8-byte bitflip (`Xxh3Seeded.bitflip8`).
+ *
+ * This is `rrmxmx` written out with locals only, and it takes its values from arrays: the limb
+ * helpers above hand their high word back through a module-level variable, and a u32 passed to or
+ * returned from a call that is not inlined is boxed, so every non-Smi value crossing either
+ * allocated a heap number. The loop keeps a batch (one event's blocks, a query's positions) inside
+ * one call.
+ */
+export const xxh3U64Batch = (
+  bitflip: Uint32Array,
+  input: Uint32Array,
+  inOffset: number,
+  count: number,
+  out: Uint32Array,
+  outOffset: number
+): void => {
+  const bfHi = bitflip[0]!
+  const bfLo = bitflip[1]!
+  for (let i = 0; i < count; i++) {
+    // input64 = in2 + (in1 << 32) with in1 = LE32(d, 0) = lo and in2 = LE32(d, 4) = hi
+    let h = input[inOffset + 2 * i + 1]! ^ bfHi
+    let l = input[inOffset + 2 * i]! ^ bfLo
+    // h ^= rotl(h, 49) ^ rotl(h, 24)
+    const r49h = (l << 17) | (h >>> 15)
+    const r49l = (h << 17) | (l >>> 15)
+    const r24h = (h << 24) | (l >>> 8)
+    const r24l = (l << 24) | (h >>> 8)
+    h ^= r49h ^ r24h
+    l ^= r49l ^ r24l
+    // h *= MX2 (low 64 bits; the 32×32 → 64 product of the low words in 16-bit pieces)
+    let a0 = l & 0xffff
+    let a1 = l >>> 16
+    let p00 = Math.imul(a0, MX2_L0)
+    let p01 = Math.imul(a0, MX2_L1)
+    let p10 = Math.imul(a1, MX2_L0)
+    let mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+    h =
+      (Math.imul(a1, MX2_L1) +
+        (p01 >>> 16) +
+        (p10 >>> 16) +
+        (mid >>> 16) +
+        Math.imul(h, MX2_L) +
+        Math.imul(l, MX2_H)) |
+      0
+    l = (mid << 16) | (p00 & 0xffff)
+    // h ^= (h >> 35) + len
+    l ^= (h >>> 3) + 8
+    // h *= MX2
+    a0 = l & 0xffff
+    a1 = l >>> 16
+    p00 = Math.imul(a0, MX2_L0)
+    p01 = Math.imul(a0, MX2_L1)
+    p10 = Math.imul(a1, MX2_L0)
+    mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+    h =
+      (Math.imul(a1, MX2_L1) +
+        (p01 >>> 16) +
+        (p10 >>> 16) +
+        (mid >>> 16) +
+        Math.imul(h, MX2_L) +
+        Math.imul(l, MX2_H)) |
+      0
+    l = (mid << 16) | (p00 & 0xffff)
+    // h ^= h >> 28
+    out[outOffset + 2 * i + 1] = l ^ ((l >>> 28) | (h << 4))
+    out[outOffset + 2 * i] = h ^ (h >>> 28)
+  }
+}
+
+// Inverse of the rrmxmx multiplier modulo 2^64.
+const MX2_INV_H = 0x02ab9c72
+const MX2_INV_L = 0x0d1024ad
+
+/** Low 64 bits of (ah, al) × (bh, bl) into `out[0..2)` as [hi, lo]. */
+const mulLow64Into = (ah: number, al: number, bh: number, bl: number, out: Uint32Array): void => {
+  const a0 = al & 0xffff
+  const a1 = al >>> 16
+  const b0 = bl & 0xffff
+  const b1 = bl >>> 16
+  const p00 = a0 * b0
+  const p01 = a0 * b1
+  const p10 = a1 * b0
+  const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  out[0] = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16) + Math.imul(ah, bl) + Math.imul(al, bh)
+  out[1] = (mid << 16) | (p00 & 0xffff)
+}
+
+/** rotl((h, l), r) for 0 < r < 32 into `out` as [hi, lo]; callers compose larger rotations. */
+const rotl64 = (h: number, l: number, r: number, out: Uint32Array): void => {
+  if (r >= 32) {
+    const t = h
+    h = l
+    l = t
+    r -= 32
+  }
+  if (r === 0) {
+    out[0] = h
+    out[1] = l
+    return
+  }
+  out[0] = (h << r) | (l >>> (32 - r))
+  out[1] = (l << r) | (h >>> (32 - r))
+}
+
+const INV_SCRATCH = new Uint32Array(2)
+
+/** x ^ rotl(x, r1) ^ rotl(x, r2) in place on `v = [hi, lo]`. */
+const xorRotations = (v: Uint32Array, r1: number, r2: number): void => {
+  const h = v[0]!
+  const l = v[1]!
+  rotl64(h, l, r1, INV_SCRATCH)
+  let nh = h ^ INV_SCRATCH[0]!
+  let nl = l ^ INV_SCRATCH[1]!
+  rotl64(h, l, r2, INV_SCRATCH)
+  nh ^= INV_SCRATCH[0]!
+  nl ^= INV_SCRATCH[1]!
+  v[0] = nh
+  v[1] = nl
+}
+
+/**
+ * The inverse of `xxh3U64Batch` for one value: XXH3-64 restricted to 8-byte inputs is a bijection
+ * of u64 (every rrmxmx step is invertible), so tables keyed by `mixed` can give the block hash
+ * back. `v = [hi, lo]` of `mixed` becomes [hi, lo] of the hash. Diagnostic and rebuild use only.
+ */
+export const xxh3U64Invert = (bitflip: Uint32Array, v: Uint32Array): void => {
+  let h = v[0]!
+  let l = v[1]!
+  // h ^= h >> 28 is undone by h ^ (h >> 28) ^ (h >> 56)
+  l = (l ^ ((l >>> 28) | (h << 4)) ^ (h >>> 24)) >>> 0
+  h = (h ^ (h >>> 28)) >>> 0
+  mulLow64Into(h, l, MX2_INV_H, MX2_INV_L, v)
+  h = v[0]!
+  // h ^= (h >> 35) + len leaves bits 30.. unchanged, and those are all that h >> 35 reads
+  l = (v[1]! ^ ((h >>> 3) + 8)) >>> 0
+  mulLow64Into(h, l, MX2_INV_H, MX2_INV_L, v)
+  // L = 1 + R^49 + R^24 over GF(2)[R]/(R^64 + 1) has L^64 = 1, so L^-1 = L^63 = L·L^2·L^4·R^56
+  xorRotations(v, 49, 24)
+  xorRotations(v, 34, 48)
+  xorRotations(v, 4, 32)
+  rotl64(v[0]!, v[1]!, 56, v)
+  // input64 = (lo << 32) | hi, xored with the bitflip
+  const inH = (v[0]! ^ bitflip[0]!) >>> 0
+  const inL = (v[1]! ^ bitflip[1]!) >>> 0
+  v[0] = inL
+  v[1] = inH
+}
+
+const U64_OUT = new Uint32Array(2)
+
 /**
  * XXH3-64 specialised to one seed for the three input shapes the CKF needs: a 16-bit value as
  * 2 little-endian bytes, a u64 as 8 little-endian bytes, and two u64s as 16 bytes.
@@ -145,8 +303,8 @@ export class Xxh3Seeded {
   readonly seedLo: number
   private readonly bf2Hi: number
   private readonly bf2Lo: number
-  private readonly bf8Hi: number
-  private readonly bf8Lo: number
+  /** The 4..8-byte bitflip as [hi, lo], for `xxh3U64Batch` and `xxh3U64Invert`. */
+  readonly bitflip8: Uint32Array
   private readonly bf16aHi: number
   private readonly bf16aLo: number
   private readonly bf16bHi: number
@@ -167,8 +325,7 @@ export class Xxh3Seeded {
     const kL = (s32(8) ^ s32(16)) >>> 0
     const kH = (s32(12) ^ s32(20)) >>> 0
     let diff = kL - seedLo
-    this.bf8Lo = diff >>> 0
-    this.bf8Hi = (kH - sH - (diff < 0 ? 1 : 0)) >>> 0
+    this.bitflip8 = new Uint32Array([(kH - sH - (diff < 0 ? 1 : 0)) >>> 0, diff >>> 0])
     // len 9..16: bf1 = (LE64(s,24) ^ LE64(s,32)) + seed, bf2 = (LE64(s,40) ^ LE64(s,48)) - seed
     const aL = (s32(24) ^ s32(32)) >>> 0
     const aH = (s32(28) ^ s32(36)) >>> 0
@@ -193,8 +350,11 @@ export class Xxh3Seeded {
 
   /** XXH3 of the u64 (hi, lo) as 8 little-endian bytes; result in `xxhOut`. */
   hashU64(hi: number, lo: number): void {
-    // in1 = LE32(d,0) = lo, in2 = LE32(d,4) = hi; input64 = in2 + (in1 << 32)
-    rrmxmx((lo ^ this.bf8Hi) >>> 0, (hi ^ this.bf8Lo) >>> 0, 8)
+    U64_OUT[0] = hi
+    U64_OUT[1] = lo
+    xxh3U64Batch(this.bitflip8, U64_OUT, 0, 1, U64_OUT, 0)
+    xxhOut.hi = U64_OUT[0]!
+    xxhOut.lo = U64_OUT[1]!
   }
 
   /** XXH3 of LE64(a) ‖ LE64(b) (16 bytes); result in `xxhOut`. */

@@ -1,5 +1,6 @@
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
+import { CkfAddressing } from "../../src/ckf/addressing.js"
 import { ckfConfig } from "../../src/ckf/config.js"
 import {
   chainSequenceHash,
@@ -24,7 +25,7 @@ import {
   RoutingScopeId
 } from "../../src/ckf/identity.js"
 import { type DcCkfDelta, DcCkfPublisher, type DcCkfSnapshot } from "../../src/ckf/publisher.js"
-import { newPrefixSearchStats } from "../../src/ckf/search.js"
+import { findPrefixDepths, newPrefixSearchStats } from "../../src/ckf/search.js"
 import { DcCkfState } from "../../src/ckf/state.js"
 import { TransposedCkfTable } from "../../src/ckf/transposed.js"
 import { hashPairs, U64_MAX } from "../../src/ckf/u64.js"
@@ -1018,5 +1019,81 @@ describe("end to end with DcCkfState and DcCkfPublisher", () => {
       ),
       { numRuns: 300 }
     )
+  })
+})
+
+describe("GlobalCkfIndexer prefix search", () => {
+  // The indexer runs its own per-lane search (sharing probes through a per-query memo) rather than
+  // calling `findPrefixDepths`; every lane must still get exactly the `findPrefixDepths` answer,
+  // including where capacity holes and false positives send the verification window's rescan.
+  it("gives every lane exactly the findPrefixDepths answer over the same table", () => {
+    const stats = newPrefixSearchStats()
+    fc.assert(
+      fc.property(
+        fc.array(
+          fc.record({
+            depth: fc.nat({ max: 48 }),
+            holes: fc.array(fc.nat({ max: 47 }), { maxLength: 4 }),
+            // Holes just below the depth put misses inside and at the edge of the verification window.
+            nearHoles: fc.array(fc.nat({ max: 9 }), { maxLength: 3 }),
+            noise: fc.array(fc.nat({ max: 200 }), { maxLength: 40 })
+          }),
+          { minLength: 16, maxLength: 16 }
+        ),
+        fc.array(fc.bigInt({ min: 0n, max: U64_MAX }), { minLength: 0, maxLength: 48 }),
+        fc.integer({ min: 1, max: 6 }),
+        fc.constantFrom(8, 32, 128),
+        fc.integer({ min: 0, max: 0xffff }),
+        (lanesSpec, query, window, expected, readyBits) => {
+          const config = ckfConfig(expected)
+          const format = new DcCkfState(config).format
+          const pools = lanesSpec.map((_, lane) => poolOf(BigInt(200 + lane)))
+          const manifest = new GlobalCkfManifest(
+            CONSUMER,
+            DOMAIN,
+            format,
+            lanesWith(pools.map((pool, lane) => [lane, pool] as const))
+          )
+          const indexer = new GlobalCkfIndexer(manifest, { verificationWindow: window })
+          const reference = new TransposedCkfTable(format.bucketCount)
+          lanesSpec.forEach((spec, lane) => {
+            // Only some lanes become ready: the rest must stay out of the answer.
+            if (lane > 0 && (readyBits & (1 << lane)) === 0) return
+            const state = new DcCkfState(config)
+            const holes = [...spec.holes, ...spec.nearHoles.map((k) => spec.depth - 1 - k)]
+            const stored = query.slice(0, spec.depth).filter((_, i) => !holes.includes(i))
+            const noise = spec.noise.map((k) => hashOf(k, lane))
+            for (const hash of [...stored, ...noise]) state.store("w", 0, hash)
+            const identity = new ProducerIdentity(pools[lane]!, 1n, 1n, format)
+            const publisher = new DcCkfPublisher(identity, 0n, { enqueue: () => undefined })
+            const ingestor = ingestorOf(indexer.claimLane(lane))
+            const lease = new LaneLease(CONSUMER, lane, 1n)
+            expect(ingestor.assign(identity, lease)).toBeUndefined()
+            const snapshot = publisher.snapshotAfterBarrier(state, lease)
+            if (snapshot instanceof Error) throw snapshot
+            expect(ingestor.installSnapshot(snapshot)._tag).toBe("SnapshotInstalled")
+            reference.installLane(lane, state.snapshotWords())
+          })
+          const hashes = hashPairs(query)
+          const result = indexer.findPrefixMatches(hashes, stats)
+          if (result === "Unavailable") throw new Error("lane 0 is always ready")
+          const addressing = new CkfAddressing(format.seed, format.bucketCount)
+          const probe = (pos: number): number => {
+            addressing.prepareHalves(hashes[2 * pos]!, hashes[2 * pos + 1]!)
+            return reference.probe(addressing.fp, addressing.a, addressing.b)
+          }
+          const want = findPrefixDepths(query.length, result.capturedReadyLanes, window, probe)
+          for (let lane = 0; lane < 16; lane++) {
+            const match = result.lanes[lane]
+            if ((result.capturedReadyLanes & (1 << lane)) === 0) expect(match).toBeUndefined()
+            else expect(match?.prefixDepth).toBe(want[lane])
+          }
+        }
+      ),
+      { numRuns: 600 }
+    )
+    // The runs reached the rare branches: a left-edge miss, its rescan and its provenance skip.
+    expect(stats.activatedLanes).toBeGreaterThan(0)
+    expect(stats.provenanceSkips).toBeGreaterThan(0)
   })
 })
