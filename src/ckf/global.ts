@@ -324,22 +324,25 @@ const EMPTY_HASHES = new Uint32Array(0)
 const ROW_U32 = CKF_LANE_COUNT * 2
 const REP16 = 0x0001_0001
 const HIGH16 = 0x8000_8000
+/** Queries up to this many blocks hash and load every position up front (`prepareAll`). */
+const EAGER_POSITIONS = 256
 
 export class GlobalCkfIndexer {
   private readonly shared: GlobalCkfShared
   // Query scratch, per position of the current query and valid while `stamps[pos]` equals
-  // `generation`: the fingerprint and buckets (each position is hashed at most once per query),
-  // the lanes already tested there, and which of them hit.
+  // `generation`: the fingerprint repeated in both halves of a u32, and the offsets of its two
+  // rows in the table (each position is hashed at most once per query).
   private queryHashes: Uint32Array = EMPTY_HASHES
   private generation = 0
   private stamps = new Uint32Array(0)
-  private fps = new Uint32Array(0)
+  private reps = new Uint32Array(0)
   private rowsA = new Uint32Array(0)
   private rowsB = new Uint32Array(0)
-  private tested = new Uint16Array(0)
-  private hits = new Uint16Array(0)
   private readonly depths = new Uint32Array(CKF_LANE_COUNT)
   private readonly mixed = new Uint32Array(2)
+  private mixedAll = new Uint32Array(0)
+  /** Keeps the row loads of `prepareAll` from being optimised away. */
+  touchSink = 0
   // Counters of the query in progress (reported through `PrefixSearchStats`).
   private probeCalls = 0
   private laneProbes = 0
@@ -351,15 +354,13 @@ export class GlobalCkfIndexer {
    * Whether `lane` holds the fingerprint of position `pos` of the current query in bucket a or b
    * (`bit` = 1 << lane; the result is `bit` or 0). Only the asking lane's words are tested: the
    * searches of 16 lanes look at different positions, so a full 16-lane probe per position would
-   * mostly test lanes that never ask. Each position is hashed and each (position, lane) tested at
-   * most once per query.
+   * mostly test lanes that never ask. Each position is hashed at most once per query; a lane's
+   * test is cheaper than remembering its outcome, so revisits test again.
    */
   private hitAt(pos: number, lane: number, bit: number): number {
     this.laneProbes++
     if (this.stamps[pos] !== this.generation) this.preparePosition(pos)
-    else if ((this.tested[pos]! & bit) !== 0) return this.hits[pos]! & bit
-    const fp = this.fps[pos]!
-    const rep = (fp << 16) | fp
+    const rep = this.reps[pos]!
     const t = this.shared.table.words
     const i = this.rowsA[pos]! + 2 * lane
     const j = this.rowsB[pos]! + 2 * lane
@@ -370,13 +371,43 @@ export class GlobalCkfIndexer {
     const y1 = t[j + 1]! ^ rep
     const z =
       (((x0 - REP16) & ~x0) | ((x1 - REP16) & ~x1) | ((y0 - REP16) & ~y0) | ((y1 - REP16) & ~y1)) & HIGH16
-    const hit = z === 0 ? 0 : bit
-    this.tested[pos] = this.tested[pos]! | bit
-    this.hits[pos] = this.hits[pos]! | hit
-    return hit
+    return z === 0 ? 0 : bit
   }
 
-  /** Hash position `pos` of the current query; no lane of it is tested yet. */
+  /**
+   * Hash every position of the current query and load its two rows before any lane searches.
+   * The loads are independent, so the table's cache misses overlap instead of each search step
+   * waiting for its own; 16 lanes of random depth visit most positions of a query anyway.
+   */
+  private prepareAll(n: number): void {
+    const addressing = this.shared.addressing
+    const mixed = this.mixedAll
+    addressing.mixBatch(this.queryHashes, 0, n, mixed, 0)
+    const t = this.shared.table.words
+    const generation = this.generation
+    let touched = 0
+    for (let pos = 0; pos < n; pos++) {
+      addressing.prepareMixedAt(mixed, 2 * pos)
+      const rowA = addressing.a * ROW_U32
+      const rowB = addressing.b * ROW_U32
+      this.reps[pos] = (addressing.fp << 16) | addressing.fp
+      this.rowsA[pos] = rowA
+      this.rowsB[pos] = rowB
+      this.stamps[pos] = generation
+    }
+    // A separate tight loop, so that many loads are in flight at once; a row spans two cache lines.
+    const rowsA = this.rowsA
+    const rowsB = this.rowsB
+    for (let pos = 0; pos < n; pos++) {
+      const a = rowsA[pos]!
+      const b = rowsB[pos]!
+      touched |= t[a]! | t[a + 16]! | t[b]! | t[b + 16]!
+    }
+    this.touchSink = touched
+    this.probeCalls += n
+  }
+
+  /** Hash position `pos` of the current query (queries too long for `prepareAll`). */
   private preparePosition(pos: number): void {
     const addressing = this.shared.addressing
     const mixed = this.mixed
@@ -384,11 +415,9 @@ export class GlobalCkfIndexer {
     addressing.prepareMixedAt(mixed, 0)
     const rowA = addressing.a * ROW_U32
     const rowB = addressing.b * ROW_U32
-    this.fps[pos] = addressing.fp
+    this.reps[pos] = (addressing.fp << 16) | addressing.fp
     this.rowsA[pos] = rowA
     this.rowsB[pos] = rowB
-    this.tested[pos] = 0
-    this.hits[pos] = 0
     this.stamps[pos] = this.generation
     this.probeCalls++
   }
@@ -398,7 +427,7 @@ export class GlobalCkfIndexer {
    * verification of the `window` positions below the tentative depth, and the fallback rescan of
    * the gap after the last binary predecessor when the first verification miss is the window's
    * left edge). This is exactly the answer `findPrefixDepths` gives the lane: its grouping and
-   * lock-step only share probe calls, which the per-query position memo shares as well.
+   * lock-step only share probe calls between lanes, and probes have no side effects.
    */
   private laneDepth(n: number, window: number, lane: number): number {
     const bit = 1 << lane
@@ -555,6 +584,7 @@ export class GlobalCkfIndexer {
       this.reserveQuery(n)
       this.queryHashes = hashes
       try {
+        if (n <= EAGER_POSITIONS) this.prepareAll(n)
         // A lane that misses position 0 has depth 0.
         let active = 0
         for (let m = captured; m !== 0; m &= m - 1) {
@@ -590,11 +620,10 @@ export class GlobalCkfIndexer {
     if (n > this.stamps.length) {
       const capacity = Math.max(n, this.stamps.length * 2, 64)
       this.stamps = new Uint32Array(capacity)
-      this.fps = new Uint32Array(capacity)
+      this.mixedAll = new Uint32Array(2 * Math.min(capacity, EAGER_POSITIONS))
+      this.reps = new Uint32Array(capacity)
       this.rowsA = new Uint32Array(capacity)
       this.rowsB = new Uint32Array(capacity)
-      this.tested = new Uint16Array(capacity)
-      this.hits = new Uint16Array(capacity)
       this.generation = 0
     }
     this.generation = (this.generation + 1) >>> 0

@@ -1044,7 +1044,10 @@ describe("GlobalCkfIndexer prefix search", () => {
         fc.integer({ min: 1, max: 6 }),
         fc.constantFrom(8, 32, 128),
         fc.integer({ min: 0, max: 0xffff }),
-        (lanesSpec, query, window, expected, readyBits) => {
+        fc.boolean(),
+        (lanesSpec, prefix, window, expected, readyBits, long) => {
+          // Long queries (over 256 blocks) take the lazy, position-by-position preparation.
+          const query = long ? [...prefix, ...Array.from({ length: 260 }, (_, i) => hashOf(i, 99))] : prefix
           const config = ckfConfig(expected)
           const format = new DcCkfState(config).format
           const pools = lanesSpec.map((_, lane) => poolOf(BigInt(200 + lane)))
