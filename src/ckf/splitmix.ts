@@ -2,6 +2,8 @@
  * SplitMix64 in 32-bit limbs: the producer's kick RNG and the consumer's lane → worker mapping.
  */
 
+import { mulLow64Into } from "./u64.js"
+
 const TWO_32 = 4294967296
 export const GOLDEN = 0x9e37_79b9_7f4a_7c15n
 const GOLDEN_HI = 0x9e3779b9
@@ -11,21 +13,6 @@ const C1_LO = 0x1ce4e5b9
 const C2_HI = 0x94d049bb
 const C2_LO = 0x133111eb
 
-/** 64×64 → low 64 of (ah, al) × (bh, bl); writes `out[0] = hi`, `out[1] = lo`. */
-const mulLow = (ah: number, al: number, bh: number, bl: number, out: Uint32Array): void => {
-  const a0 = al & 0xffff
-  const a1 = al >>> 16
-  const b0 = bl & 0xffff
-  const b1 = bl >>> 16
-  const p00 = a0 * b0
-  const p01 = a0 * b1
-  const p10 = a1 * b0
-  const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  const hi = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
-  out[1] = (mid << 16) | (p00 & 0xffff)
-  out[0] = hi + Math.imul(ah, bl) + Math.imul(al, bh)
-}
-
 /** The SplitMix64 finaliser (no increment) applied in place to `v = [hi, lo]`. */
 export const mix64 = (v: Uint32Array): void => {
   let hi = v[0]!
@@ -33,13 +20,13 @@ export const mix64 = (v: Uint32Array): void => {
   // v ^= v >> 30
   lo = (lo ^ ((lo >>> 30) | (hi << 2))) >>> 0
   hi = (hi ^ (hi >>> 30)) >>> 0
-  mulLow(hi, lo, C1_HI, C1_LO, v)
+  mulLow64Into(hi, lo, C1_HI, C1_LO, v)
   hi = v[0]!
   lo = v[1]!
   // v ^= v >> 27
   lo = (lo ^ ((lo >>> 27) | (hi << 5))) >>> 0
   hi = (hi ^ (hi >>> 27)) >>> 0
-  mulLow(hi, lo, C2_HI, C2_LO, v)
+  mulLow64Into(hi, lo, C2_HI, C2_LO, v)
   hi = v[0]!
   lo = v[1]!
   // v ^= v >> 31

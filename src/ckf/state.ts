@@ -263,18 +263,27 @@ export class DcCkfState {
   }
 
   /**
-   * Stores of one Stored event: every block is hashed once (its `mixed` keys the owner table and
-   * gives the fingerprint and buckets), and its owner-table home is loaded before any block is
-   * applied. Returns the first error code, or 0.
+   * The mixed keys of an event's `count` blocks, with each key's owner-table home loaded: the
+   * loads are independent, so their cache misses overlap before the dependent work runs.
    */
-  private storeBatch(workerId: string, dpRank: number, hashes: Uint32Array): number {
-    const count = hashes.length >>> 1
+  private mixAndTouch(hashes: Uint32Array, count: number): Uint32Array {
     const keys = this.keysFor(count)
     this.addressing.mixBatch(hashes, 0, count, keys, 0)
     const owners = this.owners
     let touched = 0
     for (let i = 0; i < count; i++) touched |= owners.touchAt(keys, 2 * i)
     this.touchSink = touched
+    return keys
+  }
+
+  /**
+   * Stores of one Stored event: every block is hashed once (its `mixed` keys the owner table and
+   * gives the fingerprint and buckets), and its owner-table home is loaded before any block is
+   * applied. Returns the first error code, or 0.
+   */
+  private storeBatch(workerId: string, dpRank: number, hashes: Uint32Array): number {
+    const count = hashes.length >>> 1
+    const keys = this.mixAndTouch(hashes, count)
     return this.storeKeys(workerId, dpRank, keys, count, false)
   }
 
@@ -316,12 +325,7 @@ export class DcCkfState {
     this.batchError = 0
     if (this.member(workerId, dpRank) < 0) return hashes.length >>> 1
     const count = hashes.length >>> 1
-    const keys = this.keysFor(count)
-    this.addressing.mixBatch(hashes, 0, count, keys, 0)
-    const owners = this.owners
-    let touched = 0
-    for (let i = 0; i < count; i++) touched |= owners.touchAt(keys, 2 * i)
-    this.touchSink = touched
+    const keys = this.mixAndTouch(hashes, count)
     let unknown = 0
     for (let i = 0; i < count; i++) {
       const code = this.removeKey(workerId, dpRank, keys, 2 * i)

@@ -6,6 +6,23 @@
  */
 
 export const U64_MAX = 0xffff_ffff_ffff_ffffn
+
+/**
+ * Low 64 bits of (ah, al) × (bh, bl) into `out` as [hi, lo]: the 32×32 → 64 product of the low
+ * words in 16-bit pieces (exact in doubles), the cross terms with `Math.imul`.
+ */
+export const mulLow64Into = (ah: number, al: number, bh: number, bl: number, out: Uint32Array): void => {
+  const a0 = al & 0xffff
+  const a1 = al >>> 16
+  const b0 = bl & 0xffff
+  const b1 = bl >>> 16
+  const p00 = a0 * b0
+  const p01 = a0 * b1
+  const p10 = a1 * b0
+  const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  out[0] = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16) + Math.imul(ah, bl) + Math.imul(al, bh)
+  out[1] = (mid << 16) | (p00 & 0xffff)
+}
 const TWO_32 = 4294967296
 
 /** High 32 bits of a u64 given as bigint. */

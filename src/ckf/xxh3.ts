@@ -7,6 +7,8 @@
  * shared `xxhOut` holder so that no hot call allocates.
  */
 
+import { mulLow64Into } from "./u64.js"
+
 const TWO_32 = 4294967296
 
 /** Result holder of the last hash: high and low 32-bit halves of the u64. */
@@ -216,20 +218,6 @@ export const xxh3U64Batch = (
 // Inverse of the rrmxmx multiplier modulo 2^64.
 const MX2_INV_H = 0x02ab9c72
 const MX2_INV_L = 0x0d1024ad
-
-/** Low 64 bits of (ah, al) × (bh, bl) into `out[0..2)` as [hi, lo]. */
-const mulLow64Into = (ah: number, al: number, bh: number, bl: number, out: Uint32Array): void => {
-  const a0 = al & 0xffff
-  const a1 = al >>> 16
-  const b0 = bl & 0xffff
-  const b1 = bl >>> 16
-  const p00 = a0 * b0
-  const p01 = a0 * b1
-  const p10 = a1 * b0
-  const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  out[0] = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16) + Math.imul(ah, bl) + Math.imul(al, bh)
-  out[1] = (mid << 16) | (p00 & 0xffff)
-}
 
 /** rotl((h, l), r) for 0 < r < 32 into `out` as [hi, lo]; callers compose larger rotations. */
 const rotl64 = (h: number, l: number, r: number, out: Uint32Array): void => {
