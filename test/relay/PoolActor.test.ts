@@ -155,7 +155,7 @@ describe("PoolActor", () => {
 
   it.scoped("an expired timer fires at a turn's end even while commands keep coming", () =>
     Effect.gen(function* () {
-      const actor = yield* spawn(ckfConfig(1024, { publishEveryNEvents: 1000 }), {
+      const actor = yield* spawn(ckfConfig(65_536, { publishEveryNEvents: 1_000_000 }), {
         publicationDelay: "1 millis"
       })
       const subscription = yield* actor.subscribe(lease(1))
@@ -165,13 +165,26 @@ describe("PoolActor", () => {
       // The deadline passes while the actor is paused; its tick queues behind the 100 events.
       yield* TestClock.adjust("1 millis")
       yield* settle
+      // After the release, events keep coming: several mailboxes' worth, a backlog of many turns.
+      const last = 1_500
+      const admitter = yield* Effect.fork(
+        Effect.forEach(
+          Array.from({ length: last - 101 }, (_, i) => 102 + i),
+          (id) => actor.admitEvent(0, stored(id, [id])),
+          { discard: true }
+        )
+      )
       yield* release
-      const { sequence, stats } = yield* actor.stateStats
-      // At the end of the turn (64 commands) that resumed after the pause, not after the backlog.
-      expect(sequence).toBe(1n)
-      expect(stats.publication.pendingEvents).toBeGreaterThan(0)
-      expect(stats.publication.pendingEvents).toBeLessThan(100)
-      expect((yield* subscription.deltas.take).sequence).toBe(1n)
+      // Each event dirties about one bucket of the large filter, so the first delta's images count
+      // the events applied when it was published: at a turn's end, long before the backlog's.
+      const first = yield* subscription.deltas.take
+      expect(first.sequence).toBe(1n)
+      const images = first.images.length / 3
+      expect(images).toBeGreaterThanOrEqual(90)
+      expect(images).toBeLessThan(600)
+      yield* Fiber.join(admitter)
+      yield* actor.flush
+      expect((yield* actor.stateStats).stats.aggregation.uniqueBlockCount).toBe(last)
     })
   )
 
