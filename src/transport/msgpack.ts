@@ -135,23 +135,27 @@ export class MsgpackReader {
     return v
   }
 
-  /** The element count of an array header, or -1 (nothing consumed) when the next value is not an array. */
-  tryArray(): number {
+  /**
+   * The length in the header of a sized type, or -1 (nothing consumed) when the next byte is not
+   * one of its headers or its length is truncated. The fix form is the byte `fixTag | n` for
+   * `n <= fixMask` (`fixMask` 0: the type has none); `op8` is -1 for types without an 8-bit form.
+   */
+  private tryHeader(fixTag: number, fixMask: number, op8: number, op16: number, op32: number): number {
     if (this.pos >= this.end) return -1
     const b = this.buf[this.pos]!
-    let n: number
-    if (b >= 0x90 && b <= 0x9f) {
+    if (fixMask !== 0 && (b & ~fixMask) === fixTag) {
       this.pos++
-      n = b & 0x0f
-    } else if (b === 0xdc) {
-      if (this.pos + 3 > this.end) return -1
-      this.pos++
-      n = this.u16()
-    } else if (b === 0xdd) {
-      if (this.pos + 5 > this.end) return -1
-      this.pos++
-      n = this.u32()
-    } else return -1
+      return b & fixMask
+    }
+    const width = b === op8 ? 1 : b === op16 ? 2 : b === op32 ? 4 : 0
+    if (width === 0 || this.pos + 1 + width > this.end) return -1
+    this.pos++
+    return width === 1 ? this.u8() : width === 2 ? this.u16() : this.u32()
+  }
+
+  /** The element count of an array header, or -1 (nothing consumed) when the next value is not an array. */
+  tryArray(): number {
+    const n = this.tryHeader(0x90, 0x0f, -1, 0xdc, 0xdd)
     // Every element takes at least one byte: a larger count is garbage, and must not size an allocation.
     if (n > this.end - this.pos) fail(`array of ${n} elements exceeds the ${this.end - this.pos} bytes left`)
     return n
@@ -159,21 +163,7 @@ export class MsgpackReader {
 
   /** The entry count of a map header, or -1 (nothing consumed) when the next value is not a map. */
   tryMap(): number {
-    if (this.pos >= this.end) return -1
-    const b = this.buf[this.pos]!
-    let n: number
-    if (b >= 0x80 && b <= 0x8f) {
-      this.pos++
-      n = b & 0x0f
-    } else if (b === 0xde) {
-      if (this.pos + 3 > this.end) return -1
-      this.pos++
-      n = this.u16()
-    } else if (b === 0xdf) {
-      if (this.pos + 5 > this.end) return -1
-      this.pos++
-      n = this.u32()
-    } else return -1
+    const n = this.tryHeader(0x80, 0x0f, -1, 0xde, 0xdf)
     if (2 * n > this.end - this.pos) fail(`map of ${n} entries exceeds the ${this.end - this.pos} bytes left`)
     return n
   }
@@ -192,48 +182,15 @@ export class MsgpackReader {
 
   /** Length of a str header, or -1 (nothing consumed) when the next value is not a str. */
   tryStrHeader(): number {
-    if (this.pos >= this.end) return -1
-    const b = this.buf[this.pos]!
-    let n: number
-    if (b >= 0xa0 && b <= 0xbf) {
-      this.pos++
-      n = b & 0x1f
-    } else if (b === 0xd9) {
-      if (this.pos + 2 > this.end) return -1
-      this.pos++
-      n = this.u8()
-    } else if (b === 0xda) {
-      if (this.pos + 3 > this.end) return -1
-      this.pos++
-      n = this.u16()
-    } else if (b === 0xdb) {
-      if (this.pos + 5 > this.end) return -1
-      this.pos++
-      n = this.u32()
-    } else return -1
-    this.need(n, "str")
+    const n = this.tryHeader(0xa0, 0x1f, 0xd9, 0xda, 0xdb)
+    if (n > 0) this.need(n, "str")
     return n
   }
 
   /** Length of a bin header, or -1 (nothing consumed) when the next value is not a bin. */
   tryBinHeader(): number {
-    if (this.pos >= this.end) return -1
-    const b = this.buf[this.pos]!
-    let n: number
-    if (b === 0xc4) {
-      if (this.pos + 2 > this.end) return -1
-      this.pos++
-      n = this.u8()
-    } else if (b === 0xc5) {
-      if (this.pos + 3 > this.end) return -1
-      this.pos++
-      n = this.u16()
-    } else if (b === 0xc6) {
-      if (this.pos + 5 > this.end) return -1
-      this.pos++
-      n = this.u32()
-    } else return -1
-    this.need(n, "bin")
+    const n = this.tryHeader(0, 0, 0xc4, 0xc5, 0xc6)
+    if (n > 0) this.need(n, "bin")
     return n
   }
 
@@ -646,56 +603,41 @@ export class MsgpackWriter {
     return this
   }
 
-  array(n: number): this {
+  /**
+   * The header of a sized type with length `n` in its smallest form: the byte `fixTag | n` for
+   * `n <= fixMax` (`fixMax` -1: no fix form), then the 8-bit form (`op8` -1: none), 16-bit, 32-bit.
+   */
+  private header(n: number, fixTag: number, fixMax: number, op8: number, op16: number, op32: number): void {
     this.ensure(5)
-    if (n < 16) this.buf[this.pos++] = 0x90 | n
-    else if (n < 0x10000) {
-      this.buf[this.pos++] = 0xdc
+    if (n <= fixMax) this.buf[this.pos++] = fixTag | n
+    else if (op8 >= 0 && n < 0x100) {
+      this.buf[this.pos++] = op8
+      this.buf[this.pos++] = n
+    } else if (n < 0x10000) {
+      this.buf[this.pos++] = op16
       this.view.setUint16(this.pos, n)
       this.pos += 2
     } else {
-      this.buf[this.pos++] = 0xdd
+      this.buf[this.pos++] = op32
       this.view.setUint32(this.pos, n)
       this.pos += 4
     }
+  }
+
+  array(n: number): this {
+    this.header(n, 0x90, 15, -1, 0xdc, 0xdd)
     return this
   }
 
   map(n: number): this {
-    this.ensure(5)
-    if (n < 16) this.buf[this.pos++] = 0x80 | n
-    else if (n < 0x10000) {
-      this.buf[this.pos++] = 0xde
-      this.view.setUint16(this.pos, n)
-      this.pos += 2
-    } else {
-      this.buf[this.pos++] = 0xdf
-      this.view.setUint32(this.pos, n)
-      this.pos += 4
-    }
+    this.header(n, 0x80, 15, -1, 0xde, 0xdf)
     return this
   }
 
   str(text: string): this {
     const bytes = utf8Encoder.encode(text)
-    this.ensure(5 + bytes.length)
-    const n = bytes.length
-    if (n < 32) this.buf[this.pos++] = 0xa0 | n
-    else if (n < 0x100) {
-      this.buf[this.pos++] = 0xd9
-      this.buf[this.pos++] = n
-    } else if (n < 0x10000) {
-      this.buf[this.pos++] = 0xda
-      this.view.setUint16(this.pos, n)
-      this.pos += 2
-    } else {
-      this.buf[this.pos++] = 0xdb
-      this.view.setUint32(this.pos, n)
-      this.pos += 4
-    }
-    this.buf.set(bytes, this.pos)
-    this.pos += n
-    return this
+    this.header(bytes.length, 0xa0, 31, 0xd9, 0xda, 0xdb)
+    return this.raw(bytes)
   }
 
   /** Pre-encoded str bytes (map keys). */
@@ -707,23 +649,8 @@ export class MsgpackWriter {
   }
 
   bin(bytes: Uint8Array): this {
-    const n = bytes.length
-    this.ensure(5 + n)
-    if (n < 0x100) {
-      this.buf[this.pos++] = 0xc4
-      this.buf[this.pos++] = n
-    } else if (n < 0x10000) {
-      this.buf[this.pos++] = 0xc5
-      this.view.setUint16(this.pos, n)
-      this.pos += 2
-    } else {
-      this.buf[this.pos++] = 0xc6
-      this.view.setUint32(this.pos, n)
-      this.pos += 4
-    }
-    this.buf.set(bytes, this.pos)
-    this.pos += n
-    return this
+    this.header(bytes.length, 0, -1, 0xc4, 0xc5, 0xc6)
+    return this.raw(bytes)
   }
 
   float64(value: number): this {

@@ -220,6 +220,51 @@ describe("RouterEvent payload", () => {
     expect(decodeError(Uint8Array.of(0x91, 0x81, 0xa1, 0x78, 0xdd, 0x7f, 0xff, 0xff, 0xff))).toMatch(/exceed/)
   })
 
+  it("writes and reads every header form of str, bin, array and map as msgpackr does", () => {
+    // The boundaries of the fix, 8-, 16- and 32-bit forms.
+    const lengths = [0, 15, 16, 31, 32, 255, 256, 65_535, 65_536]
+    for (const n of lengths) {
+      const text = "x".repeat(n)
+      const bytes = new Uint8Array(n).fill(7)
+      const list = new Array<null>(n).fill(null)
+      const entries = Array.from({ length: n }, (_, i) => [i, null] as const)
+      const w = new MsgpackWriter()
+      w.str(text).bin(bytes).array(n)
+      for (let i = 0; i < n; i++) w.nil()
+      w.map(n)
+      for (const [k] of entries) w.int(k).nil()
+      const written = w.finish()
+      // Byte for byte what an independent encoder writes for the same values.
+      const expected = new Uint8Array([
+        ...pack(text),
+        ...pack(bytes),
+        ...pack(list),
+        ...packr.pack(new Map(entries))
+      ])
+      expect(Buffer.from(written).equals(Buffer.from(expected))).toBe(true)
+
+      const r = new MsgpackReader(written)
+      expect(r.string("str")).toBe(text)
+      const binLength = r.tryBinHeader()
+      expect(binLength).toBe(n)
+      r.pos += n
+      expect(r.tryArray()).toBe(n)
+      for (let i = 0; i < n; i++) expect(r.nil()).toBe(true)
+      expect(r.tryMap()).toBe(n)
+      for (let i = 0; i < n; i++) {
+        expect(r.uint("key")).toBe(i)
+        expect(r.nil()).toBe(true)
+      }
+      expect(r.remaining).toBe(0)
+    }
+    // A header whose length bytes are cut off is not that type (nothing consumed).
+    for (const bytes of [[0xd9], [0xda, 0x01], [0xc5, 0x00], [0xdc, 0x00], [0xdf, 0x00, 0x00, 0x00]]) {
+      const r = new MsgpackReader(Uint8Array.from(bytes))
+      expect([r.tryStrHeader(), r.tryBinHeader(), r.tryArray(), r.tryMap()]).toEqual([-1, -1, -1, -1])
+      expect(r.pos).toBe(0)
+    }
+  })
+
   it("skips deeply nested unknown values without recursion", () => {
     const depth = 200_000
     const w = new MsgpackWriter()
