@@ -56,6 +56,39 @@ const grownCapacity = (needed: number, current: number): number => {
 const mustShift = (hole: number, j: number, h: number): boolean =>
   hole <= j ? h <= hole || h > j : h <= hole && h > j
 
+/**
+ * Tombstone-free deletion of slot `i` from a linear-probing table of `[hi, lo, meta]` slots
+ * (meta 0 = empty): later entries of the probe run move back into the hole. Both tables share
+ * the layout and differ only in an entry's home: the owner table's is its key's high word, an
+ * edge's is the mix of its key and member tag (`edgeHome`).
+ */
+const deleteSlot = (
+  slots: Uint32Array,
+  cap: number,
+  scale: number,
+  slot: number,
+  edgeHome: boolean
+): void => {
+  let i = slot
+  let j = slot
+  for (;;) {
+    j = j + 1 === cap ? 0 : j + 1
+    const meta = slots[3 * j + 2]!
+    if (meta === 0) break
+    const u = slots[3 * j]!
+    const l = slots[3 * j + 1]!
+    if (mustShift(i, j, home(edgeHome ? mixEdge(u, l, meta) : u, scale, cap))) {
+      slots[3 * i] = u
+      slots[3 * i + 1] = l
+      slots[3 * i + 2] = meta
+      i = j
+    }
+  }
+  slots[3 * i] = 0
+  slots[3 * i + 1] = 0
+  slots[3 * i + 2] = 0
+}
+
 // Owner-table slot: [hi, lo, meta] of the mixed key; meta = primary owner index + 1 in bits 8..31
 // (0 = none) and the refcount in bits 0..7 (1..254), 255 meaning "in the overflow map"; meta 0 =
 // empty slot.
@@ -331,28 +364,10 @@ export class OwnershipTable {
 
   private deleteAt(slot: number): void {
     const slots = this.slots
-    const cap = this.capacity
-    const scale = this.scale
     if ((slots[3 * slot + 2]! & COUNT_MASK) === COUNT_OVERFLOW) {
       this.overflow.delete(overflowKey(slots[3 * slot]!, slots[3 * slot + 1]!))
     }
-    let i = slot
-    let j = slot
-    for (;;) {
-      j = j + 1 === cap ? 0 : j + 1
-      const meta = slots[3 * j + 2]!
-      if (meta === 0) break
-      const u = slots[3 * j]!
-      if (mustShift(i, j, home(u, scale, cap))) {
-        slots[3 * i] = u
-        slots[3 * i + 1] = slots[3 * j + 1]!
-        slots[3 * i + 2] = meta
-        i = j
-      }
-    }
-    slots[3 * i] = 0
-    slots[3 * i + 1] = 0
-    slots[3 * i + 2] = 0
+    deleteSlot(slots, this.capacity, this.scale, slot, false)
     this.size--
   }
 
@@ -484,23 +499,7 @@ class EdgeTable {
       if (t === tag && slots[3 * i + 1] === lo && slots[3 * i] === hi) break
       i = i + 1 === cap ? 0 : i + 1
     }
-    let j = i
-    for (;;) {
-      j = j + 1 === cap ? 0 : j + 1
-      const t = slots[3 * j + 2]!
-      if (t === 0) break
-      const u = slots[3 * j]!
-      const l = slots[3 * j + 1]!
-      if (mustShift(i, j, home(mixEdge(u, l, t), scale, cap))) {
-        slots[3 * i] = u
-        slots[3 * i + 1] = l
-        slots[3 * i + 2] = t
-        i = j
-      }
-    }
-    slots[3 * i] = 0
-    slots[3 * i + 1] = 0
-    slots[3 * i + 2] = 0
+    deleteSlot(slots, cap, scale, i, true)
     this.size--
     return true
   }
