@@ -324,7 +324,7 @@ const EMPTY_HASHES = new Uint32Array(0)
 const ROW_U32 = CKF_LANE_COUNT * 2
 const REP16 = 0x0001_0001
 const HIGH16 = 0x8000_8000
-/** Queries up to this many blocks hash and load every position up front (`prepareAll`). */
+/** Queries up to this many blocks hash and load every position up front (`prepareRange`). */
 const EAGER_POSITIONS = 256
 
 export class GlobalCkfIndexer {
@@ -341,7 +341,7 @@ export class GlobalCkfIndexer {
   private readonly depths = new Uint32Array(CKF_LANE_COUNT)
   private readonly mixed = new Uint32Array(2)
   private mixedAll = new Uint32Array(0)
-  /** Keeps the row loads of `prepareAll` from being optimised away. */
+  /** Keeps the row loads of `prepareRange` from being optimised away. */
   touchSink = 0
   // Counters of the query in progress (reported through `PrefixSearchStats`).
   private probeCalls = 0
@@ -375,49 +375,46 @@ export class GlobalCkfIndexer {
   }
 
   /**
-   * Hash every position of the current query and load its two rows before any lane searches.
+   * Hash positions `from..n` of the current query and load their two rows before the lanes search.
    * The loads are independent, so the table's cache misses overlap instead of each search step
    * waiting for its own; 16 lanes of random depth visit most positions of a query anyway.
    */
-  private prepareAll(n: number): void {
+  private prepareRange(from: number, n: number): void {
     const addressing = this.shared.addressing
     const mixed = this.mixedAll
-    addressing.mixBatch(this.queryHashes, 0, n, mixed, 0)
-    const t = this.shared.table.words
-    const generation = this.generation
-    let touched = 0
-    for (let pos = 0; pos < n; pos++) {
-      addressing.prepareMixedAt(mixed, 2 * pos)
-      const rowA = addressing.a * ROW_U32
-      const rowB = addressing.b * ROW_U32
-      this.reps[pos] = (addressing.fp << 16) | addressing.fp
-      this.rowsA[pos] = rowA
-      this.rowsB[pos] = rowB
-      this.stamps[pos] = generation
+    addressing.mixBatch(this.queryHashes, 2 * from, n - from, mixed, 0)
+    for (let pos = from; pos < n; pos++) {
+      addressing.prepareMixedAt(mixed, 2 * (pos - from))
+      this.recordPrepared(pos)
     }
     // A separate tight loop, so that many loads are in flight at once; a row spans two cache lines.
+    const t = this.shared.table.words
     const rowsA = this.rowsA
     const rowsB = this.rowsB
-    for (let pos = 0; pos < n; pos++) {
+    let touched = 0
+    for (let pos = from; pos < n; pos++) {
       const a = rowsA[pos]!
       const b = rowsB[pos]!
       touched |= t[a]! | t[a + 16]! | t[b]! | t[b + 16]!
     }
     this.touchSink = touched
-    this.probeCalls += n
   }
 
-  /** Hash position `pos` of the current query (queries too long for `prepareAll`). */
+  /** Hash position `pos` of the current query on its first test. */
   private preparePosition(pos: number): void {
     const addressing = this.shared.addressing
     const mixed = this.mixed
     addressing.mixBatch(this.queryHashes, 2 * pos, 1, mixed, 0)
     addressing.prepareMixedAt(mixed, 0)
-    const rowA = addressing.a * ROW_U32
-    const rowB = addressing.b * ROW_U32
+    this.recordPrepared(pos)
+  }
+
+  /** Keeps the addressing's last fingerprint and buckets as position `pos` of this query. */
+  private recordPrepared(pos: number): void {
+    const addressing = this.shared.addressing
     this.reps[pos] = (addressing.fp << 16) | addressing.fp
-    this.rowsA[pos] = rowA
-    this.rowsB[pos] = rowB
+    this.rowsA[pos] = addressing.a * ROW_U32
+    this.rowsB[pos] = addressing.b * ROW_U32
     this.stamps[pos] = this.generation
     this.probeCalls++
   }
@@ -584,13 +581,13 @@ export class GlobalCkfIndexer {
       this.reserveQuery(n)
       this.queryHashes = hashes
       try {
-        if (n <= EAGER_POSITIONS) this.prepareAll(n)
-        // A lane that misses position 0 has depth 0.
+        // A lane that misses position 0 has depth 0; a query no lane holds costs one hash.
         let active = 0
         for (let m = captured; m !== 0; m &= m - 1) {
           const lane = 31 - Math.clz32(m & -m)
           active |= this.hitAt(0, lane, 1 << lane)
         }
+        if (active !== 0 && n > 1 && n <= EAGER_POSITIONS) this.prepareRange(1, n)
         const window = shared.verificationWindow
         for (let m = active; m !== 0; m &= m - 1) {
           const lane = 31 - Math.clz32(m & -m)
