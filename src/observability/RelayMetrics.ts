@@ -10,6 +10,7 @@
  */
 
 import { Effect, Metric } from "effect"
+import { MALFORMED_REASONS, type MalformedReason, SKIP_REASONS, type SkipCounts } from "../domain/ingest.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
 export const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
@@ -99,6 +100,20 @@ const actorMailboxDepth = Metric.gauge("kv_dc_relay_actor_mailbox_depth", {
 })
 const publicationSequence = Metric.gauge("kv_dc_relay_publication_sequence", {
   description: "last publication sequence of the endpoint's pool generation"
+})
+
+// Ingest drops, by reason, across every endpoint (PROTOCOL §3.2).
+const ingestSkippedEvents = Metric.counter("kv_dc_relay_ingest_skipped_events_total", {
+  description: "engine KV events skipped because they are not the worker's device cache, by reason",
+  incremental: true
+})
+const ingestMalformedMessages = Metric.counter("kv_dc_relay_ingest_malformed_messages_total", {
+  description: "KV event messages rejected as malformed (nothing of them applied), by reason",
+  incremental: true
+})
+const ingestDroppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_total", {
+  description: "well-formed KV event batches dropped, by reason (stale: seq below the last accepted one)",
+  incremental: true
 })
 
 const recoveries = Metric.counter("kv_dc_relay_recoveries_total", {
@@ -202,6 +217,22 @@ export const setEndpointGauges = (endpoint: string, gauges: EndpointGauges): Eff
   )
 }
 
+export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
+  Effect.forEach(
+    SKIP_REASONS,
+    (reason) =>
+      counts[reason] === 0
+        ? Effect.void
+        : Metric.incrementBy(Metric.tagged(ingestSkippedEvents, "reason", reason), counts[reason]),
+    { discard: true }
+  )
+
+export const ingestMalformedMessage = (reason: MalformedReason): Effect.Effect<void> =>
+  Metric.increment(Metric.tagged(ingestMalformedMessages, "reason", reason))
+
+export const ingestDropped = (reason: "stale"): Effect.Effect<void> =>
+  Metric.increment(Metric.tagged(ingestDroppedBatches, "reason", reason))
+
 /** One finished rank recovery; `outcome` e.g. `events`, `tree_dump`, `degraded`, `failed`. */
 export const recoveryFinished = (outcome: string): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(recoveries, "outcome", outcome))
@@ -239,7 +270,14 @@ export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(
     ...(["ready", "unavailable", "unknown"] as const).map((state) =>
       Metric.incrementBy(Metric.tagged(servingTopologyCount, "state", state), 0)
     ),
-    Metric.incrementBy(degradedLoadCoverage, 0)
+    Metric.incrementBy(degradedLoadCoverage, 0),
+    ...SKIP_REASONS.map((reason) =>
+      Metric.incrementBy(Metric.tagged(ingestSkippedEvents, "reason", reason), 0)
+    ),
+    ...MALFORMED_REASONS.map((reason) =>
+      Metric.incrementBy(Metric.tagged(ingestMalformedMessages, "reason", reason), 0)
+    ),
+    Metric.incrementBy(Metric.tagged(ingestDroppedBatches, "reason", "stale"), 0)
   ],
   { discard: true }
 )

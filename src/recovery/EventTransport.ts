@@ -6,6 +6,7 @@
 
 import type { Effect, Scope } from "effect"
 import type { RouterEvent } from "../domain/events.js"
+import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
 import type { KvEventSource } from "../domain/sources.js"
 import type { WorkerQueryTransport } from "./WorkerQuery.js"
 
@@ -15,12 +16,17 @@ export type LiveBatchHandler = (
   events: ReadonlyArray<RouterEvent>
 ) => Effect.Effect<void>
 
+export type MalformedCounts = Readonly<Record<MalformedReason, number>>
+
 /** Running totals since the subscriptions were made; closed sources still count. */
 export interface LiveSubscriptionTotals {
   readonly messages: number
   readonly events: number
   readonly blocks: number
   readonly malformedTotal: number
+  readonly malformed?: MalformedCounts
+  readonly skipped?: SkipCounts
+  readonly stale?: number
 }
 
 /** Live subscriptions of one KV-state endpoint's sources. */
@@ -32,9 +38,18 @@ export interface LiveEventSubscriptions {
   readonly totals: Effect.Effect<LiveSubscriptionTotals>
 }
 
+/** Facts of the pool whose sources are subscribed, that decoding checks events against. */
+export interface LiveSubscriptionOptions {
+  /** The card's `kvCacheBlockSize`. */
+  readonly kvBlockSize?: number | undefined
+}
+
 export interface KvEventTransport {
   /** Subscriptions that deliver batches to `handler` in FIFO order per source; closed with the scope. */
-  readonly subscribe: (handler: LiveBatchHandler) => Effect.Effect<LiveEventSubscriptions, never, Scope.Scope>
+  readonly subscribe: (
+    handler: LiveBatchHandler,
+    options?: LiveSubscriptionOptions
+  ) => Effect.Effect<LiveEventSubscriptions, never, Scope.Scope>
   /** Recovery queries (worker query or engine replay). */
   readonly query: WorkerQueryTransport
 }

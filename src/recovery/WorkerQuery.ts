@@ -35,9 +35,16 @@ export type WorkerKvQueryResponse =
 /** The query could not be delivered or answered (send failure, timeout, undecodable reply). */
 export class WorkerQueryError extends Data.TaggedError("WorkerQueryError")<{ readonly message: string }> {}
 
+/** What a query's answer is checked against: the facts of the pool the source serves. */
+export interface WorkerQueryContext {
+  /** The card's `kvCacheBlockSize`; replayed engine events of another block size are malformed. */
+  readonly kvBlockSize?: number | undefined
+}
+
 export interface WorkerQueryTransport {
   readonly queryWorker: (
     source: KvEventSource,
-    request: WorkerKvQueryRequest
+    request: WorkerKvQueryRequest,
+    context?: WorkerQueryContext
   ) => Effect.Effect<WorkerKvQueryResponse, WorkerQueryError>
 }

@@ -397,7 +397,8 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
       const buildRecovery = (
         attachment: PoolAttachment,
         recoveryScope: Scope.CloseableScope,
-        watch: SourceWatch
+        watch: SourceWatch,
+        kvBlockSize: number
       ) =>
         Effect.gen(function* () {
           const view = yield* watch.coordinator.current
@@ -419,7 +420,8 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
             sources: watch.coordinator,
             recoverySemaphore: options.recoverySemaphore,
             recoveryAttemptTimeout: options.recoveryAttemptTimeout,
-            eventTransport: options.eventTransport
+            eventTransport: options.eventTransport,
+            kvBlockSize
           }).pipe(Scope.extend(recoveryScope))
           // The first observation waits one interval, so a generation whose initial restore is
           // still running does not report an authoritative zero.
@@ -451,7 +453,9 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
             // From here the generation reaches the slot or is retired. The recovery side is built
             // interruptibly (its fibers must stay interruptible), with the cleanup guaranteed.
             const recoveryScope = yield* Scope.fork(slotScope, ExecutionStrategy.sequential)
-            const subscriber = yield* restore(buildRecovery(attachment, recoveryScope, watch)).pipe(
+            const subscriber = yield* restore(
+              buildRecovery(attachment, recoveryScope, watch, binding.domain.querySemantics.kvBlockSize)
+            ).pipe(
               Effect.onExit((exit) =>
                 Exit.isSuccess(exit)
                   ? Effect.void

@@ -34,6 +34,7 @@ import {
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../recovery/SourceSupervisor.js"
+import type { WorkerQueryTransport } from "../recovery/WorkerQuery.js"
 import type { EndpointIngestStats } from "./RelayService.js"
 
 /** Readiness poll while some source's socket is still connecting. */
@@ -63,6 +64,8 @@ export interface SourceSubscriberOptions {
   readonly recoveryAttemptTimeout: Duration.DurationInput
   /** Live subscriptions and recovery queries of the endpoint's sources. */
   readonly eventTransport: KvEventTransport
+  /** The pool's `kvCacheBlockSize`, checked against every engine `BlockStored` (PROTOCOL §3.2). */
+  readonly kvBlockSize?: number | undefined
   readonly connectingPoll?: Duration.DurationInput | undefined
   readonly steadyPoll?: Duration.DurationInput | undefined
   readonly initialConnectGrace?: Duration.DurationInput | undefined
@@ -104,15 +107,23 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
   Effect.gen(function* () {
     // Its own scope, so `shutdown` can close it before the caller's scope does.
     const scope = yield* Scope.fork(yield* Effect.scope, ExecutionStrategy.sequential)
+    const kvBlockSize = options.kvBlockSize
+    const baseQuery = options.eventTransport.query
+    const query: WorkerQueryTransport =
+      kvBlockSize === undefined
+        ? baseQuery
+        : { queryWorker: (source, request) => baseQuery.queryWorker(source, request, { kvBlockSize }) }
     const supervisor = yield* SourceSupervisor.make({
       target: options.target,
-      transport: options.eventTransport.query,
+      transport: query,
       membership: options.sources.current,
       recoverySemaphore: options.recoverySemaphore,
       recoveryAttemptTimeout: options.recoveryAttemptTimeout
     }).pipe(Scope.extend(scope))
     // Made after the supervisor, so it closes first: no batch reaches a shut-down supervisor.
-    const pool = yield* options.eventTransport.subscribe(supervisor.handleLiveBatch).pipe(Scope.extend(scope))
+    const pool = yield* options.eventTransport
+      .subscribe(supervisor.handleLiveBatch, { kvBlockSize })
+      .pipe(Scope.extend(scope))
     const connectingPoll = Duration.decode(options.connectingPoll ?? CONNECTING_POLL)
     const steadyPoll = Duration.decode(options.steadyPoll ?? STEADY_POLL)
     const lock = yield* Effect.makeSemaphore(1)

@@ -5,18 +5,24 @@
  * events are tagged arrays (`["BlockStored", …]`) or tagged maps (`{type: "BlockStored", …}`).
  *
  * The relay gives every event of batch `seq` the id `seq + 1`: a batch is one ordered commit
- * group and gaps are detected on `seq`. A batch whose events are all skipped (unknown media,
- * non-main KV groups, unknown event types) still yields one empty `Removed` event carrying its
- * id, so the rank's id stream stays dense and a skipped batch never looks like a gap.
+ * group and gaps are detected on `seq`. A batch whose events are all skipped (another medium,
+ * locality or owner, a non-main KV group, an unknown event type) still yields one empty
+ * `Removed` event carrying its id, so the rank's id stream stays dense and a skipped batch never
+ * looks like a gap.
+ *
+ * Decoding is strict where the engines' sources are (PROTOCOL §3.2, `docs/engines.md`): a field
+ * of the wrong type, a block size other than the card's, or token ids that do not match the
+ * hashes make the whole message malformed, with a reason, and nothing of it is applied.
  *
  * Replay (B.4): a DEALER sends `[empty, start seq u64 BE]` to the engine's ROUTER and receives
- * `[empty, seq, payload]` per buffered batch with `seq ≥ start`, then `[empty, 0xff×8, empty]`.
+ * `[empty, seq, payload]` (or, from current vLLM, `[empty, topic, seq, payload]`) per buffered
+ * batch with `seq ≥ start`, then the end marker with seq -1 and an empty payload.
  */
 
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import type { DpRank, KvCacheEventData, RouterEvent, StorageTier, WorkerId } from "../domain/events.js"
-import { failDecode, fixKey, guardDecode, MAX_SAFE_ID, MsgpackReader, MsgpackWriter } from "./msgpack.js"
+import { failDecode, fixKey, MsgpackReader, MsgpackWriter } from "./msgpack.js"
 import {
   acquireSocket,
   blockCount,
@@ -24,6 +30,9 @@ import {
   type IngestMessage,
   type MalformedReason,
   receiveFrames,
+  SKIP_REASONS,
+  type SkipCounts,
+  type SkipReason,
   sendFrames,
   subscribe,
   u64FrameOf,
@@ -35,149 +44,354 @@ const fail = failDecode
 const ascii = (text: string): Uint8Array => new TextEncoder().encode(text)
 const K = (...names: ReadonlyArray<string>): ReadonlyArray<Uint8Array> => names.map(ascii)
 
-/** Engine `medium` strings per tier (recovery-events.md §1.4); absent or nil is the device. */
-const MEDIA: ReadonlyMap<string, StorageTier> = new Map<string, StorageTier>([
-  ["GPU", "device"],
-  ["DEVICE", "device"],
-  ["CPU", "host_pinned"],
-  ["CPU_PINNED", "host_pinned"],
-  ["CPU_TIER1", "host_pinned"],
-  ["CPU_TIER2", "disk"],
-  ["DISK", "disk"],
-  ["NVME", "disk"],
-  ["STORAGE", "disk"],
-  ["EXTERNAL", "external"],
-  ["NETWORK", "external"],
-  ["REMOTE", "external"],
-  ["SHARED", "external"]
-])
-
-/** The medium a tier is published as (the reverse mapping; the device tier sends none). */
+/** The medium a tier is published as (simulated engines; the device tier is "GPU" or none). */
 export const mediumOfTier = (tier: StorageTier): string | null =>
   tier === "device" ? null : tier === "host_pinned" ? "CPU_PINNED" : tier === "disk" ? "DISK" : "EXTERNAL"
-
-/** KV cache spec kinds whose events describe the main attention cache; other groups are skipped. */
-const MAIN_SPEC_KINDS = new Set(["full_attention", "mla_attention"])
-
-const END_SEQ = Buffer.alloc(8, 0xff)
 
 // ---------------------------------------------------------------------------------------------
 // Decoding
 
+/**
+ * Why an engine event is not this worker's device cache (PROTOCOL §3.2). Such an event is
+ * skipped: it keeps its place in the sequence and is counted by reason, never applied.
+ */
+export type EngineSkipReason = SkipReason
+const ENGINE_SKIP_REASONS = SKIP_REASONS
+export type EngineSkipCounts = SkipCounts
+export const noSkips = (): Record<EngineSkipReason, number> => ({
+  medium: 0,
+  locality: 0,
+  ownership: 0,
+  group: 0
+})
+
+/** Why an engine message is malformed beyond its framing; nothing of such a message is applied. */
+export type EngineMalformedReason = Extract<
+  MalformedReason,
+  "hash" | "block-size" | "token-ids" | "token-count" | "lora" | "field-type"
+>
+
+/** A field of an otherwise well-formed msgpack batch that breaks the contract of §3.2. */
+export class EngineFieldError extends Error {
+  constructor(
+    readonly reason: EngineMalformedReason,
+    message: string
+  ) {
+    super(message)
+  }
+}
+
+const malformedField = (reason: EngineMalformedReason, message: string): never => {
+  throw new EngineFieldError(reason, message)
+}
+
+/** KV cache spec kinds whose events describe the main attention cache; other groups are skipped. */
+const MAIN_SPEC_KINDS = new Set(["full_attention", "mla_attention", "sink_full_attention"])
+
+const END_SEQ = Buffer.alloc(8, 0xff)
+
 const EVENT_TAGS = K("BlockStored", "BlockRemoved", "AllBlocksCleared")
 const TAG_STORED = 0
 const TAG_REMOVED = 1
+
+// Field ids: the index of each field's name in EVENT_FIELDS.
+const F_TYPE = 0
+const F_HASHES = 1
+const F_PARENT = 2
+const F_TOKENS = 3
+const F_BLOCK_SIZE = 4
+const F_LORA_ID = 5
+const F_MEDIUM = 6
+const F_LORA_NAME = 7
+const F_EXTRA_KEYS = 8
+const F_GROUP_IDX = 9
+const F_SPEC_KIND = 10
+const F_SLIDING_WINDOW = 11
+const F_LOCALITY = 12
+const F_OWNERSHIP = 13
+const F_SESSION_ID = 14
+const F_EVENT_VERSION = 15
+const F_UNKNOWN = -1
+
 const EVENT_FIELDS = K(
   "type",
   "block_hashes",
   "parent_block_hash",
+  "token_ids",
+  "block_size",
+  "lora_id",
   "medium",
+  "lora_name",
+  "extra_keys",
   "group_idx",
-  "kv_cache_spec_kind"
+  "kv_cache_spec_kind",
+  "kv_cache_spec_sliding_window",
+  "locality",
+  "ownership",
+  "session_id",
+  "event_version"
 )
+
+/**
+ * Positions of the tagged-array forms (vLLM before v0.24, SGLang), in msgspec field order; later
+ * positions are fields this relay does not know yet and are skipped. Position 7 of a SGLang
+ * `BlockStored` may be its `metadata` map (`BlockStoredWithMetadata`) instead of `lora_name`.
+ */
+const STORED_POSITIONS: ReadonlyArray<number> = [
+  F_TYPE,
+  F_HASHES,
+  F_PARENT,
+  F_TOKENS,
+  F_BLOCK_SIZE,
+  F_LORA_ID,
+  F_MEDIUM,
+  F_LORA_NAME,
+  F_EXTRA_KEYS,
+  F_GROUP_IDX,
+  F_SPEC_KIND,
+  F_SLIDING_WINDOW,
+  F_LOCALITY,
+  F_OWNERSHIP,
+  F_SESSION_ID
+]
+const REMOVED_POSITIONS: ReadonlyArray<number> = [
+  F_TYPE,
+  F_HASHES,
+  F_MEDIUM,
+  F_GROUP_IDX,
+  F_LOCALITY,
+  F_OWNERSHIP
+]
+
 const BATCH_KEYS = K("ts", "events", "data_parallel_rank", "attn_dp_rank")
+
+/** Largest token id (token ids are u32, PROTOCOL §3.2). */
+const MAX_TOKEN_ID = 0xffff_ffff
 
 /** What one decoded batch produced. */
 export interface EngineBatch {
   readonly dpRank: DpRank
   readonly events: Array<RouterEvent>
+  /** Events skipped on purpose, by reason (not this worker's device cache). */
+  readonly skipped: EngineSkipCounts
+  /** Every event not turned into a RouterEvent: the skipped ones and unknown event types. */
   readonly ignored: number
+}
+
+/** Options of the decoder that depend on the source's pool. */
+export interface EngineDecodeOptions {
+  /** The card's `kvCacheBlockSize`: a `BlockStored` of another `block_size` is malformed. */
+  readonly kvBlockSize?: number | undefined
 }
 
 interface EventFields {
   tag: number
   blockHashes: Uint32Array | undefined
   parentHash: Uint32Array | undefined
-  /** undefined = skip the event (unknown medium). */
-  tier: StorageTier | undefined
-  skip: boolean
+  tokenCount: number
+  sawTokens: boolean
+  blockSize: number
+  sawBlockSize: boolean
+  /** The first reason that takes the event out of the device view, or undefined. */
+  skip: EngineSkipReason | undefined
+  groupIdx: number
+  specKind: string | undefined
 }
 
-const readMedium = (r: MsgpackReader): StorageTier | undefined => {
-  if (r.nil()) return "device"
-  const n = r.tryStrHeader()
-  if (n < 0) {
-    r.skip()
-    return undefined
-  }
-  const text = Buffer.from(r.buf.subarray(r.pos, r.pos + n)).toString("latin1")
+const textOf = (r: MsgpackReader, n: number): string => {
+  const text = Buffer.from(r.buf.subarray(r.pos, r.pos + n)).toString("utf8")
   r.pos += n
-  return MEDIA.get(text) ?? MEDIA.get(text.toUpperCase())
+  return text
 }
 
-const readGroupSkip = (r: MsgpackReader): boolean => {
-  if (r.nil()) return false
-  if (r.isInt()) return r.uint("group_idx", MAX_SAFE_ID) !== 0
-  r.skip()
-  return true
-}
-
-const readSpecKindSkip = (r: MsgpackReader): boolean => {
-  if (r.nil()) return false
-  const n = r.tryStrHeader()
-  if (n < 0) {
-    r.skip()
-    return true
-  }
-  const kind = Buffer.from(r.buf.subarray(r.pos, r.pos + n)).toString("latin1")
-  r.pos += n
-  return !MAIN_SPEC_KINDS.has(kind)
-}
-
-const readHashes = (r: MsgpackReader, what: string): Uint32Array => {
-  const n = r.array(what)
-  const out = new Uint32Array(2 * n)
-  for (let i = 0; i < n; i++) r.u64(out, 2 * i, what, true)
-  return out
-}
-
-const readParent = (r: MsgpackReader): Uint32Array | undefined => {
+/** nil → undefined; a string → its text; anything else is malformed. */
+const optionalText = (
+  r: MsgpackReader,
+  field: string,
+  reason: EngineMalformedReason = "field-type"
+): string | undefined => {
   if (r.nil()) return undefined
-  const out = new Uint32Array(2)
-  r.u64(out, 0, "parent_block_hash", true)
+  const n = r.tryStrHeader()
+  if (n < 0) return malformedField(reason, `${field}: expected a string or nil`)
+  return textOf(r, n)
+}
+
+/** nil → undefined; an integer (either sign) → its value; anything else is malformed. */
+const optionalInt = (r: MsgpackReader, field: string, reason: EngineMalformedReason): number | undefined => {
+  if (r.nil()) return undefined
+  if (!r.isInt()) return malformedField(reason, `${field}: expected an integer or nil`)
+  return readInt(r)
+}
+
+/** Any msgpack integer as a number (64-bit values beyond 2^53 lose precision; only compared to 0). */
+const readInt = (r: MsgpackReader): number => {
+  const b = r.buf[r.pos]!
+  if (b >= 0xe0) {
+    r.pos++
+    return b - 256
+  }
+  if (b >= 0xd0 && b <= 0xd3) {
+    const view = new DataView(r.buf.buffer, r.buf.byteOffset + r.pos + 1)
+    const width = 1 << (b - 0xd0)
+    if (r.pos + 1 + width > r.end) fail("integer: truncated")
+    r.pos += 1 + width
+    if (width === 1) return view.getInt8(0)
+    if (width === 2) return view.getInt16(0)
+    if (width === 4) return view.getInt32(0)
+    return view.getInt32(0) * 4294967296 + view.getUint32(4)
+  }
+  if (b === 0xcf) {
+    if (r.pos + 9 > r.end) fail("integer: truncated")
+    const view = new DataView(r.buf.buffer, r.buf.byteOffset + r.pos + 1)
+    r.pos += 9
+    return view.getUint32(0) * 4294967296 + view.getUint32(4)
+  }
+  return r.uint("integer", Number.MAX_VALUE)
+}
+
+/** An engine hash: a msgpack integer of either sign (as u64) or a bin of at least 8 bytes (low 8, big-endian). */
+const readHash = (r: MsgpackReader, out: Uint32Array, at: number, field: string): void => {
+  if (r.isInt()) {
+    r.u64(out, at, field)
+    return
+  }
+  const n = r.tryBinHeader()
+  if (n < 0) malformedField("hash", `${field}: expected an integer or a byte string`)
+  if (n < 8) malformedField("hash", `${field}: a byte-string hash of ${n} bytes (at least 8 are needed)`)
+  const view = new DataView(r.buf.buffer, r.buf.byteOffset + r.pos + n - 8, 8)
+  out[at] = view.getUint32(0)
+  out[at + 1] = view.getUint32(4)
+  r.pos += n
+}
+
+const readHashes = (r: MsgpackReader, field: string): Uint32Array => {
+  const n = r.tryArray()
+  if (n < 0) return malformedField("hash", `${field}: expected an array of hashes`)
+  const out = new Uint32Array(2 * n)
+  for (let i = 0; i < n; i++) readHash(r, out, 2 * i, field)
   return out
 }
 
-const readEventFields = (r: MsgpackReader, f: EventFields): void => {
+/** Validates every token id (u32) and returns how many there are. */
+const readTokenCount = (r: MsgpackReader): number => {
+  const n = r.tryArray()
+  if (n < 0) return malformedField("token-ids", "token_ids: expected an array of integers")
+  for (let i = 0; i < n; i++) {
+    if (!r.isInt()) malformedField("token-ids", `token_ids[${i}]: expected an integer`)
+    const token = readInt(r)
+    if (token < 0 || token > MAX_TOKEN_ID)
+      malformedField("token-ids", `token_ids[${i}]: ${token} is outside [0, 2^32)`)
+  }
+  return n
+}
+
+const setSkip = (f: EventFields, reason: EngineSkipReason): void => {
+  // One reason per event, in the order of §3.2: medium, locality, ownership, group.
+  if (f.skip === undefined || ENGINE_SKIP_REASONS.indexOf(reason) < ENGINE_SKIP_REASONS.indexOf(f.skip))
+    f.skip = reason
+}
+
+const readField = (r: MsgpackReader, f: EventFields, field: number, positional: boolean): void => {
+  switch (field) {
+    case F_HASHES:
+      f.blockHashes = readHashes(r, "block_hashes")
+      return
+    case F_PARENT:
+      if (r.nil()) f.parentHash = undefined
+      else {
+        f.parentHash = new Uint32Array(2)
+        readHash(r, f.parentHash, 0, "parent_block_hash")
+      }
+      return
+    case F_TOKENS:
+      f.tokenCount = readTokenCount(r)
+      f.sawTokens = true
+      return
+    case F_BLOCK_SIZE:
+      if (!r.isInt()) malformedField("block-size", "block_size: expected an integer")
+      f.blockSize = readInt(r)
+      f.sawBlockSize = true
+      return
+    case F_LORA_ID:
+      optionalInt(r, "lora_id", "lora")
+      return
+    case F_LORA_NAME: {
+      // SGLang's BlockStoredWithMetadata puts a `{cache_salt}` map where vLLM has lora_name.
+      const entries = positional ? r.tryMap() : -1
+      if (entries >= 0) {
+        for (let e = 0; e < entries; e++) {
+          r.skip()
+          r.skip()
+        }
+        return
+      }
+      optionalText(r, "lora_name", "lora")
+      return
+    }
+    case F_MEDIUM: {
+      const medium = optionalText(r, "medium")
+      if (medium !== undefined && medium !== "GPU") setSkip(f, "medium")
+      return
+    }
+    case F_LOCALITY: {
+      const locality = optionalText(r, "locality")
+      if (locality !== undefined && locality !== "LOCAL") setSkip(f, "locality")
+      return
+    }
+    case F_OWNERSHIP:
+      if (optionalText(r, "ownership") !== undefined) setSkip(f, "ownership")
+      return
+    case F_GROUP_IDX: {
+      const group = optionalInt(r, "group_idx", "field-type")
+      if (group !== undefined) f.groupIdx = group
+      return
+    }
+    case F_SPEC_KIND:
+      f.specKind = optionalText(r, "kv_cache_spec_kind")
+      return
+    case F_SLIDING_WINDOW:
+      optionalInt(r, "kv_cache_spec_sliding_window", "field-type")
+      return
+    case F_EVENT_VERSION:
+      optionalInt(r, "event_version", "field-type")
+      return
+    case F_SESSION_ID:
+      optionalText(r, "session_id")
+      return
+    default:
+      // extra_keys and fields newer than this relay: any value.
+      r.skip()
+  }
+}
+
+const resetFields = (f: EventFields): void => {
   f.tag = -1
   f.blockHashes = undefined
   f.parentHash = undefined
-  f.tier = "device"
-  f.skip = false
+  f.tokenCount = 0
+  f.sawTokens = false
+  f.blockSize = 0
+  f.sawBlockSize = false
+  f.skip = undefined
+  f.groupIdx = 0
+  f.specKind = undefined
+}
+
+const readEventFields = (r: MsgpackReader, f: EventFields): void => {
+  resetFields(f)
   const entries = r.tryMap()
   if (entries >= 0) {
     let sawType = false
     for (let e = 0; e < entries; e++) {
-      switch (r.key(EVENT_FIELDS)) {
-        case 0: {
-          const tag = r.key(EVENT_TAGS)
-          if (tag === -2) fail("event type: expected a string")
-          f.tag = tag
-          sawType = true
-          break
-        }
-        case 1:
-          f.blockHashes = readHashes(r, "block_hashes")
-          break
-        case 2:
-          f.parentHash = readParent(r)
-          break
-        case 3:
-          f.tier = readMedium(r)
-          break
-        case 4:
-          if (readGroupSkip(r)) f.skip = true
-          break
-        case 5:
-          if (readSpecKindSkip(r)) f.skip = true
-          break
-        case -2:
-          r.skip()
-          r.skip()
-          break
-        default:
-          r.skip()
-      }
+      const field = r.key(EVENT_FIELDS)
+      if (field === -2) fail("event: a map key that is not a string")
+      if (field === F_TYPE) {
+        const tag = r.key(EVENT_TAGS)
+        if (tag === -2) fail("event type: expected a string")
+        f.tag = tag
+        sawType = true
+      } else if (field === F_UNKNOWN) r.skip()
+      else readField(r, f, field, false)
     }
     if (!sawType) fail('event: a tagged map without "type"')
     return
@@ -187,38 +401,59 @@ const readEventFields = (r: MsgpackReader, f: EventFields): void => {
   const tag = r.key(EVENT_TAGS)
   if (tag === -2) fail("event: the tag is not a string")
   f.tag = tag
-  if (tag === TAG_STORED) {
-    // [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
-    //  extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, …]
-    if (len < 3) fail("BlockStored: expected at least block_hashes and parent_block_hash")
-    f.blockHashes = readHashes(r, "block_hashes")
-    f.parentHash = readParent(r)
-    for (let i = 3; i < len; i++) {
-      if (i === 6) f.tier = readMedium(r)
-      else if (i === 9) f.skip = readGroupSkip(r) || f.skip
-      else if (i === 10) f.skip = readSpecKindSkip(r) || f.skip
-      else r.skip()
-    }
-  } else if (tag === TAG_REMOVED) {
-    // [tag, block_hashes, medium, group_idx, …]
-    if (len < 2) fail("BlockRemoved: expected block_hashes")
-    f.blockHashes = readHashes(r, "block_hashes")
-    for (let i = 2; i < len; i++) {
-      if (i === 2) f.tier = readMedium(r)
-      else if (i === 3) f.skip = readGroupSkip(r) || f.skip
-      else r.skip()
-    }
-  } else {
-    for (let i = 1; i < len; i++) r.skip()
+  const positions =
+    tag === TAG_STORED ? STORED_POSITIONS : tag === TAG_REMOVED ? REMOVED_POSITIONS : undefined
+  for (let i = 1; i < len; i++) {
+    const field = positions === undefined || i >= positions.length ? F_UNKNOWN : positions[i]!
+    if (field === F_UNKNOWN) r.skip()
+    else readField(r, f, field, true)
   }
+}
+
+/** The skip reason of a non-main KV cache group (hybrid models publish one stream per group). */
+const groupSkipped = (f: EventFields): boolean =>
+  f.specKind !== undefined ? !MAIN_SPEC_KINDS.has(f.specKind) : f.groupIdx !== 0
+
+/**
+ * The hashes of a device-cache `BlockStored` that cover full blocks (§3.2): block `i` covers
+ * `token_ids[i·B, (i+1)·B)`; a last hash whose block is not full is not indexed.
+ */
+const fullBlockHashes = (f: EventFields, options: EngineDecodeOptions): Uint32Array => {
+  const hashes = f.blockHashes!
+  if (!f.sawBlockSize) return malformedField("block-size", "BlockStored: missing block_size")
+  if (!f.sawTokens) return malformedField("token-count", "BlockStored: missing token_ids")
+  const size = f.blockSize
+  if (!Number.isSafeInteger(size) || size <= 0)
+    return malformedField("block-size", `BlockStored: block_size ${size} is not a positive integer`)
+  const expected = options.kvBlockSize
+  if (expected !== undefined && size !== expected)
+    return malformedField(
+      "block-size",
+      `BlockStored: block_size ${size} differs from the card's kvCacheBlockSize ${expected}`
+    )
+  const n = hashes.length >>> 1
+  const tokens = f.tokenCount
+  // Only the last block may be partial: n hashes need more than (n - 1)·B and at most n·B tokens.
+  if (tokens > n * size || (n > 0 && tokens <= (n - 1) * size) || (n === 0 && tokens > 0))
+    return malformedField(
+      "token-count",
+      `BlockStored: ${n} hashes of ${size}-token blocks do not match ${tokens} token ids`
+    )
+  const full = Math.floor(tokens / size)
+  return full === n ? hashes : hashes.subarray(0, 2 * full)
 }
 
 const fieldsScratch: EventFields = {
   tag: -1,
   blockHashes: undefined,
   parentHash: undefined,
-  tier: "device",
-  skip: false
+  tokenCount: 0,
+  sawTokens: false,
+  blockSize: 0,
+  sawBlockSize: false,
+  skip: undefined,
+  groupIdx: 0,
+  specKind: undefined
 }
 
 const readEvents = (
@@ -226,32 +461,45 @@ const readEvents = (
   workerId: WorkerId,
   dpRank: DpRank,
   eventId: number,
-  out: Array<RouterEvent>
+  options: EngineDecodeOptions,
+  out: Array<RouterEvent>,
+  skipped: Record<EngineSkipReason, number>
 ): number => {
   const n = r.array("events")
   let ignored = 0
   const f = fieldsScratch
   for (let i = 0; i < n; i++) {
     readEventFields(r, f)
-    if (f.tag < 0 || f.skip || f.tier === undefined) {
+    if (f.tag < 0) {
       ignored++
       continue
     }
-    let data: KvCacheEventData
-    if (f.tag === TAG_STORED) {
-      if (f.blockHashes === undefined) return fail("BlockStored: missing block_hashes")
-      data = {
-        _tag: "Stored",
-        blockHashes: f.blockHashes,
-        tokensHashes: undefined,
-        parentHash: f.parentHash,
-        startPosition: undefined
-      }
-    } else if (f.tag === TAG_REMOVED) {
-      if (f.blockHashes === undefined) return fail("BlockRemoved: missing block_hashes")
-      data = { _tag: "Removed", blockHashes: f.blockHashes }
-    } else data = { _tag: "Cleared" }
-    out.push({ workerId, dpRank, eventId, storageTier: f.tier, data })
+    if (f.tag !== TAG_STORED && f.tag !== TAG_REMOVED) {
+      out.push({ workerId, dpRank, eventId, storageTier: "device", data: { _tag: "Cleared" } })
+      continue
+    }
+    if (f.blockHashes === undefined)
+      return malformedField(
+        "hash",
+        `${f.tag === TAG_STORED ? "BlockStored" : "BlockRemoved"}: missing block_hashes`
+      )
+    if (f.skip === undefined && groupSkipped(f)) f.skip = "group"
+    if (f.skip !== undefined) {
+      skipped[f.skip]++
+      ignored++
+      continue
+    }
+    const data: KvCacheEventData =
+      f.tag === TAG_STORED
+        ? {
+            _tag: "Stored",
+            blockHashes: fullBlockHashes(f, options),
+            tokensHashes: undefined,
+            parentHash: f.parentHash,
+            startPosition: undefined
+          }
+        : { _tag: "Removed", blockHashes: f.blockHashes }
+    out.push({ workerId, dpRank, eventId, storageTier: "device", data })
   }
   return ignored
 }
@@ -262,15 +510,18 @@ const readBatchRank = (r: MsgpackReader): number | undefined =>
 /**
  * Decodes one batch payload; every event gets `eventId`. The batch's own rank wins over
  * `defaultDpRank` (the advertised one), so a mismatch is visible to the source supervisor.
- * Throws `MsgpackDecodeError`.
+ * Throws `MsgpackDecodeError` for a msgpack shape error and `EngineFieldError` for a field that
+ * breaks §3.2.
  */
 export const readEngineBatch = (
   r: MsgpackReader,
   workerId: WorkerId,
   defaultDpRank: DpRank,
-  eventId: number
+  eventId: number,
+  options: EngineDecodeOptions = {}
 ): EngineBatch => {
   let events: Array<RouterEvent> = []
+  const skipped = noSkips()
   let ignored = 0
   let rank: number | undefined
   const entries = r.tryMap()
@@ -279,7 +530,7 @@ export const readEngineBatch = (
     for (let e = 0; e < entries; e++) {
       switch (r.key(BATCH_KEYS)) {
         case 1:
-          ignored = readEvents(r, workerId, defaultDpRank, eventId, events)
+          ignored = readEvents(r, workerId, defaultDpRank, eventId, options, events, skipped)
           sawEvents = true
           break
         case 2:
@@ -299,13 +550,16 @@ export const readEngineBatch = (
     const len = r.array("batch")
     if (len < 2) fail(`batch: expected [ts, events, dp_rank?], got ${len} elements`)
     r.skip() // ts
-    ignored = readEvents(r, workerId, defaultDpRank, eventId, events)
+    ignored = readEvents(r, workerId, defaultDpRank, eventId, options, events, skipped)
     if (len >= 3) rank = readBatchRank(r)
     for (let i = 3; i < len; i++) r.skip()
   }
+  if (r.pos !== r.end) fail(`batch: ${r.end - r.pos} bytes after the batch`)
   const dpRank = rank ?? defaultDpRank
   if (dpRank !== defaultDpRank) events = events.map((event) => ({ ...event, dpRank }))
   if (events.length === 0) {
+    // The batch still holds its place in the rank's sequence: a batch whose events were all
+    // skipped must not look like a gap.
     events.push({
       workerId,
       dpRank,
@@ -314,15 +568,31 @@ export const readEngineBatch = (
       data: { _tag: "Removed", blockHashes: new Uint32Array(0) }
     })
   }
-  return { dpRank, events, ignored }
+  return { dpRank, events, skipped, ignored }
 }
 
+export type EngineDecodeResult =
+  | { readonly ok: true; readonly value: EngineBatch }
+  | { readonly ok: false; readonly reason: EngineMalformedReason | "payload"; readonly message: string }
+
+/** Decodes one batch payload; never throws. */
 export const decodeEngineBatch = (
   payload: Uint8Array,
   workerId: WorkerId,
   defaultDpRank: DpRank,
-  eventId: number
-) => guardDecode(() => readEngineBatch(new MsgpackReader(payload), workerId, defaultDpRank, eventId))
+  eventId: number,
+  options: EngineDecodeOptions = {}
+): EngineDecodeResult => {
+  try {
+    return {
+      ok: true,
+      value: readEngineBatch(new MsgpackReader(payload), workerId, defaultDpRank, eventId, options)
+    }
+  } catch (error) {
+    if (error instanceof EngineFieldError) return { ok: false, reason: error.reason, message: error.message }
+    return { ok: false, reason: "payload", message: error instanceof Error ? error.message : String(error) }
+  }
+}
 
 export interface EngineSourceIdentity {
   readonly workerId: WorkerId
@@ -332,12 +602,23 @@ export interface EngineSourceIdentity {
   readonly topic: string
 }
 
-/** Decodes one 3-frame message of an engine source. */
+/** How far past the last accepted seq a batch may claim to be before it is malformed (§3.2). */
+export const MAX_SEQ_JUMP = 2 ** 32
+
+/**
+ * Decodes the 3-frame messages of one engine source, in arrival order. It keeps the last
+ * accepted seq so that implausible sequences cannot wedge the source (§3.2): a seq more than
+ * 2^32 past it is malformed and leaves it unchanged; a lower seq is stale and dropped, except 0,
+ * which is the engine counting again after a restart and is passed on (the rank state resets
+ * and resynchronises the rank).
+ */
 export const makeEngineDecoder = (
-  source: EngineSourceIdentity
+  source: EngineSourceIdentity,
+  options: EngineDecodeOptions = {}
 ): ((frames: ReadonlyArray<Uint8Array>) => IngestMessage) => {
   const topicBytes = Buffer.from(source.topic, "utf8")
   const publisherId = source.publisherId
+  let lastSeq = -1
   const malformed = (reason: MalformedReason, message: string): IngestMessage => ({
     _tag: "Malformed",
     reason,
@@ -361,18 +642,26 @@ export const makeEngineDecoder = (
     const view = new DataView(seqFrame.buffer, seqFrame.byteOffset, 8)
     const hi = view.getUint32(0)
     // seq + 1 becomes the event id, which must stay an exact number.
-    if (hi >= 0x20_0000) return malformed("sequence-range", "sequence above 2^53 - 1")
+    if (hi >= 0x20_0000) return malformed("sequence-range", "sequence at or above 2^53")
     const seq = hi * 4294967296 + view.getUint32(4)
-    const result = decodeEngineBatch(frames[2]!, source.workerId, source.dpRank, seq + 1)
-    if (!result.ok) return malformed("payload", `undecodable batch ${seq}: ${result.message}`)
-    const { events, ignored } = result.value
-    return { _tag: "Batch", publisherId, sequence: seq, events, blocks: blockCount(events), ignored }
+    if (lastSeq >= 0) {
+      if (seq > lastSeq + MAX_SEQ_JUMP)
+        return malformed("sequence-jump", `sequence ${seq} is more than 2^32 past ${lastSeq}`)
+      if (seq <= lastSeq && seq !== 0) return { _tag: "Stale", publisherId, sequence: seq }
+      if (seq === 0 && lastSeq === 0) return { _tag: "Stale", publisherId, sequence: seq }
+    }
+    const result = decodeEngineBatch(frames[2]!, source.workerId, source.dpRank, seq + 1, options)
+    if (!result.ok) return malformed(result.reason, `undecodable batch ${seq}: ${result.message}`)
+    lastSeq = seq
+    const { events, skipped, ignored } = result.value
+    return { _tag: "Batch", publisherId, sequence: seq, events, blocks: blockCount(events), ignored, skipped }
   }
 }
 
 export interface EngineSubscriptionOptions {
   readonly endpoint: string
   readonly source: EngineSourceIdentity
+  readonly decode?: EngineDecodeOptions
   readonly deliver: (message: IngestMessage) => Effect.Effect<void>
   readonly onConnection?: (connected: boolean) => void
 }
@@ -384,7 +673,7 @@ export const subscribeEngine = (
   subscribe({
     endpoint: options.endpoint,
     topic: options.source.topic,
-    decode: makeEngineDecoder(options.source),
+    decode: makeEngineDecoder(options.source, options.decode),
     deliver: options.deliver,
     ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection })
   })
@@ -579,6 +868,23 @@ export const encodeEngineBatch = (
 // ---------------------------------------------------------------------------------------------
 // Replay client
 
+/**
+ * The sequence and payload frames of one replay reply, by frame count (PROTOCOL §3.2): SGLang and
+ * vLLM before mid-2026 send `[empty, seq, payload]`; current vLLM adds its topic,
+ * `[empty, topic, seq, payload]`, on every reply and on the end marker. A string says what was wrong.
+ */
+export const replayReplyFrames = (
+  frames: ReadonlyArray<Buffer>
+): { readonly seqFrame: Buffer; readonly payload: Buffer } | string => {
+  if (frames.length !== 3 && frames.length !== 4)
+    return `unexpected replay message of ${frames.length} frames (expected [empty, seq, payload] or [empty, topic, seq, payload])`
+  if (frames[0]!.length !== 0)
+    return `replay message does not start with an empty delimiter frame (${frames[0]!.length} bytes)`
+  const seqFrame = frames[frames.length - 2]!
+  if (seqFrame.length !== 8) return `replay sequence frame is ${seqFrame.length} bytes, expected 8`
+  return { seqFrame, payload: frames[frames.length - 1]! }
+}
+
 export interface ReplayedBatch {
   readonly seq: number
   /** undefined when the batch could not be decoded (the replay then has a hole there). */
@@ -591,6 +897,8 @@ export interface ReplayOptions {
   readonly startSeq: number
   readonly workerId: WorkerId
   readonly dpRank: DpRank
+  /** The card's `kvCacheBlockSize` (see `EngineDecodeOptions`). */
+  readonly kvBlockSize?: number | undefined
   /** Refuse replays longer than this many batches (default 1,000,000). */
   readonly maxBatches?: number
 }
@@ -610,15 +918,11 @@ export const replayEngine = (options: ReplayOptions): Effect.Effect<ReadonlyArra
       const out: Array<ReplayedBatch> = []
       for (;;) {
         const frames = yield* receiveFrames(socket, endpoint)
-        if (frames.length !== 3 || frames[0]!.length !== 0 || frames[1]!.length !== 8) {
-          return yield* new ZmqError({
-            operation: "replay",
-            endpoint,
-            message: `unexpected replay message of ${frames.length} frames (expected [empty, seq, payload])`
-          })
-        }
-        if (frames[1]!.equals(END_SEQ)) return out
-        const view = new DataView(frames[1]!.buffer, frames[1]!.byteOffset, 8)
+        const reply = replayReplyFrames(frames)
+        if (typeof reply === "string")
+          return yield* new ZmqError({ operation: "replay", endpoint, message: reply })
+        if (reply.seqFrame.equals(END_SEQ)) return out
+        const view = new DataView(reply.seqFrame.buffer, reply.seqFrame.byteOffset, 8)
         const hi = view.getUint32(0)
         if (hi >= 0x20_0000)
           return yield* new ZmqError({
@@ -627,7 +931,9 @@ export const replayEngine = (options: ReplayOptions): Effect.Effect<ReadonlyArra
             message: "replayed sequence above 2^53 - 1"
           })
         const seq = hi * 4294967296 + view.getUint32(4)
-        const decoded = decodeEngineBatch(frames[2]!, options.workerId, options.dpRank, seq + 1)
+        const decoded = decodeEngineBatch(reply.payload, options.workerId, options.dpRank, seq + 1, {
+          kvBlockSize: options.kvBlockSize
+        })
         out.push(
           decoded.ok
             ? { seq, batch: decoded.value, error: undefined }

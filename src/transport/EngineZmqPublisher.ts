@@ -53,6 +53,13 @@ export interface EngineZmqPublisherOptions {
   readonly blockSize?: number
   /** Write the batch rank (default true; false gives the 2-element `[ts, events]` batch). */
   readonly includeRank?: boolean
+  /**
+   * Replay reply framing: `"seq"` `[empty, seq, payload]` (SGLang, vLLM before mid-2026, the
+   * default) or `"topic"` `[empty, topic, seq, payload]` (current vLLM, also on the end marker).
+   */
+  readonly replayFraming?: "seq" | "topic"
+  /** The replay ROUTER takes requests and never answers (an engine stuck mid-replay). */
+  readonly silentReplay?: boolean
 }
 
 export interface EngineStoreOptions {
@@ -125,15 +132,20 @@ export const makeEngineZmqPublisher = (
             return
           }
           replays++
+          if (options.silentReplay === true) return
           const identity = frames[0]!
           const start = u64FrameValue(frames[2]!)
           const empty = Buffer.alloc(0)
+          const head: ReadonlyArray<Buffer> =
+            options.replayFraming === "topic"
+              ? [identity, empty, Buffer.from(topic, "utf8")]
+              : [identity, empty]
           // Snapshot first: batches published while the replay is being sent are live traffic.
           const snapshot = buffer.filter((entry) => start >= 0 && entry.seq >= start)
           for (const entry of snapshot) {
-            yield* sendFrames(router, [identity, empty, u64FrameOf(entry.seq), entry.payload], boundReplay)
+            yield* sendFrames(router, [...head, u64FrameOf(entry.seq), entry.payload], boundReplay)
           }
-          yield* sendFrames(router, [identity, empty, REPLAY_END_SEQ, empty], boundReplay)
+          yield* sendFrames(router, [...head, REPLAY_END_SEQ, empty], boundReplay)
         })
       yield* receiveFrames(router, boundReplay).pipe(
         Effect.flatMap(serve),

@@ -20,9 +20,18 @@
 import { Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
 import type { RouterEvent } from "../domain/events.js"
 import { type KvEventSource, sourceIdentityKey } from "../domain/sources.js"
+import * as RelayMetrics from "../observability/RelayMetrics.js"
 import { subscribeDynamo } from "./DynamoZmq.js"
 import { subscribeEngine } from "./EngineZmq.js"
-import { type IngestMessage, MALFORMED_REASONS, type MalformedReason, type ZmqError } from "./ZmqSocket.js"
+import {
+  type IngestMessage,
+  MALFORMED_REASONS,
+  type MalformedReason,
+  SKIP_REASONS,
+  type SkipCounts,
+  type SkipReason,
+  type ZmqError
+} from "./ZmqSocket.js"
 
 export type BatchHandler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Effect.Effect<void>
 
@@ -30,6 +39,8 @@ export interface EventSubscriberPoolOptions {
   readonly handler: BatchHandler
   /** Batches queued per publisher lane before its socket waits (default 1024). */
   readonly laneCapacity?: number
+  /** The pool's `kvCacheBlockSize`: engine `BlockStored` events of another block size are malformed. */
+  readonly kvBlockSize?: number | undefined
 }
 
 export type MalformedCounts = Readonly<Record<MalformedReason, number>>
@@ -41,8 +52,12 @@ export interface SourceIngestStats {
   readonly messages: number
   readonly events: number
   readonly blocks: number
-  /** Engine events skipped on purpose (unknown media, non-main groups, unknown types). */
+  /** Engine events not applied on purpose (skipped ones and unknown types). */
   readonly ignored: number
+  /** Engine events skipped by reason (not the worker's device cache, PROTOCOL §3.2). */
+  readonly skipped: SkipCounts
+  /** Batches dropped because their seq was below the last accepted one. */
+  readonly stale: number
   readonly malformed: MalformedCounts
   readonly malformedTotal: number
 }
@@ -72,12 +87,18 @@ export interface EventSubscriberPoolStats {
    * Like `totals`, but since the pool was made: sources and subscriptions that were closed since
    * still count (additive; cumulative ingest diagnostics).
    */
-  readonly lifetime: {
-    readonly messages: number
-    readonly events: number
-    readonly blocks: number
-    readonly malformedTotal: number
-  }
+  readonly lifetime: LifetimeIngest
+}
+
+/** Cumulative counts of a pool since it was made, closed sources and subscriptions included. */
+export interface LifetimeIngest {
+  readonly messages: number
+  readonly events: number
+  readonly blocks: number
+  readonly malformedTotal: number
+  readonly malformed: MalformedCounts
+  readonly skipped: SkipCounts
+  readonly stale: number
 }
 
 export interface EventSubscriberPool {
@@ -105,6 +126,8 @@ const zeroCounts = (): Record<MalformedReason, number> => {
   return out
 }
 
+const zeroSkips = (): Record<SkipReason, number> => ({ medium: 0, locality: 0, ownership: 0, group: 0 })
+
 const sumCounts = (counts: MalformedCounts): number => {
   let total = 0
   for (const reason of MALFORMED_REASONS) total += counts[reason]
@@ -119,6 +142,8 @@ interface SourceEntry {
   events: number
   blocks: number
   ignored: number
+  readonly skipped: Record<SkipReason, number>
+  stale: number
   readonly malformed: Record<MalformedReason, number>
 }
 
@@ -161,7 +186,17 @@ export const makeEventSubscriberPool = (
     const sources = new Map<string, SourceEntry>()
     const syncLock = yield* Effect.makeSemaphore(1)
     // Counts of closed sources and subscriptions, so `lifetime` never goes backwards.
-    const retired = { messages: 0, events: 0, blocks: 0, malformedTotal: 0 }
+    const retired = {
+      messages: 0,
+      events: 0,
+      blocks: 0,
+      malformed: zeroCounts(),
+      skipped: zeroSkips(),
+      stale: 0
+    }
+    const retireMalformed = (counts: MalformedCounts): void => {
+      for (const reason of MALFORMED_REASONS) retired.malformed[reason] += counts[reason]
+    }
 
     const handle = (
       subscription: Subscription,
@@ -222,24 +257,53 @@ export const makeEventSubscriberPool = (
         Effect.zipRight(Queue.shutdown(lane.queue))
       )
 
+    /** The source a message claims to come from, when its publisher id routes to one. */
+    const entryOf = (
+      subscription: Subscription,
+      publisherId: bigint | undefined
+    ): SourceEntry | undefined => {
+      const lane = publisherId === undefined ? undefined : subscription.lanes.get(publisherId)
+      return lane === undefined ? undefined : lane.sources.values().next().value
+    }
+
+    /** The first drop of each kind on a subscription is a warning, later ones debug lines. */
+    const logDrop = (subscription: Subscription, kind: string, message: string) => {
+      const first = !subscription.warned.has(kind)
+      if (first) subscription.warned.add(kind)
+      return first ? Effect.logWarning(message) : Effect.logDebug(message)
+    }
+
     const deliver =
       (subscription: Subscription) =>
       (message: IngestMessage): Effect.Effect<void> => {
         if (message._tag === "Malformed") {
-          const lane =
-            message.publisherId === undefined ? undefined : subscription.lanes.get(message.publisherId)
-          const entry = lane === undefined ? undefined : lane.sources.values().next().value
+          const entry = entryOf(subscription, message.publisherId)
           if (entry !== undefined) entry.malformed[message.reason]++
           else subscription.unattributed[message.reason]++
-          const first = !subscription.warned.has(message.reason)
-          if (first) subscription.warned.add(message.reason)
-          const log = first ? Effect.logWarning : Effect.logDebug
-          return log("dropping a malformed KV event message").pipe(
+          return logDrop(subscription, message.reason, "dropping a malformed KV event message").pipe(
+            Effect.zipRight(RelayMetrics.ingestMalformedMessage(message.reason)),
             Effect.annotateLogs({
               endpoint: subscription.endpoint,
               reason: message.reason,
               detail: message.message,
               publisherId: message.publisherId === undefined ? "unknown" : String(message.publisherId)
+            })
+          )
+        }
+        if (message._tag === "Stale") {
+          const entry = entryOf(subscription, message.publisherId)
+          if (entry !== undefined) entry.stale++
+          return logDrop(
+            subscription,
+            "stale",
+            "dropping a KV event batch whose seq is below the last accepted one"
+          ).pipe(
+            Effect.zipRight(RelayMetrics.ingestDropped("stale")),
+            Effect.annotateLogs({
+              endpoint: subscription.endpoint,
+              reason: "stale",
+              seq: message.sequence,
+              publisherId: String(message.publisherId)
             })
           )
         }
@@ -251,14 +315,20 @@ export const makeEventSubscriberPool = (
             ? Effect.void
             : enqueue(subscription, fallback, message.publisherId, message.events)
         }
+        const skipped = message.skipped
         for (const entry of lane.sources) {
           entry.messages++
           entry.events += message.events.length
           entry.blocks += message.blocks
           entry.ignored += message.ignored
+          if (skipped !== undefined && message.ignored > 0)
+            for (const reason of SKIP_REASONS) entry.skipped[reason] += skipped[reason]
           break
         }
-        return enqueue(subscription, lane, message.publisherId, message.events)
+        const handled = enqueue(subscription, lane, message.publisherId, message.events)
+        return skipped === undefined || message.ignored === 0
+          ? handled
+          : Effect.zipRight(RelayMetrics.ingestSkipped(skipped), handled)
       }
 
     const openSubscription = (first: KvEventSource): Effect.Effect<Subscription> =>
@@ -296,6 +366,7 @@ export const makeEventSubscriberPool = (
                   publisherId: first.publisherId,
                   topic: transport.topic
                 },
+                decode: { kvBlockSize: options.kvBlockSize },
                 deliver: deliver(subscription),
                 onConnection
               })
@@ -358,6 +429,8 @@ export const makeEventSubscriberPool = (
           events: 0,
           blocks: 0,
           ignored: 0,
+          skipped: zeroSkips(),
+          stale: 0,
           malformed: zeroCounts()
         }
         let lane = subscription.lanes.get(source.publisherId)
@@ -376,7 +449,9 @@ export const makeEventSubscriberPool = (
         retired.messages += entry.messages
         retired.events += entry.events
         retired.blocks += entry.blocks
-        retired.malformedTotal += sumCounts(entry.malformed)
+        retireMalformed(entry.malformed)
+        for (const reason of SKIP_REASONS) retired.skipped[reason] += entry.skipped[reason]
+        retired.stale += entry.stale
         const subscription = entry.subscription
         subscription.sources.delete(entry.key)
         const lane = subscription.lanes.get(entry.source.publisherId)
@@ -389,7 +464,7 @@ export const makeEventSubscriberPool = (
         }
         if (subscription.sources.size === 0) {
           subscriptions.delete(subscription.key)
-          retired.malformedTotal += sumCounts(subscription.unattributed)
+          retireMalformed(subscription.unattributed)
           yield* closeSubscription(subscription)
         }
       })
@@ -410,6 +485,8 @@ export const makeEventSubscriberPool = (
     const stats = Effect.sync((): EventSubscriberPoolStats => {
       const sourceStats: Array<SourceIngestStats> = []
       const totals = { messages: 0, events: 0, blocks: 0, malformed: zeroCounts() }
+      const skippedNow = zeroSkips()
+      let staleNow = 0
       for (const entry of sources.values()) {
         const malformed = { ...entry.malformed }
         sourceStats.push({
@@ -420,9 +497,13 @@ export const makeEventSubscriberPool = (
           events: entry.events,
           blocks: entry.blocks,
           ignored: entry.ignored,
+          skipped: { ...entry.skipped },
+          stale: entry.stale,
           malformed,
           malformedTotal: sumCounts(malformed)
         })
+        for (const reason of SKIP_REASONS) skippedNow[reason] += entry.skipped[reason]
+        staleNow += entry.stale
         totals.messages += entry.messages
         totals.events += entry.events
         totals.blocks += entry.blocks
@@ -442,6 +523,12 @@ export const makeEventSubscriberPool = (
         })
       }
       const malformedTotal = sumCounts(totals.malformed)
+      const lifetimeMalformed = zeroCounts()
+      for (const reason of MALFORMED_REASONS)
+        lifetimeMalformed[reason] = retired.malformed[reason] + totals.malformed[reason]
+      const lifetimeSkipped = zeroSkips()
+      for (const reason of SKIP_REASONS)
+        lifetimeSkipped[reason] = retired.skipped[reason] + skippedNow[reason]
       return {
         sources: sourceStats,
         subscriptions: subscriptionStats,
@@ -450,7 +537,10 @@ export const makeEventSubscriberPool = (
           messages: retired.messages + totals.messages,
           events: retired.events + totals.events,
           blocks: retired.blocks + totals.blocks,
-          malformedTotal: retired.malformedTotal + malformedTotal
+          malformedTotal: sumCounts(lifetimeMalformed),
+          malformed: lifetimeMalformed,
+          skipped: lifetimeSkipped,
+          stale: retired.stale + staleNow
         }
       }
     })

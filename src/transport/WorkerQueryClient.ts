@@ -27,6 +27,7 @@ import type { KvEventSource } from "../domain/sources.js"
 import {
   type WorkerKvQueryRequest,
   type WorkerKvQueryResponse,
+  type WorkerQueryContext,
   WorkerQueryError,
   type WorkerQueryTransport
 } from "../recovery/WorkerQuery.js"
@@ -101,7 +102,8 @@ const foreignRank = (
 export const queryEngineReplay = (
   replayEndpoint: string,
   request: WorkerKvQueryRequest,
-  options: WorkerQueryClientOptions = {}
+  options: WorkerQueryClientOptions = {},
+  context: WorkerQueryContext = {}
 ): Effect.Effect<WorkerKvQueryResponse, WorkerQueryError> =>
   Effect.gen(function* () {
     const start = request.startEventId
@@ -115,6 +117,7 @@ export const queryEngineReplay = (
       startSeq,
       workerId: request.workerId,
       dpRank: request.dpRank,
+      kvBlockSize: context.kvBlockSize,
       ...(options.maxReplayBatches === undefined ? {} : { maxBatches: options.maxReplayBatches })
     }).pipe(Effect.mapError(toQueryError))
 
@@ -165,7 +168,7 @@ export const queryRoute = (source: KvEventSource): QueryRoute | undefined => {
 
 /** The relay's worker-query transport over ZeroMQ. The caller bounds each attempt with its timeout. */
 export const makeWorkerQueryClient = (options: WorkerQueryClientOptions = {}): WorkerQueryTransport => ({
-  queryWorker: (source, request) => {
+  queryWorker: (source, request, context) => {
     const route = queryRoute(source)
     const attributes = {
       workerId: request.workerId,
@@ -184,7 +187,7 @@ export const makeWorkerQueryClient = (options: WorkerQueryClientOptions = {}): W
     const query =
       route._tag === "WorkerQuery"
         ? queryDynamoWorker(route.endpoint, request)
-        : queryEngineReplay(route.endpoint, request, options)
+        : queryEngineReplay(route.endpoint, request, options, context)
     return query.pipe(
       Effect.tap((response) =>
         Effect.logDebug("worker query answered").pipe(

@@ -9,8 +9,8 @@ import { makeEventSubscriberPool } from "./EventSubscriberPool.js"
 import { makeWorkerQueryClient } from "./WorkerQueryClient.js"
 
 export const makeZmqEventTransport = (): KvEventTransport => ({
-  subscribe: (handler) =>
-    Effect.map(makeEventSubscriberPool({ handler }), (pool) => ({
+  subscribe: (handler, options = {}) =>
+    Effect.map(makeEventSubscriberPool({ handler, kvBlockSize: options.kvBlockSize }), (pool) => ({
       sync: pool.sync,
       connectedSources: pool.connectedSources,
       totals: Effect.map(pool.stats, (stats) => stats.lifetime)

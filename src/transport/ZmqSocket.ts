@@ -9,6 +9,7 @@
 import { Data, Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import type { RouterEvent } from "../domain/events.js"
+import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
 
 export class ZmqError extends Data.TaggedError("ZmqError")<{
   readonly operation: string
@@ -92,31 +93,13 @@ export const u64FrameValue = (frame: Uint8Array): number => {
   return hi < 0x20_0000 ? hi * 4294967296 + lo : -1
 }
 
-/** Why a message was dropped; counted per source (or per subscription when unattributable). */
-export type MalformedReason =
-  | "frame-count"
-  | "publisher-id-width"
-  | "sequence-width"
-  | "sequence-range"
-  | "frame-header"
-  | "frame-version"
-  | "frame-length"
-  | "envelope"
-  | "payload"
-  | "topic"
-
-export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
-  "frame-count",
-  "publisher-id-width",
-  "sequence-width",
-  "sequence-range",
-  "frame-header",
-  "frame-version",
-  "frame-length",
-  "envelope",
-  "payload",
-  "topic"
-]
+export {
+  MALFORMED_REASONS,
+  type MalformedReason,
+  SKIP_REASONS,
+  type SkipCounts,
+  type SkipReason
+} from "../domain/ingest.js"
 
 /**
  * How long receive loops may run before the event loop gets a turn. Shared by every loop of the
@@ -144,8 +127,16 @@ export type IngestMessage =
       readonly sequence: number
       readonly events: ReadonlyArray<RouterEvent>
       readonly blocks: number
-      /** Engine events skipped on purpose (unknown media, non-main groups, unknown types). */
+      /** Engine events not turned into RouterEvents (the skipped ones and unknown types). */
       readonly ignored: number
+      /** Engine events skipped by reason; absent for Dynamo batches. */
+      readonly skipped?: SkipCounts
+    }
+  | {
+      /** A batch below the source's last accepted seq (not a restart): dropped and counted. */
+      readonly _tag: "Stale"
+      readonly publisherId: bigint
+      readonly sequence: number
     }
   | {
       readonly _tag: "Malformed"

@@ -17,7 +17,7 @@ import { makeEventSubscriberPool } from "../../src/transport/EventSubscriberPool
 import { encodeEnvelope } from "../../src/transport/msgpack.js"
 import { makeWorkerQueryClient } from "../../src/transport/WorkerQueryClient.js"
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
-import { u64FrameOf } from "../../src/transport/ZmqSocket.js"
+import { MALFORMED_REASONS, u64FrameOf } from "../../src/transport/ZmqSocket.js"
 import {
   eventually,
   isContiguousFrom,
@@ -240,6 +240,7 @@ describe("EventSubscriberPool over ZeroMQ", () => {
         "every malformed message to be counted"
       )
       expect(stats.totals.malformed).toEqual({
+        ...Object.fromEntries(MALFORMED_REASONS.map((reason) => [reason, 0])),
         "frame-count": 2 * rounds,
         "publisher-id-width": rounds,
         "sequence-width": rounds,
@@ -319,10 +320,12 @@ describe("EventSubscriberPool over ZeroMQ", () => {
           1
         )
       ).toBe(true)
-      expect(vllmEvents.slice(base[0]!).map((e) => e.storageTier)).toEqual(
-        Array.from({ length: 20 }, (_, i) => (i % 2 === 0 ? "device" : "host_pinned"))
+      // Host-tier events are skipped (PROTOCOL §3.2): their batch keeps its id as an empty removal.
+      expect(vllmEvents.slice(base[0]!).map((e) => [e.storageTier, e.data._tag])).toEqual(
+        Array.from({ length: 20 }, (_, i) => ["device", i % 2 === 0 ? "Stored" : "Removed"])
       )
-      expect(storedBigInts(vllmEvents.slice(-1))).toEqual([2n ** 64n - 20n, 19n])
+      expect(storedBigInts(vllmEvents.slice(base[0]!).filter((e) => e.data._tag === "Removed"))).toEqual([])
+      expect(storedBigInts(vllmEvents.slice(-2))).toEqual([2n ** 64n - 19n, 18n])
       const sglangEvents = recorder.events(sources[1]!.publisherId)
       expect(sglangEvents.every((e) => e.dpRank === 1)).toBe(true)
       expect(storedBigInts(sglangEvents.slice(-1))).toEqual([2n ** 63n + 19n])
@@ -332,6 +335,13 @@ describe("EventSubscriberPool over ZeroMQ", () => {
       )
       expect(stats.totals.malformed["frame-count"]).toBe(20)
       expect(stats.totals.malformed["sequence-width"]).toBe(20)
+      expect(stats.sources.find((s) => s.source.publisherId === sources[0]!.publisherId)!.skipped).toEqual({
+        medium: 10,
+        locality: 0,
+        ownership: 0,
+        group: 0
+      })
+      expect(stats.lifetime.skipped.medium).toBe(10)
     })
   )
 
@@ -550,7 +560,8 @@ describe("engine replay path", () => {
         expect(range._tag).toBe("Events")
         if (range._tag === "Events") {
           expect(range.events.map((e) => e.eventId)).toEqual([3, 4, 5])
-          expect(range.events.map((e) => e.data._tag)).toEqual(["Removed", "Stored", "Stored"])
+          // Event 4 was a host-tier store: skipped, it holds its id as an empty removal.
+          expect(range.events.map((e) => e.data._tag)).toEqual(["Removed", "Removed", "Stored"])
           expect(range.lastEventId).toBe(5)
         }
         expect(yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 6 }))).toEqual({

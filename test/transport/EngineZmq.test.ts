@@ -61,7 +61,7 @@ describe("engine batch decoding", () => {
                   type: "BlockStored",
                   blockHashes: hashPairs(hashes),
                   parentBlockHash: parent === undefined ? undefined : hashPairs([parent]),
-                  tokenIds: [1, 2],
+                  tokenIds: Array.from({ length: 2 * hashes.length }, (_, t) => t),
                   blockSize: 2,
                   medium: format.medium ? "GPU" : null
                 }
@@ -135,7 +135,7 @@ describe("engine batch decoding", () => {
             "BlockStored",
             [1, 2],
             9,
-            [1, 2, 3],
+            [1, 2, 3, 4],
             2,
             7,
             "GPU",
@@ -144,6 +144,9 @@ describe("engine batch decoding", () => {
             0,
             "full_attention",
             null,
+            "LOCAL",
+            null,
+            "session",
             "future",
             1
           ],
@@ -151,10 +154,12 @@ describe("engine batch decoding", () => {
             block_hashes: [3],
             something_new: { a: 1 },
             type: "BlockStored",
+            token_ids: [5, 6],
             parent_block_hash: 2,
+            block_size: 2,
             medium: null
           },
-          ["BlockRemoved", [4], "GPU", 0, "future"],
+          ["BlockRemoved", [4], "GPU", 0, "LOCAL", null, "future"],
           { type: "BlockRemoved", block_hashes: [5], group_idx: 0, later: [] },
           ["AllBlocksCleared", "future"],
           { type: "AllBlocksCleared", future: 1 }
@@ -183,11 +188,13 @@ describe("engine batch decoding", () => {
       pack([
         0,
         [
-          ["BlockStored", [-1n, -2, 2n ** 63n + 5n, 2n ** 64n - 1n], -5, [], 4, null],
+          ["BlockStored", [-1n, -2, 2n ** 63n + 5n, 2n ** 64n - 1n], -5, Array(16).fill(1), 4, null],
           {
             type: "BlockStored",
-            block_hashes: [digest, Uint8Array.of(1, 2)],
-            parent_block_hash: Uint8Array.of(9)
+            block_hashes: [digest, Uint8Array.of(0, 0, 0, 0, 0, 0, 1, 2)],
+            parent_block_hash: Uint8Array.of(0, 0, 0, 0, 0, 0, 0, 9),
+            token_ids: [1, 2, 3, 4, 5, 6, 7, 8],
+            block_size: 4
           }
         ]
       ])
@@ -203,42 +210,47 @@ describe("engine batch decoding", () => {
     expect(parent._tag === "Stored" && parent.parentHash && hashPairsToBigInts(parent.parentHash)).toEqual([
       9n
     ])
-    expect(decodeEngineBatch(pack([0, [["BlockStored", [1.5], null, [], 4, null]]]), WORKER, 0, 1).ok).toBe(
-      false
-    )
+    const reasonOf = (hashes: ReadonlyArray<unknown>) => {
+      const result = decodeEngineBatch(pack([0, [["BlockStored", hashes, null, [1], 1, null]]]), WORKER, 0, 1)
+      return result.ok ? "ok" : result.reason
+    }
+    expect(reasonOf([1.5])).toBe("hash")
+    expect(reasonOf(["7"])).toBe("hash")
+    // A byte-string hash needs its low 8 bytes: shorter ones (a 0-byte one was hash 0) are malformed.
+    expect(reasonOf([Uint8Array.of(1, 2)])).toBe("hash")
+    expect(reasonOf([new Uint8Array(0)])).toBe("hash")
+    expect(reasonOf([new Uint8Array(8)])).toBe("ok")
   })
 
-  it("maps media to tiers, carries non-device tiers and skips unknown media", () => {
-    const media: Array<[string | null | undefined, string | undefined]> = [
-      [undefined, "device"],
-      [null, "device"],
-      ["GPU", "device"],
-      ["DEVICE", "device"],
-      ["CPU", "host_pinned"],
-      ["CPU_PINNED", "host_pinned"],
-      ["cpu_tier1", "host_pinned"],
-      ["CPU_TIER2", "disk"],
-      ["DISK", "disk"],
-      ["NVME", "disk"],
-      ["STORAGE", "disk"],
-      ["EXTERNAL", "external"],
-      ["NETWORK", "external"],
-      ["REMOTE", "external"],
-      ["SHARED", "external"],
-      ["TAPE", undefined]
+  it("counts only absent, nil or GPU media as the device; skips every other medium", () => {
+    const media: Array<[string | null | undefined, boolean]> = [
+      [undefined, true],
+      [null, true],
+      ["GPU", true],
+      ["DEVICE", false],
+      ["gpu", false],
+      ["CPU", false],
+      ["CPU_PINNED", false],
+      ["STORAGE", false],
+      ["EXTERNAL", false],
+      ["", false]
     ]
-    for (const [medium, tier] of media) {
+    for (const [medium, device] of media) {
       const event =
         medium === undefined
-          ? ["BlockStored", [1], null, [], 4, null]
-          : ["BlockStored", [1], null, [], 4, null, medium]
+          ? ["BlockStored", [1], null, [1, 2, 3, 4], 4, null]
+          : ["BlockStored", [1], null, [1, 2, 3, 4], 4, null, medium]
       const removal = medium === undefined ? ["BlockRemoved", [1]] : ["BlockRemoved", [1], medium]
       const batch = decode(pack([0, [event, removal], 0]))
-      if (tier === undefined) {
+      if (!device) {
         expect(batch.ignored).toBe(2)
+        expect(batch.skipped).toEqual({ medium: 2, locality: 0, ownership: 0, group: 0 })
       } else {
         expect(batch.ignored).toBe(0)
-        expect(batch.events.map((e) => e.storageTier)).toEqual([tier, tier])
+        expect(batch.events.map((e) => [e.storageTier, e.data._tag])).toEqual([
+          ["device", "Stored"],
+          ["device", "Removed"]
+        ])
       }
     }
   })
@@ -259,6 +271,7 @@ describe("engine batch decoding", () => {
       ])
     )
     expect(batch.ignored).toBe(5)
+    expect(batch.skipped).toEqual({ medium: 0, locality: 0, ownership: 0, group: 3 })
     expect(batch.events.map(hashesOf)).toEqual([[3n]])
   })
 
@@ -330,7 +343,7 @@ describe("engine batch decoding", () => {
 
 describe("engine frame codec", () => {
   const source = { workerId: WORKER, dpRank: 0, publisherId: 99n, topic: "" }
-  const payload = pack([0, [["BlockStored", [1, 2], null, [], 2, null]], 0])
+  const payload = pack([0, [["BlockStored", [1, 2], null, [1, 2, 3, 4], 2, null]], 0])
 
   it("gives every event of batch seq the id seq + 1 and routes by the advertised publisher id", () => {
     const result = makeEngineDecoder(source)([Buffer.alloc(0), u64FrameOf(41), Buffer.from(payload)])
@@ -344,9 +357,9 @@ describe("engine frame codec", () => {
   })
 
   it("counts every malformed shape with its reason", () => {
-    const decodeFrames = makeEngineDecoder({ ...source, topic: "kv" })
+    // A fresh decoder per message: each shape is judged on its own, not against a previous seq.
     const reason = (frames: Array<Uint8Array>) => {
-      const result = decodeFrames(frames)
+      const result = makeEngineDecoder({ ...source, topic: "kv" })(frames)
       return result._tag === "Malformed" ? result.reason : "ok"
     }
     const p = Buffer.from(payload)
@@ -366,7 +379,7 @@ describe("engine frame codec", () => {
     const decodeFrames = makeEngineDecoder(source)
     fc.assert(
       fc.property(fc.array(fc.uint8Array({ maxLength: 40 }), { maxLength: 5 }), (frames) => {
-        expect(["Batch", "Malformed"]).toContain(decodeFrames(frames)._tag)
+        expect(["Batch", "Malformed", "Stale"]).toContain(decodeFrames(frames)._tag)
       }),
       { numRuns: 3000 }
     )
