@@ -84,7 +84,9 @@ const startRelay = (name: string, expectedUniqueBlocks: number) =>
         shuttingDown: false,
         endpointCount: 1,
         activeEndpointCount: 1,
-        fencedEndpointCount: 0
+        fencedEndpointCount: 0,
+        sourcesRecovering: 0,
+        sourcesDegraded: 0
       }),
       stats: Effect.succeed({
         identity: { dcName: name, dcId, drtInstanceId: 1n, relayIncarnation: relayIdentity.relayIncarnation },

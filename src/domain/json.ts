@@ -622,7 +622,9 @@ export const HealthJson = Schema.Struct({
   shuttingDown: Schema.Boolean,
   endpointCount: U32,
   activeEndpointCount: U32,
-  fencedEndpointCount: U32
+  fencedEndpointCount: U32,
+  sourcesRecovering: U32,
+  sourcesDegraded: U32
 })
 export type Health = typeof HealthJson.Type
 
@@ -997,7 +999,17 @@ export const EndpointStatsJson = Schema.Struct({
     workerCount: Count,
     rankCount: Count,
     recoveringRankCount: Count,
-    pendingLiveEventCount: Count
+    pendingLiveEventCount: Count,
+    sourcesRecovering: Count,
+    sourcesDegraded: Count,
+    sources: Schema.Array(
+      Schema.Struct({
+        workerId: Schema.String,
+        dpRank: Count,
+        publisherId: U64,
+        state: Schema.Literal("live", "recovering", "degraded")
+      })
+    )
   }),
   actor: nullable(
     Schema.Struct({
@@ -1013,7 +1025,11 @@ export const EndpointStatsJson = Schema.Struct({
     blocks: Count,
     malformed: Count,
     gaps: Count,
-    recoveries: Count
+    recoveries: Count,
+    malformedByReason: Schema.Record({ key: Schema.String, value: Count }),
+    skipped: Schema.Struct({ medium: Count, locality: Count, ownership: Count, group: Count }),
+    stale: Count,
+    restarts: Count
   })
 })
 

@@ -78,6 +78,11 @@ export type LiveEventAction =
     }
   /** Live-only gap: reset the rank, admit the group, commit; the rank serves a live-only index. */
   | { readonly _tag: "ResetDegraded"; readonly group: CommitGroup }
+  /**
+   * The publisher counts from its first id again (an engine restarted under the same publisher
+   * id): cancel any recovery, reset the rank, start from a fresh state and observe the group again.
+   */
+  | { readonly _tag: "Restart"; readonly group: CommitGroup }
 
 const IGNORE: LiveEventAction = { _tag: "Ignore" }
 
@@ -147,8 +152,18 @@ export class RankState {
    * being possible once that history no longer reaches the start, and every gap would then wipe
    * the rank; a range replay keeps the rank and degrades only the missing span.
    */
-  observeLiveGroup(group: CommitGroup, recoverable: boolean, incrementalGaps = false): LiveEventAction {
+  observeLiveGroup(
+    group: CommitGroup,
+    recoverable: boolean,
+    incrementalGaps = false,
+    restartsAtFirstId = false
+  ): LiveEventAction {
     const id = group.eventId
+    // Engines count batches from seq 0 (event id 1) again after a restart (PROTOCOL §3.2). The
+    // transport passes such a batch on only when it follows a later one, so past the first id it
+    // is a new incarnation, not a duplicate.
+    if (restartsAtFirstId && id === 1 && this.cursor !== undefined && this.cursor > 1)
+      return { _tag: "Restart", group }
     // A clear is handled before the cursor, whatever `recoveryInflight` is: it supersedes any gap
     // recovery of this rank.
     if (containsClear(group)) {

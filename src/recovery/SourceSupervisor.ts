@@ -92,6 +92,8 @@ export interface SourceBinding {
   readonly recoverable: boolean
   /** Gaps ask for the missing range instead of clearing the rank (engine replay sources). */
   readonly incrementalGaps: boolean
+  /** Ids counting from 1 again mean a publisher restart (engine sources, seq 0 again). */
+  readonly restartsAtFirstId: boolean
 }
 
 interface MutableBinding extends SourceBinding {
@@ -117,6 +119,11 @@ class SourceSlot {
   resetPending = false
   /** A protocol-faulted incarnation remains ineligible until discovery advances generation. */
   rejectedGeneration: number | undefined = undefined
+  /**
+   * The rank's index lacks history it could not recover (a failed recovery or a live-only gap):
+   * it serves what arrived since. Cleared by a successful recovery, a restart or a new binding.
+   */
+  degraded = false
 
   constructor(
     readonly key: RankKey,
@@ -141,7 +148,21 @@ class SourceSlot {
     this.resetPending = true
     this.rank.finishFailedRecovery()
   }
+
+  /** What diagnostics show for the rank's active source (PROTOCOL §3.2). */
+  state(): SourceState {
+    if (this.resetPending) return "degraded"
+    if (this.rank.recoveryInflight) return "recovering"
+    return this.degraded ? "degraded" : "live"
+  }
 }
+
+/**
+ * `recovering`: a restore or gap recovery is outstanding and live events are buffered;
+ * `degraded`: the index serves live events without history it could not recover (or the rank
+ * is fenced pending a reset); `live`: in order and complete since the last restore.
+ */
+export type SourceState = "live" | "recovering" | "degraded"
 
 interface ActivePublisherBinding {
   readonly binding: MutableBinding
@@ -152,8 +173,20 @@ export interface SourceSupervisorHealth {
   readonly workerCount: number
   readonly rankCount: number
   readonly recoveringRankCount: number
+  /** Active sources by state (PROTOCOL §3.2 `sourcesRecovering`, `sourcesDegraded`). */
+  readonly sourcesRecovering: number
+  readonly sourcesDegraded: number
+  readonly sources: ReadonlyArray<SourceStateEntry>
   readonly pendingLiveEventCount: number
   readonly discoveredEndpointCount: number
+}
+
+/** One active source and its state, for diagnostics. */
+export interface SourceStateEntry {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly publisherId: bigint
+  readonly state: SourceState
 }
 
 /** Cumulative counters since the supervisor started (additive; for ingest diagnostics). */
@@ -162,6 +195,8 @@ export interface SourceSupervisorCounters {
   readonly liveGaps: number
   /** Recovery queries launched (initial restores, gap recoveries and follow-ups). */
   readonly recoveries: number
+  /** Publishers seen counting from their first id again (engine restarts under one publisher id). */
+  readonly restarts: number
 }
 
 /** A read-only copy of one slot, for diagnostics and tests. */
@@ -294,7 +329,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
     const recoveryTasks = new Map<RankKey, RecoveryTask>()
     /** The seed's root cancellation token: every binding lifetime is its child. */
     let shuttingDown = false
-    const counters = { liveGaps: 0, recoveries: 0 }
+    const counters = { liveGaps: 0, recoveries: 0, restarts: 0 }
 
     const lifetimeCancelled = (binding: MutableBinding): boolean => shuttingDown || binding.lifetimeCancelled
     const taskCancelled = (task: RecoveryTask, binding: MutableBinding): boolean =>
@@ -515,6 +550,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           }
         }
         slot.rank.commitFailedRecoveryDegraded(lastEventId)
+        slot.degraded = true
       })
 
     const fenceCorruptRecoveryLocked = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
@@ -630,6 +666,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         }
         rankAfterAdmission.commitPendingDrain(plan.cursor, plan.nextRecoveryStart)
         slot.rank = rankAfterAdmission
+        if (plan.nextRecoveryStart === undefined) slot.degraded = false
         return plan.nextRecoveryStart
       }).pipe(rankLogs(slot.workerId, slot.dpRank))
 
@@ -744,9 +781,11 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               epoch: lifecycleGeneration,
               recoverable: isRecoverableSource(selected),
               incrementalGaps: selected.transport.kind === "engine-zmq",
+              restartsAtFirstId: selected.transport.kind === "engine-zmq",
               lifetimeCancelled: false
             }
             locked.rank.activate(binding.recoverable)
+            locked.degraded = false
             locked.active = binding
             publisherBindings.set(selected.publisherId, { binding, slot: locked })
             if (binding.recoverable) {
@@ -993,9 +1032,15 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       start: number
     ): Effect.Effect<void> => {
       for (let i = start; i < groups.length; i++) {
-        const action = slot.rank.observeLiveGroup(groups[i]!, binding.recoverable, binding.incrementalGaps)
+        const action = slot.rank.observeLiveGroup(
+          groups[i]!,
+          binding.recoverable,
+          binding.incrementalGaps,
+          binding.restartsAtFirstId
+        )
         if (action._tag === "Ignore") continue
-        const next = i + 1
+        // After a restart the same group is observed again by the fresh rank state.
+        const next = action._tag === "Restart" ? i : i + 1
         if (action._tag === "Apply") {
           return Effect.flatMap(
             admitGroupOrFence(
@@ -1082,6 +1127,26 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
             )
             if (!admitted) return false
             slot.rank.commitLiveAdmission(action.group.eventId)
+            slot.degraded = true
+            return true
+          }
+          case "Restart": {
+            counters.restarts++
+            yield* Effect.logWarning(
+              "KV event publisher counts from seq 0 again (an engine restart); resetting and resynchronising the rank"
+            ).pipe(Effect.annotateLogs({ publisherId: binding.source.publisherId.toString() }))
+            yield* cancelRecovery(key)
+            const reset = yield* Effect.either(resetRankOrFence(slot, epoch))
+            if (Either.isLeft(reset)) {
+              yield* Effect.logError(
+                "Failed to clear KV state after a publisher restart; rank remains fenced",
+                reset.left
+              )
+              return false
+            }
+            // Everything the old incarnation sent is gone with it: the new one's history starts here.
+            slot.rank = new RankState()
+            slot.degraded = false
             return true
           }
         }
@@ -1097,18 +1162,34 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       const endpoints = new Set<string>()
       let recoveringRankCount = 0
       let pendingLiveEventCount = 0
+      let sourcesRecovering = 0
+      let sourcesDegraded = 0
+      const sources: Array<SourceStateEntry> = []
       for (const slot of slots.values()) {
         if (slot.rank.recoveryInflight) recoveringRankCount += 1
         pendingLiveEventCount += slot.rank.pendingLiveEventCount()
-        if (slot.active !== undefined) {
-          workers.add(slot.active.source.workerId)
-          endpoints.add(slot.active.source.kvStateEndpoint.toString())
+        const active = slot.active
+        if (active !== undefined) {
+          workers.add(active.source.workerId)
+          endpoints.add(active.source.kvStateEndpoint.toString())
+          const state = slot.state()
+          if (state === "recovering") sourcesRecovering++
+          else if (state === "degraded") sourcesDegraded++
+          sources.push({
+            workerId: slot.workerId,
+            dpRank: slot.dpRank,
+            publisherId: active.source.publisherId,
+            state
+          })
         }
       }
       return {
         workerCount: workers.size,
         rankCount: slots.size,
         recoveringRankCount,
+        sourcesRecovering,
+        sourcesDegraded,
+        sources,
         pendingLiveEventCount,
         discoveredEndpointCount: endpoints.size
       }
@@ -1117,7 +1198,14 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
     const shutdown = yield* Effect.cached(
       Effect.suspend(() => {
         shuttingDown = true
-        return Effect.forEach([...slots.keys()], removeUnexpectedKey, { discard: true })
+        // The seed cancels its root token first and every recovery observes it at once. Here a
+        // recovery waiting on a replay endpoint that never answers (or on its rebuild batch) may
+        // hold its slot's lock, so interrupt them all before taking the locks to reset the ranks.
+        for (const task of recoveryTasks.values()) task.cancelled = true
+        recoveryTasks.clear()
+        return FiberMap.clear(recoveries).pipe(
+          Effect.zipRight(Effect.forEach([...slots.keys()], removeUnexpectedKey, { discard: true }))
+        )
       }).pipe(Effect.withSpan("kvrelay.recovery.shutdown"))
     )
     // Added last so it runs before the FiberMap and FiberSet close: ranks are reset while their

@@ -91,6 +91,13 @@ import type { EndpointIngestStats, SlotLifecycle } from "./RelayService.js"
 import * as SourceSubscriber from "./SourceSubscriber.js"
 
 export const START_RETRY_INITIAL: Duration.Duration = Duration.millis(100)
+/**
+ * How long the first ranks' restores wait for the rest of the initial wave before the pool is
+ * rebuilt from the ones that arrived. The seed waits a whole recovery attempt (30 s); a replay
+ * endpoint that never answers then holds every healthy sibling's blocks back that long
+ * (PROTOCOL §3.2). A straggler's restore lands later in a batch of its own.
+ */
+export const INITIAL_RECOVERY_WAVE_DEADLINE: Duration.Duration = Duration.millis(500)
 export const START_RETRY_MAX: Duration.Duration = Duration.seconds(5)
 /** How often each rank's `kvUsedBlocks` is observed from the actor's member block counts. */
 export const LOAD_OBSERVATION_INTERVAL: Duration.Duration = Duration.seconds(1)
@@ -412,7 +419,10 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
           const target = yield* PoolRecoveryTarget.make(attachment.actor, {
             rebuildPermit: options.rebuildPermit,
             expected,
-            initialDeadline: options.recoveryAttemptTimeout
+            initialDeadline: Duration.min(
+              Duration.decode(options.recoveryAttemptTimeout),
+              INITIAL_RECOVERY_WAVE_DEADLINE
+            )
           }).pipe(Scope.extend(recoveryScope))
           const subscriber = yield* SourceSubscriber.make({
             servingEndpoint: endpoint,

@@ -207,7 +207,8 @@ export const rejectDuplicateLivePools = (
 /** `KvDcRelay::health` over the slots' statuses. */
 export const relayHealth = (
   statuses: Iterable<EndpointSlot.EndpointSlotStatus>,
-  shuttingDown: boolean
+  shuttingDown: boolean,
+  sources: { readonly recovering: number; readonly degraded: number } = { recovering: 0, degraded: 0 }
 ): RelayHealth => {
   let endpointCount = 0
   let activeEndpointCount = 0
@@ -222,7 +223,9 @@ export const relayHealth = (
     shuttingDown,
     endpointCount,
     activeEndpointCount,
-    fencedEndpointCount
+    fencedEndpointCount,
+    sourcesRecovering: sources.recovering,
+    sourcesDegraded: sources.degraded
   }
 }
 
@@ -487,7 +490,10 @@ export const make = (
             workerCount: health?.workerCount ?? 0,
             rankCount: health?.rankCount ?? 0,
             recoveringRankCount: health?.recoveringRankCount ?? 0,
-            pendingLiveEventCount: health?.pendingLiveEventCount ?? 0
+            pendingLiveEventCount: health?.pendingLiveEventCount ?? 0,
+            sourcesRecovering: health?.sourcesRecovering ?? 0,
+            sourcesDegraded: health?.sourcesDegraded ?? 0,
+            sources: health?.sources ?? []
           },
           actor:
             actor === undefined || diagnostics === undefined
@@ -565,12 +571,18 @@ export const make = (
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: publication.subscribePool,
-      health: Effect.sync(() =>
-        relayHealth(
-          [...slots.values()].map((slot) => slot.status),
-          shuttingDown
-        )
-      ),
+      health: Effect.gen(function* () {
+        const statuses = [...slots.values()].map((slot) => slot.status)
+        const sources = { recovering: 0, degraded: 0 }
+        for (const status of statuses) {
+          const subscriber = status.subscriber
+          if (subscriber === undefined) continue
+          const health = yield* subscriber.health
+          sources.recovering += health.sourcesRecovering
+          sources.degraded += health.sourcesDegraded
+        }
+        return relayHealth(statuses, shuttingDown, sources)
+      }),
       stats,
       diagnosticSnapshot,
       flush,

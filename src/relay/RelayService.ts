@@ -10,7 +10,9 @@ import { Context, type Effect, type Scope, type Stream, type SubscriptionRef } f
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
 import type { DcMembershipView } from "../discovery/MembershipProjection.js"
 import type { DpRank, WorkerId } from "../domain/events.js"
+import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
 import type { DcRelayIdentity, EndpointId } from "../domain/model.js"
+import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
 import type { KvDcRelayError } from "./errors.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
@@ -24,6 +26,10 @@ export interface RelayHealth {
   readonly endpointCount: number
   readonly activeEndpointCount: number
   readonly fencedEndpointCount: number
+  /** Active KV event sources with a restore or gap recovery outstanding (PROTOCOL §3.2). */
+  readonly sourcesRecovering: number
+  /** Active sources serving without history they could not recover, or fenced pending a reset. */
+  readonly sourcesDegraded: number
 }
 
 export interface EndpointAggregationStats {
@@ -60,6 +66,10 @@ export interface EndpointRecoveryStats {
   readonly rankCount: number
   readonly recoveringRankCount: number
   readonly pendingLiveEventCount: number
+  readonly sourcesRecovering: number
+  readonly sourcesDegraded: number
+  /** Every active source of the endpoint and its state. */
+  readonly sources: ReadonlyArray<SourceStateEntry>
 }
 
 export interface EndpointMemoryStats {
@@ -86,6 +96,14 @@ export interface EndpointIngestStats {
   readonly malformed: number
   readonly gaps: number
   readonly recoveries: number
+  /** Malformed messages by reason (only reasons that occurred). */
+  readonly malformedByReason: Readonly<Partial<Record<MalformedReason, number>>>
+  /** Engine events skipped by reason (not the worker's device cache). */
+  readonly skipped: SkipCounts
+  /** Batches dropped because their seq was below the last accepted one. */
+  readonly stale: number
+  /** Publishers that counted from seq 0 again (engine restarts under one publisher id). */
+  readonly restarts: number
 }
 
 export interface EndpointStats {

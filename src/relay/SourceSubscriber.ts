@@ -20,7 +20,7 @@
  * until the membership changes.
  */
 
-import { Duration, Effect, ExecutionStrategy, Exit, Scope, Stream } from "effect"
+import { Clock, Duration, Effect, ExecutionStrategy, Exit, Scope, Stream } from "effect"
 import type { EndpointId } from "../domain/model.js"
 import {
   activeSource,
@@ -47,6 +47,8 @@ export const STEADY_POLL: Duration.Duration = Duration.millis(250)
  * the other ranks' first rebuild until the wave's deadline; it restores on its own once it connects.
  */
 export const INITIAL_CONNECT_GRACE: Duration.Duration = Duration.seconds(2)
+/** How long a new source's first restore may run before its `recovering` state is logged. */
+export const RECOVERING_WARN_AFTER: Duration.Duration = Duration.seconds(2)
 
 /** The endpoint's source view as the KV source coordinator publishes it. */
 export interface SourceViewWatch {
@@ -80,15 +82,53 @@ export interface SourceSubscriber {
   readonly shutdown: Effect.Effect<void>
 }
 
-export const emptyIngest: EndpointIngestStats = { events: 0, blocks: 0, malformed: 0, gaps: 0, recoveries: 0 }
+export const emptyIngest: EndpointIngestStats = {
+  events: 0,
+  blocks: 0,
+  malformed: 0,
+  gaps: 0,
+  recoveries: 0,
+  malformedByReason: {},
+  skipped: { medium: 0, locality: 0, ownership: 0, group: 0 },
+  stale: 0,
+  restarts: 0
+}
+
+const addByReason = <K extends string>(
+  a: Readonly<Partial<Record<K, number>>>,
+  b: Readonly<Partial<Record<K, number>>>
+): Partial<Record<K, number>> => {
+  const out: Partial<Record<K, number>> = { ...a }
+  for (const key of Object.keys(b) as Array<K>) out[key] = (out[key] ?? 0) + (b[key] ?? 0)
+  return out
+}
 
 export const addIngest = (a: EndpointIngestStats, b: EndpointIngestStats): EndpointIngestStats => ({
   events: a.events + b.events,
   blocks: a.blocks + b.blocks,
   malformed: a.malformed + b.malformed,
   gaps: a.gaps + b.gaps,
-  recoveries: a.recoveries + b.recoveries
+  recoveries: a.recoveries + b.recoveries,
+  malformedByReason: addByReason(a.malformedByReason, b.malformedByReason),
+  skipped: {
+    medium: a.skipped.medium + b.skipped.medium,
+    locality: a.skipped.locality + b.skipped.locality,
+    ownership: a.skipped.ownership + b.skipped.ownership,
+    group: a.skipped.group + b.skipped.group
+  },
+  stale: a.stale + b.stale,
+  restarts: a.restarts + b.restarts
 })
+
+/** Only the reasons that occurred, so diagnostics list what happened. */
+const nonZero = <K extends string>(
+  counts: Readonly<Record<K, number>> | undefined
+): Partial<Record<K, number>> => {
+  const out: Partial<Record<K, number>> = {}
+  if (counts === undefined) return out
+  for (const key of Object.keys(counts) as Array<K>) if (counts[key] > 0) out[key] = counts[key]
+  return out
+}
 
 const sameSet = (a: ReadonlySet<string>, b: ReadonlySet<string>): boolean => {
   if (a.size !== b.size) return false
@@ -148,7 +188,11 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
         blocks: totals.blocks,
         malformed: totals.malformedTotal,
         gaps: counters.liveGaps,
-        recoveries: counters.recoveries
+        recoveries: counters.recoveries,
+        malformedByReason: nonZero(totals.malformed),
+        skipped: totals.skipped ?? emptyIngest.skipped,
+        stale: totals.stale ?? 0,
+        restarts: counters.restarts
       } satisfies EndpointIngestStats
     })
     let finalIngest: EndpointIngestStats | undefined
@@ -253,12 +297,53 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
       Stream.runForEach(() => reconcile),
       Effect.forkIn(scope)
     )
+    /**
+     * The state each source was last seen in, since when, and whether that state was logged: one
+     * WARN line per change of state (PROTOCOL §3.2). A new source's first restore is the normal
+     * start: it is logged only once it has lasted `RECOVERING_WARN_AFTER`, and its end only then.
+     */
+    const reportedStates = new Map<
+      string,
+      { state: SourceSupervisor.SourceState; since: number; logged: boolean }
+    >()
+    const reportStates = Effect.gen(function* () {
+      const health = yield* supervisor.healthSnapshot
+      const now = yield* Clock.currentTimeMillis
+      const seen = new Set<string>()
+      for (const source of health.sources) {
+        const key = `${source.workerId}/${source.dpRank}/${source.publisherId}`
+        seen.add(key)
+        const before = reportedStates.get(key)
+        let previous: string
+        if (before?.state === source.state) {
+          if (before.logged || now - before.since < Duration.toMillis(RECOVERING_WARN_AFTER)) continue
+          before.logged = true
+          previous = "new"
+        } else {
+          const quiet =
+            before === undefined ? source.state !== "degraded" : !before.logged && source.state === "live"
+          reportedStates.set(key, { state: source.state, since: now, logged: !quiet })
+          if (quiet) continue
+          previous = before?.state ?? "new"
+        }
+        yield* Effect.logWarning(`KV event source is ${source.state}`).pipe(
+          Effect.annotateLogs({
+            workerId: source.workerId,
+            dpRank: source.dpRank,
+            publisherId: String(source.publisherId),
+            state: source.state,
+            previous
+          })
+        )
+      }
+      for (const key of reportedStates.keys()) if (!seen.has(key)) reportedStates.delete(key)
+    })
     yield* Effect.suspend(() => {
       if (allConnected) return Effect.sleep(steadyPoll)
       const delay = connectingDelay
       connectingDelay = Duration.min(Duration.times(connectingDelay, 2), steadyPoll)
       return Effect.sleep(delay)
-    }).pipe(Effect.zipRight(reconcile), Effect.forever, Effect.forkIn(scope))
+    }).pipe(Effect.zipRight(reconcile), Effect.zipRight(reportStates), Effect.forever, Effect.forkIn(scope))
 
     const shutdown = yield* Effect.cached(
       Effect.gen(function* () {

@@ -108,7 +108,9 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       shuttingDown: false,
       endpointCount: 0,
       activeEndpointCount: 0,
-      fencedEndpointCount: 0
+      fencedEndpointCount: 0,
+      sourcesRecovering: 0,
+      sourcesDegraded: 0
     })
     const service: KvDcRelayService = {
       dcName,

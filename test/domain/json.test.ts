@@ -470,7 +470,9 @@ describe("relay documents", () => {
       shuttingDown: false,
       endpointCount: 2,
       activeEndpointCount: 1,
-      fencedEndpointCount: 0
+      fencedEndpointCount: 0,
+      sourcesRecovering: 0,
+      sourcesDegraded: 0
     })
     const request = roundTrips(SubscribeRequestJson, {
       subscriberId: "global-1",

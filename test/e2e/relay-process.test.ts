@@ -154,7 +154,9 @@ describe("kvrelay relay as a process", () => {
       shuttingDown: false,
       endpointCount: 1,
       activeEndpointCount: 1,
-      fencedEndpointCount: 0
+      fencedEndpointCount: 0,
+      sourcesRecovering: 0,
+      sourcesDegraded: 0
     })
   })
 

@@ -289,7 +289,9 @@ describe("relay host over file discovery and ZeroMQ", () => {
         shuttingDown: false,
         endpointCount: 1,
         activeEndpointCount: 1,
-        fencedEndpointCount: 0
+        fencedEndpointCount: 0,
+        sourcesRecovering: 0,
+        sourcesDegraded: 0
       })
     }).pipe(Effect.provide(quiet))
   )

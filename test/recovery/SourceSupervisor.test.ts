@@ -552,6 +552,13 @@ describe("SourceSupervisor faults, health and shutdown", () => {
         workerCount: 2,
         rankCount: 3,
         recoveringRankCount: 1,
+        sourcesRecovering: 1,
+        sourcesDegraded: 0,
+        sources: [
+          { workerId: "42", dpRank: 0, publisherId: 1n, state: "recovering" },
+          { workerId: "42", dpRank: 1, publisherId: 2n, state: "live" },
+          { workerId: "43", dpRank: 0, publisherId: 3n, state: "live" }
+        ],
         pendingLiveEventCount: 2,
         discoveredEndpointCount: 1
       })

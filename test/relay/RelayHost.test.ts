@@ -143,7 +143,9 @@ describe("RelayHost", () => {
         shuttingDown: false,
         endpointCount: 1,
         activeEndpointCount: 1,
-        fencedEndpointCount: 0
+        fencedEndpointCount: 0,
+        sourcesRecovering: 0,
+        sourcesDegraded: 0
       })
       const catalog = yield* catalogOf(relay)
       expect(catalog.pools.map((d) => d.servingEndpoint.toString())).toEqual([fast])

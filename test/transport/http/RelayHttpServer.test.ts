@@ -81,7 +81,9 @@ describe("RelayHttpServer: plain routes", () => {
         shuttingDown: false,
         endpointCount: 0,
         activeEndpointCount: 0,
-        fencedEndpointCount: 0
+        fencedEndpointCount: 0,
+        sourcesRecovering: 0,
+        sourcesDegraded: 0
       })
       decoded(HealthJson, healthy.json)
       yield* Ref.update(healthRef, (h) => ({

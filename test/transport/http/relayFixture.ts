@@ -13,6 +13,7 @@ import { UnknownEndpoint } from "../../../src/relay/errors.js"
 import type { PoolAttachment, PoolRegistryOptions } from "../../../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../../../src/relay/PublicationSource.js"
 import type { EndpointStats, KvDcRelayService, RelayHealth } from "../../../src/relay/RelayService.js"
+import { emptyIngest } from "../../../src/relay/SourceSubscriber.js"
 import { config, registry as makeRegistry, pool, request } from "../../relay/registryFixtures.js"
 
 export interface TestRelayOptions {
@@ -37,7 +38,9 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
       shuttingDown: false,
       endpointCount: 0,
       activeEndpointCount: 0,
-      fencedEndpointCount: 0
+      fencedEndpointCount: 0,
+      sourcesRecovering: 0,
+      sourcesDegraded: 0
     })
 
     const attachmentOf = (endpoint: EndpointId) => attachments.get(endpoint.toString())
@@ -84,7 +87,10 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             workerCount: 0,
             rankCount: 0,
             recoveringRankCount: 0,
-            pendingLiveEventCount: 0
+            pendingLiveEventCount: 0,
+            sourcesRecovering: 0,
+            sourcesDegraded: 0,
+            sources: []
           },
           actor: {
             mailboxDepth: depth,
@@ -93,7 +99,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             shuttingDown: diagnostics.shuttingDown,
             lastError: diagnostics.lastError
           },
-          ingest: { events: diagnostics.appliedEvents, blocks: 0, malformed: 0, gaps: 0, recoveries: 0 }
+          ingest: { ...emptyIngest, events: diagnostics.appliedEvents }
         } satisfies EndpointStats
       }).pipe(Effect.annotateLogs("endpoint", key))
 
