@@ -607,10 +607,10 @@ export const MAX_SEQ_JUMP = 2 ** 32
 
 /**
  * Decodes the 3-frame messages of one engine source, in arrival order. It keeps the last
- * accepted seq so that implausible sequences cannot wedge the source (§3.2): a seq more than
- * 2^32 past it is malformed and leaves it unchanged; a lower seq is stale and dropped, except 0,
- * which is the engine counting again after a restart and is passed on (the rank state resets
- * and resynchronises the rank).
+ * accepted seq (0 before the first) so that implausible sequences cannot wedge the source
+ * (§3.2): a seq more than 2^32 past it is malformed and leaves it unchanged; a lower seq is stale
+ * and dropped, except 0, which is the engine counting again after a restart and is passed on
+ * (the rank state resets and resynchronises the rank).
  */
 export const makeEngineDecoder = (
   source: EngineSourceIdentity,
@@ -644,12 +644,12 @@ export const makeEngineDecoder = (
     // seq + 1 becomes the event id, which must stay an exact number.
     if (hi >= 0x20_0000) return malformed("sequence-range", "sequence at or above 2^53")
     const seq = hi * 4294967296 + view.getUint32(4)
-    if (lastSeq >= 0) {
-      if (seq > lastSeq + MAX_SEQ_JUMP)
-        return malformed("sequence-jump", `sequence ${seq} is more than 2^32 past ${lastSeq}`)
-      if (seq <= lastSeq && seq !== 0) return { _tag: "Stale", publisherId, sequence: seq }
-      if (seq === 0 && lastSeq === 0) return { _tag: "Stale", publisherId, sequence: seq }
-    }
+    // Before the first live message the cursor is the engine's start, 0: the history before it
+    // comes through replay, which does not pass here, and 2^32 batches take an engine years.
+    if (seq > Math.max(lastSeq, 0) + MAX_SEQ_JUMP)
+      return malformed("sequence-jump", `sequence ${seq} is more than 2^32 past ${Math.max(lastSeq, 0)}`)
+    if (lastSeq >= 0 && seq <= lastSeq && (seq !== 0 || lastSeq === 0))
+      return { _tag: "Stale", publisherId, sequence: seq }
     const result = decodeEngineBatch(frames[2]!, source.workerId, source.dpRank, seq + 1, options)
     if (!result.ok) return malformed(result.reason, `undecodable batch ${seq}: ${result.message}`)
     lastSeq = seq

@@ -80,6 +80,8 @@ export interface EngineZmqPublisher {
   readonly nextSeq: Effect.Effect<number>
   /** Publishes one batch; returns its seq. */
   readonly publish: (events: ReadonlyArray<EngineEvent>) => Effect.Effect<number, ZmqError>
+  /** Publishes an already encoded batch payload under the next seq (kept for replay as well). */
+  readonly publishPayload: (payload: Uint8Array) => Effect.Effect<number, ZmqError>
   readonly store: (hashes: HashInput, options?: EngineStoreOptions) => Effect.Effect<number, ZmqError>
   readonly remove: (hashes: HashInput, medium?: string | null) => Effect.Effect<number, ZmqError>
   readonly clear: Effect.Effect<number, ZmqError>
@@ -155,13 +157,8 @@ export const makeEngineZmqPublisher = (
       )
     }
 
-    const publish = (events: ReadonlyArray<EngineEvent>): Effect.Effect<number, ZmqError> =>
+    const publishPayload = (payload: Uint8Array): Effect.Effect<number, ZmqError> =>
       Effect.gen(function* () {
-        const now = yield* Clock.currentTimeMillis
-        const payload = encodeEngineBatch(
-          { ts: now / 1000, events, dpRank: options.includeRank === false ? undefined : options.dpRank },
-          format
-        )
         const batchSeq = seq++
         buffer.push({ seq: batchSeq, payload })
         if (buffer.length > bufferSteps) buffer.shift()
@@ -174,6 +171,16 @@ export const makeEngineZmqPublisher = (
         yield* sendFrames(pub, [Buffer.from(topic, "utf8"), u64FrameOf(batchSeq), payload], endpoint)
         return batchSeq
       })
+
+    const publish = (events: ReadonlyArray<EngineEvent>): Effect.Effect<number, ZmqError> =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        publishPayload(
+          encodeEngineBatch(
+            { ts: now / 1000, events, dpRank: options.includeRank === false ? undefined : options.dpRank },
+            format
+          )
+        )
+      )
 
     const pairsOf = (hashes: HashInput): Uint32Array =>
       hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
@@ -188,6 +195,7 @@ export const makeEngineZmqPublisher = (
       publisherId: Effect.sync(() => publisherId),
       nextSeq: Effect.sync(() => seq),
       publish,
+      publishPayload,
       store: (hashes, store = {}) => {
         const blockHashes = pairsOf(hashes)
         const blocks = blockHashes.length >>> 1

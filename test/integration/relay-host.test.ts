@@ -6,137 +6,38 @@
  * Every wait polls with a bounded real deadline.
  */
 
-import { NodeFileSystem } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Exit, Logger, LogLevel, type Scope, Stream, SubscriptionRef } from "effect"
-import { prepare } from "../../src/ckf/addressing.js"
+import { Deferred, Effect, Either, Exit, type Scope, Stream, SubscriptionRef } from "effect"
 import { Cbi1Error, Cbi1SnapshotAssembler, decodeCbi1 } from "../../src/ckf/cbi1.js"
 import type { DcCkfFormatIdentity, ProducerIdentity } from "../../src/ckf/identity.js"
-import { Discovery } from "../../src/discovery/Discovery.js"
-import { makeFileDiscovery } from "../../src/discovery/FileDiscovery.js"
-import type { ModelCardInstance } from "../../src/domain/json.js"
 import type { EndpointId } from "../../src/domain/model.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import type { PublicationError, PublicationFrame } from "../../src/relay/PublicationSource.js"
-import * as RelayHost from "../../src/relay/RelayHost.js"
-import type { EndpointStats, KvDcRelayService } from "../../src/relay/RelayService.js"
+import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
 import { makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
-import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
-import { card, endpoint } from "../discovery/fixtures.js"
-import { awaitCatalog, type DiscoveryFile, discoveryFile } from "../relay/hostFixtures.js"
+import { awaitCatalog, discoveryFile } from "../relay/hostFixtures.js"
+import {
+  awaitFilter,
+  contains,
+  endpointStats,
+  hashes,
+  memberBlocks,
+  poolOf,
+  quiet,
+  ROUTER,
+  routerCard,
+  startRelay,
+  VLLM,
+  vllmCard
+} from "./relayHostFixtures.js"
 import { eventually } from "./zmqHelpers.js"
-
-const ROUTER = endpoint("prod.router.generate")
-const VLLM = endpoint("prod.vllm.generate")
 
 /** PROTOCOL §2's verified identity vectors. */
 const CACHE_SEMANTICS = "7d31eb9019357572470605f4a8be687e"
 const ROUTING_SCOPE = "18270d3ba03effaec8d167ba02c7752d"
 const TEST_DC_ID = "49861458b11c53ec"
-
-const routerCard = (worker: string): ModelCardInstance =>
-  card({
-    endpoint: ROUTER.toString(),
-    worker,
-    name: "llama",
-    sourcePath: "meta/llama",
-    blockSize: 512,
-    aliases: ["chat"],
-    runtime: { totalKvBlocks: "1000" }
-  })
-
-const vllmCard = (worker: string): ModelCardInstance =>
-  card({
-    endpoint: VLLM.toString(),
-    worker,
-    name: "mistral",
-    sourcePath: "mistral/7b",
-    blockSize: 16,
-    runtime: { dataParallelSize: 2, totalKvBlocks: "500" }
-  })
-
-/** The relay over a file document, quiet below warnings. */
-const startRelay = (file: DiscoveryFile) =>
-  Effect.gen(function* () {
-    const discovery = yield* makeFileDiscovery({ path: file.path }).pipe(Effect.provide(NodeFileSystem.layer))
-    return yield* RelayHost.make({
-      dcName: "test-dc",
-      drtInstanceId: 77n,
-      eventTransport: makeZmqEventTransport(),
-      expectedUniqueBlocks: 4096,
-      recoveryAttemptTimeoutMs: 2000
-    }).pipe(Effect.provideService(Discovery, discovery))
-  }).pipe(Effect.orDie)
-
-const quiet = Logger.minimumLogLevel(LogLevel.Warning)
-
-// ---------------------------------------------------------------------------------------------
-// CKF checks over bucket words (`[lo, hi]` per bucket, four 16-bit slots little-endian)
-
-const bucketHas = (words: Uint32Array, bucket: number, fingerprint: number): boolean => {
-  const lo = words[2 * bucket]!
-  const hi = words[2 * bucket + 1]!
-  return (
-    (lo & 0xffff) === fingerprint ||
-    lo >>> 16 === fingerprint ||
-    (hi & 0xffff) === fingerprint ||
-    hi >>> 16 === fingerprint
-  )
-}
-
-const contains = (words: Uint32Array, format: DcCkfFormatIdentity, hash: bigint): boolean => {
-  const { fingerprint, bucketA, bucketB } = prepare(hash, format.bucketCount, format.seed)
-  return bucketHas(words, bucketA, fingerprint) || bucketHas(words, bucketB, fingerprint)
-}
-
-/** The endpoint's flushed filter words, once it has a pool generation. */
-const filterWords = (relay: KvDcRelayService, serving: EndpointId) =>
-  Effect.gen(function* () {
-    yield* relay.flush
-    return yield* relay.diagnosticSnapshot(serving)
-  }).pipe(
-    Effect.option,
-    Effect.map((snapshot) => (snapshot._tag === "Some" ? snapshot.value : undefined))
-  )
-
-/** Polls until the endpoint's filter holds every `present` hash and none of `absent`. */
-const awaitFilter = (
-  relay: KvDcRelayService,
-  serving: EndpointId,
-  what: string,
-  present: ReadonlyArray<bigint>,
-  absent: ReadonlyArray<bigint> = []
-) =>
-  eventually(
-    filterWords(relay, serving).pipe(
-      Effect.map(
-        (snapshot) =>
-          snapshot !== undefined &&
-          present.every((hash) => contains(snapshot.words, snapshot.producer.format, hash)) &&
-          absent.every((hash) => !contains(snapshot.words, snapshot.producer.format, hash)) &&
-          snapshot
-      )
-    ),
-    what
-  )
-
-const endpointStats = (relay: KvDcRelayService, serving: EndpointId) =>
-  relay.stats.pipe(
-    Effect.orDie,
-    Effect.map((stats) => stats.endpoints.find((e) => e.servingEndpoint.toString() === serving.toString()))
-  )
-
-const memberBlocks = (stats: EndpointStats | undefined, workerId: string, dpRank = 0): number | undefined =>
-  stats?.aggregation?.members.find((m) => m.workerId === workerId && m.dpRank === dpRank)?.blocks
-
-const poolOf = (relay: KvDcRelayService, serving: EndpointId, what: string) =>
-  awaitCatalog(relay.catalogRef, what, (catalog) =>
-    catalog.pools.some((d) => d.servingEndpoint.toString() === serving.toString())
-  ).pipe(
-    Effect.map((catalog) => catalog.pools.find((d) => d.servingEndpoint.toString() === serving.toString())!)
-  )
 
 // ---------------------------------------------------------------------------------------------
 // A pool stream decoded into a filter mirror
@@ -215,9 +116,6 @@ const dynamoWorker = (workerId: string, kvStateEndpoint: EndpointId) =>
     const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer: server })
     return { publisher, source: publisher.source(kvStateEndpoint) } satisfies DynamoWorker
   }).pipe(Effect.orDie)
-
-const hashes = (base: bigint, count: number): Array<bigint> =>
-  Array.from({ length: count }, (_, i) => base + BigInt(i) * 0x1_0000_0001n)
 
 describe("relay host over file discovery and ZeroMQ", () => {
   it.scopedLive("catalog identities, visible and removed blocks, pool streams and a recovered gap", () =>

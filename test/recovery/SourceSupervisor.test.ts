@@ -5,7 +5,7 @@
  */
 
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Fiber, Option, SubscriptionRef, TestClock, Tracer } from "effect"
+import { Clock, Deferred, Effect, Exit, Fiber, Option, SubscriptionRef, TestClock, Tracer } from "effect"
 import {
   clearedEvent,
   type DpRank,
@@ -563,6 +563,87 @@ describe("SourceSupervisor faults, health and shutdown", () => {
         discoveredEndpointCount: 1
       })
     })
+  )
+
+  it.effect("shutdown interrupts a recovery that holds its slot, so it cannot wait on it", () =>
+    Effect.gen(function* () {
+      const { calls, target } = recordingTarget()
+      // The rebuild of a replacement never completes: its recovery holds the rank's slot lock.
+      const stuck: RecoveryTarget = { ...target, replaceRank: () => Effect.never }
+      const { transport } = scriptedTransport([
+        () => Effect.succeed({ _tag: "TreeDump", events: [store(1, 1, rank(42, 0))], lastEventId: 1 })
+      ])
+      const exit = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const { supervisor } = yield* setup(stuck, transport, view([[sourceFor(rank(42, 0), 1n, true), 4]]))
+          yield* TestClock.adjust("5 millis")
+          expect(yield* supervisor.healthSnapshot).toMatchObject({ sourcesRecovering: 1 })
+          return yield* supervisor.shutdown.pipe(Effect.timeout("1 second"), Effect.fork)
+        })
+      ).pipe(Effect.flatMap((fiber) => Effect.zipRight(TestClock.adjust("2 seconds"), Fiber.await(fiber))))
+      expect(Exit.isSuccess(exit)).toBe(true)
+      expect(calls).toEqual([["Reset", 4, "Lifecycle"]])
+    })
+  )
+
+  it.scoped(
+    "an engine source that counts from seq 0 again is reset and restored; a live-only one reset and followed",
+    () =>
+      Effect.gen(function* () {
+        const { calls, target } = recordingTarget()
+        const engineSource = (worker: Rank, publisherId: bigint, replay: boolean): KvEventSource => ({
+          kvStateEndpoint: KV_ENDPOINT,
+          workerId: worker.workerId,
+          dpRank: worker.dpRank,
+          publisherId,
+          transport: {
+            kind: "engine-zmq",
+            endpoint: "tcp://127.0.0.1:5557",
+            topic: "",
+            replayEndpoint: replay ? "tcp://127.0.0.1:5558" : null
+          },
+          recoveryTarget: null
+        })
+        const { transport, requests } = scriptedTransport([
+          () => Effect.succeed({ _tag: "TreeDump", events: [], lastEventId: 0 }),
+          () => Effect.succeed({ _tag: "TreeDump", events: [store(1, 9, rank(42, 0))], lastEventId: 1 })
+        ])
+        const { supervisor } = yield* setup(
+          target,
+          transport,
+          view([
+            [engineSource(rank(42, 0), 1n, true), 4],
+            [engineSource(rank(42, 1), 2n, false), 5]
+          ])
+        )
+        yield* TestClock.adjust("5 millis")
+        for (const id of [1, 2, 3]) {
+          yield* supervisor.handleLiveBatch(1n, [store(id, id, rank(42, 0))])
+          yield* supervisor.handleLiveBatch(2n, [store(id, id, rank(42, 1))])
+        }
+        calls.length = 0
+        // Both engines restarted: seq 0 (event id 1) again.
+        yield* supervisor.handleLiveBatch(1n, [store(1, 9, rank(42, 0))])
+        yield* supervisor.handleLiveBatch(2n, [store(1, 9, rank(42, 1))])
+        yield* TestClock.adjust("5 millis")
+        expect(requests.map((r) => r.request.startEventId)).toEqual([undefined, undefined])
+        expect(calls).toEqual([
+          ["Reset", 4, "Lifecycle"],
+          ["Reset", 5, "Lifecycle"],
+          ["Admit", 5, 1],
+          ["Replace", 4, [1]],
+          ["Initial", "42", 0]
+        ])
+        expect(yield* supervisor.counters).toMatchObject({ restarts: 2 })
+        // Id 2 of the new incarnations follows on both.
+        yield* supervisor.handleLiveBatch(1n, [store(2, 10, rank(42, 0))])
+        yield* supervisor.handleLiveBatch(2n, [store(2, 10, rank(42, 1))])
+        expect(calls.slice(-2)).toEqual([
+          ["Admit", 4, 2],
+          ["Admit", 5, 2]
+        ])
+        expect((yield* supervisor.healthSnapshot).sources.map((s) => s.state)).toEqual(["live", "live"])
+      })
   )
 
   it.effect("closing the scope cancels recoveries and resets every active rank", () =>

@@ -1,0 +1,271 @@
+/**
+ * Engine sources end to end (PROTOCOL §3.2): the relay host over file discovery and real
+ * ZeroMQ, fed by simulated vLLM engines whose payloads come from the test suite's msgspec
+ * encoders. Each test ends by checking the pool is exact: every rank's block count in the
+ * actor, and every expected block in (and every dropped one out of) the published filter.
+ */
+
+import { describe, expect, it } from "@effect/vitest"
+import { Effect } from "effect"
+import type { KvDcRelayService } from "../../src/relay/RelayService.js"
+import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
+import { u64FrameOf } from "../../src/transport/ZmqSocket.js"
+import { discoveryFile } from "../relay/hostFixtures.js"
+import { vllmBatch, vllmRemoved, vllmStored } from "../transport/msgspec.js"
+import {
+  awaitFilter,
+  endpointStats,
+  hashes,
+  memberBlocks,
+  poolOf,
+  quiet,
+  startRelay,
+  VLLM,
+  vllmCard
+} from "./relayHostFixtures.js"
+import { eventually } from "./zmqHelpers.js"
+
+const WORKER = "8001"
+const BLOCK = 16
+const tokens = (blocks: number): Array<number> => Array.from({ length: blocks * BLOCK }, (_, i) => i)
+
+const engine = (dpRank: number, options: Partial<Parameters<typeof makeEngineZmqPublisher>[0]> = {}) =>
+  makeEngineZmqPublisher({ workerId: WORKER, dpRank, format: "vllm", ...options })
+
+/** A relay over one file document listing `engines` as the ranks of the vLLM pool. */
+const relayOver = (engines: ReadonlyArray<EngineZmqPublisher>, recoveryAttemptTimeoutMs = 2000) =>
+  Effect.gen(function* () {
+    const sources = yield* Effect.forEach(engines, (e) => e.source(VLLM))
+    const file = yield* discoveryFile([vllmCard(WORKER)], sources)
+    const relay = yield* startRelay(file, recoveryAttemptTimeoutMs)
+    yield* poolOf(relay, VLLM, "the vllm pool")
+    return relay
+  })
+
+/** The pool is exact: each rank holds exactly its blocks, and the filter shows them and not `gone`. */
+const awaitExact = (
+  relay: KvDcRelayService,
+  what: string,
+  ranks: ReadonlyArray<ReadonlyArray<bigint>>,
+  gone: ReadonlyArray<bigint> = []
+) =>
+  Effect.gen(function* () {
+    yield* awaitFilter(relay, VLLM, what, ranks.flat(), gone)
+    yield* eventually(
+      endpointStats(relay, VLLM).pipe(
+        Effect.map((stats) =>
+          ranks.every((blocks, rank) => (memberBlocks(stats, WORKER, rank) ?? 0) === blocks.length)
+        )
+      ),
+      `${what}: exact member counts`
+    )
+  })
+
+const ingestOf = (relay: KvDcRelayService) =>
+  endpointStats(relay, VLLM).pipe(Effect.map((stats) => stats!.ingest))
+
+describe("engine sources over ZeroMQ", () => {
+  for (const framing of ["seq", "topic"] as const) {
+    it.scopedLive(
+      `a replay ROUTER replying ${framing === "topic" ? "[empty, topic, seq, payload] (current vLLM)" : "[empty, seq, payload]"} serves the initial sync and a dropped batch`,
+      () =>
+        Effect.gen(function* () {
+          const rank0 = yield* engine(0, { replayFraming: framing, topic: "kv@8001" })
+          const first = hashes(0x5100_0000_0000n, 3)
+          yield* rank0.store(first)
+          const relay = yield* relayOver([rank0])
+          yield* awaitExact(relay, "the initial sync through replay", [first])
+          const lost = hashes(0x5200_0000_0000n, 2)
+          const next = hashes(0x5300_0000_0000n, 2)
+          yield* rank0.dropNext(1)
+          yield* rank0.store(lost)
+          yield* rank0.store(next)
+          yield* awaitExact(relay, "the dropped batch, replayed", [[...first, ...lost, ...next]])
+          const stats = yield* endpointStats(relay, VLLM)
+          expect(stats!.ingest.gaps).toBeGreaterThanOrEqual(1)
+          expect((yield* rank0.stats).replays).toBeGreaterThanOrEqual(2)
+          expect(stats!.recovery.sources.map((s) => s.state)).toEqual(["live"])
+          expect(stats!.recovery.sourcesDegraded).toBe(0)
+        }).pipe(Effect.provide(quiet))
+    )
+  }
+
+  it.scopedLive(
+    "REMOTE, CPU and cache-owner events leave the device view unchanged and count by reason",
+    () =>
+      Effect.gen(function* () {
+        const rank0 = yield* engine(0)
+        const device = hashes(0x5400_0000_0000n, 3)
+        yield* rank0.store(device)
+        const relay = yield* relayOver([rank0])
+        yield* awaitExact(relay, "the device blocks", [device])
+        const foreign = hashes(0x5500_0000_0000n, 3)
+        yield* rank0.publishPayload(
+          vllmBatch(
+            [
+              vllmStored([foreign[0]!], tokens(1), BLOCK, { locality: "REMOTE", medium: "GPU" }),
+              vllmStored([foreign[1]!], tokens(1), BLOCK, { medium: "CPU" }),
+              vllmStored([foreign[2]!], tokens(1), BLOCK, { ownership: "lmcache" }),
+              vllmRemoved([device[0]!], { locality: "REMOTE" }),
+              vllmRemoved([device[1]!], { medium: "CPU" }),
+              vllmRemoved([device[2]!], { ownership: "lmcache" })
+            ],
+            { version: "current", dpRank: 0n }
+          )
+        )
+        const after = hashes(0x5600_0000_0000n, 1)
+        yield* rank0.store(after)
+        yield* awaitExact(relay, "device blocks only", [[...device, ...after]], foreign)
+        const ingest = yield* ingestOf(relay)
+        expect(ingest.skipped).toEqual({ medium: 2, locality: 2, ownership: 2, group: 0 })
+        expect(ingest.malformed).toBe(0)
+        expect(ingest.gaps).toBe(0)
+      }).pipe(Effect.provide(quiet))
+  )
+
+  it.scopedLive("an engine restarted under the same publisher id (seq 0 again) ends exact", () =>
+    Effect.gen(function* () {
+      const rank0 = yield* engine(0)
+      const before = hashes(0x5700_0000_0000n, 4)
+      yield* rank0.store(before.slice(0, 2))
+      yield* rank0.store(before.slice(2))
+      const relay = yield* relayOver([rank0])
+      yield* awaitExact(relay, "the first incarnation", [before])
+      yield* rank0.restart(yield* rank0.publisherId)
+      const after = hashes(0x5800_0000_0000n, 2)
+      yield* rank0.store(after)
+      yield* awaitExact(relay, "the restarted engine's blocks only", [after], before)
+      const more = hashes(0x5900_0000_0000n, 1)
+      yield* rank0.store(more)
+      yield* awaitExact(relay, "live traffic after the restart", [[...after, ...more]], before)
+      expect((yield* ingestOf(relay)).restarts).toBe(1)
+    }).pipe(Effect.provide(quiet))
+  )
+
+  it.scopedLive("a wild seq is malformed and does not wedge the source; a stale one is counted", () =>
+    Effect.gen(function* () {
+      const rank0 = yield* engine(0)
+      const first = hashes(0x5a00_0000_0000n, 2)
+      yield* rank0.store(first)
+      const relay = yield* relayOver([rank0])
+      yield* awaitExact(relay, "the first blocks", [first])
+      const wild = hashes(0x5b00_0000_0000n, 1)
+      const payload = vllmBatch([vllmStored(wild, tokens(1), BLOCK)], { version: "current", dpRank: 0n })
+      yield* rank0.sendRaw(["", u64FrameOf(2 ** 53 - 2), payload])
+      yield* rank0.sendRaw(["", u64FrameOf(0x7fff_ffff_ffff), payload])
+      const next = hashes(0x5c00_0000_0000n, 2)
+      yield* rank0.store(next)
+      yield* awaitExact(relay, "traffic after the wild seqs", [[...first, ...next]], wild)
+      // A lower seq again: dropped, counted, and nothing else changes.
+      yield* rank0.sendRaw(["", u64FrameOf(1), payload])
+      yield* eventually(
+        ingestOf(relay).pipe(Effect.map((i) => i.stale === 1)),
+        "the stale batch to be counted"
+      )
+      const last = hashes(0x5d00_0000_0000n, 1)
+      yield* rank0.store(last)
+      yield* awaitExact(relay, "traffic after the stale batch", [[...first, ...next, ...last]], wild)
+      const ingest = yield* ingestOf(relay)
+      expect(ingest.malformedByReason).toEqual({ "sequence-jump": 2 })
+      expect(ingest.gaps).toBe(0)
+    }).pipe(Effect.provide(quiet))
+  )
+
+  it.scopedLive("a partial last page is not indexed", () =>
+    Effect.gen(function* () {
+      const rank0 = yield* engine(0)
+      const relay = yield* relayOver([rank0])
+      yield* awaitExact(relay, "an empty pool", [[]])
+      const blocks = hashes(0x5e00_0000_0000n, 3)
+      yield* rank0.publishPayload(
+        vllmBatch([vllmStored(blocks, tokens(2).concat([1, 2, 3]), BLOCK)], {
+          version: "current",
+          dpRank: 0n
+        })
+      )
+      yield* awaitExact(relay, "the two full blocks", [blocks.slice(0, 2)], blocks.slice(2))
+    }).pipe(Effect.provide(quiet))
+  )
+
+  it.scopedLive("each malformed shape is rejected with its reason; the sibling rank stays exact", () =>
+    Effect.gen(function* () {
+      const rank0 = yield* engine(0)
+      const rank1 = yield* engine(1)
+      const relay = yield* relayOver([rank0, rank1])
+      const own = hashes(0x6000_0000_0000n, 2)
+      const sibling: Array<bigint> = []
+      yield* rank0.store(own)
+      yield* awaitExact(relay, "rank 0's blocks", [own, []])
+      const bad = hashes(0x6100_0000_0000n, 4)
+      const shapes: ReadonlyArray<readonly [string, Uint8Array]> = [
+        [
+          "block-size",
+          vllmBatch([vllmStored([bad[0]!], tokens(1), BLOCK, { block_size: "16" })], { version: "current" })
+        ],
+        ["block-size", vllmBatch([vllmStored([bad[0]!], tokens(1).slice(0, 8), 8)], { version: "current" })],
+        [
+          "token-ids",
+          vllmBatch([vllmStored([bad[1]!], tokens(1), BLOCK, { token_ids: ["x"] })], { version: "current" })
+        ],
+        [
+          "lora",
+          vllmBatch([vllmStored([bad[1]!], tokens(1), BLOCK, { lora_id: "7" })], { version: "current" })
+        ],
+        [
+          "hash",
+          vllmBatch([vllmStored([bad[2]!], tokens(1), BLOCK, { block_hashes: [new Uint8Array(0)] })], {
+            version: "current"
+          })
+        ],
+        ["token-count", vllmBatch([vllmStored(bad, tokens(1).slice(0, 3), BLOCK)], { version: "current" })]
+      ]
+      for (const [index, [_, payload]] of shapes.entries()) {
+        // Sent at the engine's next seq, so the relay sees a malformed message, not a gap.
+        yield* rank0.sendRaw(["", u64FrameOf(yield* rank0.nextSeq), payload])
+        const blocks = hashes(0x6200_0000_0000n + BigInt(index) * 0x100n, 1)
+        sibling.push(...blocks)
+        yield* rank1.store(blocks)
+      }
+      yield* awaitExact(relay, "both ranks after the malformed messages", [own, sibling], bad)
+      const ingest = yield* ingestOf(relay)
+      expect(ingest.malformedByReason).toEqual({
+        "block-size": 2,
+        "token-ids": 1,
+        lora: 1,
+        hash: 1,
+        "token-count": 1
+      })
+      expect(ingest.gaps).toBe(0)
+    }).pipe(Effect.provide(quiet))
+  )
+
+  it.scopedLive(
+    "a replay endpoint that never answers holds back neither a sibling's blocks nor shutdown, and shows as recovering",
+    () =>
+      Effect.gen(function* () {
+        const silent = yield* engine(0, { silentReplay: true })
+        const healthy = yield* engine(1)
+        const history = hashes(0x6300_0000_0000n, 2)
+        yield* healthy.store(history)
+        yield* silent.store(hashes(0x6400_0000_0000n, 1))
+        const relay = yield* relayOver([silent, healthy], 30_000)
+        yield* awaitFilter(relay, VLLM, "the healthy rank's history", history)
+        const live = hashes(0x6500_0000_0000n, 2)
+        yield* healthy.store(live)
+        const stored = Date.now()
+        yield* awaitFilter(relay, VLLM, "the healthy rank's live blocks", [...history, ...live])
+        const elapsed = Date.now() - stored
+        expect(elapsed).toBeLessThan(1000)
+        const health = yield* relay.health
+        expect(health).toMatchObject({ healthy: true, sourcesRecovering: 1, sourcesDegraded: 0 })
+        const stats = yield* endpointStats(relay, VLLM)
+        expect(stats!.recovery.sources.map((s) => [s.dpRank, s.state])).toEqual([
+          [0, "recovering"],
+          [1, "live"]
+        ])
+        const stopping = Date.now()
+        yield* relay.shutdown
+        expect(Date.now() - stopping).toBeLessThan(3000)
+      }).pipe(Effect.provide(quiet))
+  )
+})
