@@ -142,4 +142,33 @@ describe("kvrelay relay process lifecycle", () => {
       expect(relay.proc.stderr).not.toMatch(/level=(ERROR|FATAL)/)
     })
   }
+
+  it("SIGTERM with a replay endpoint that never answers: the sibling is served, health shows the source recovering, exit 0 within 3 s", async () => {
+    const silent = await workers.engine("7001", { silentReplay: true })
+    const sibling = await workers.dynamo("7002")
+    await silent.store(freshHashes(1))
+    const file = new DiscoveryFile()
+    file.write({
+      version: 1,
+      cards: [cardRecord(SERVING, "7001"), cardRecord(SERVING, "7002")],
+      sources: [await silent.sourceRecord(ENDPOINT), await sibling.sourceRecord(ENDPOINT)]
+    })
+    const relay = await Relay.start({ discovery: file })
+    await relay.onlyPool()
+    const blocks = freshHashes(3)
+    await sibling.store(blocks)
+    await eventually("the sibling's blocks", async () => {
+      const stats = await relay.endpointStats(ENDPOINT)
+      return stats.aggregation?.members.find((m) => m.workerId === "7002")?.blocks === blocks.length
+    })
+    const health = await relay.json<{ healthy: boolean; sourcesRecovering: number }>("/v1/health")
+    expect(health).toMatchObject({ healthy: true, sourcesRecovering: 1 })
+    expect(await silent.replays()).toBeGreaterThanOrEqual(1)
+
+    const sentAt = Date.now()
+    relay.proc.signal("SIGTERM")
+    const exit = await relay.proc.waitExit(10_000)
+    expect(exit).toEqual({ code: 0, signal: null })
+    expect(Date.now() - sentAt).toBeLessThan(3_000)
+  })
 })

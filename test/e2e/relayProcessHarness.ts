@@ -357,11 +357,11 @@ export class Workers {
     )
   }
 
-  /** A vLLM engine rank 0 (512-token blocks) with its replay endpoint. */
-  engine(workerId: string): Promise<EngineWorker> {
+  /** A vLLM engine rank 0 (512-token blocks) with its replay endpoint (which may never answer). */
+  engine(workerId: string, options: { readonly silentReplay?: boolean } = {}): Promise<EngineWorker> {
     return run(
       Effect.map(
-        makeEngineZmqPublisher({ workerId, dpRank: 0, format: "vllm", blockSize: 512 }),
+        makeEngineZmqPublisher({ workerId, dpRank: 0, format: "vllm", blockSize: 512, ...options }),
         (publisher) => new EngineWorker(publisher)
       ).pipe(Scope.extend(this.scope))
     )
