@@ -227,7 +227,11 @@ describe("engine sources over ZeroMQ", () => {
         yield* rank1.store(blocks)
       }
       yield* awaitExact(relay, "both ranks after the malformed messages", [own, sibling], bad)
-      const ingest = yield* ingestOf(relay)
+      // Each rank has its own subscription: rank 0's last message may still be on its way.
+      const ingest = yield* eventually(
+        ingestOf(relay).pipe(Effect.map((i) => i.malformed === shapes.length && i)),
+        "every malformed message to be counted"
+      )
       expect(ingest.malformedByReason).toEqual({
         "block-size": 2,
         "token-ids": 1,
