@@ -257,8 +257,10 @@ export class OwnershipTable {
 
   /** Whether member `m` owns the key at `slot`. */
   ownsAt(slot: number, m: number): boolean {
-    if (this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT === m + 1) return true
-    return this.countAt(slot) > 1 && this.edges.has(m)
+    const primary = this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT
+    if (primary === m + 1) return true
+    // Once the primary owner left, every remaining owner is an edge, even a single one.
+    return (primary === 0 || this.countAt(slot) > 1) && this.edges.has(m)
   }
 
   /**

@@ -155,6 +155,19 @@ describe("DcCkfState transitions", () => {
     expect(state.stats().aggregation.occupiedBucketCount).toBe(0)
   })
 
+  it("a remaining owner still owns a hash after its primary owner left", () => {
+    const state = new DcCkfState(ckfConfig(64))
+    state.applyEvent(stored("1", 0, [7, 8]))
+    state.applyEvent(stored("2", 0, [7]))
+    state.applyEvent({ workerId: "1", dpRank: 0, storageTier: "device", data: { _tag: "Cleared" } })
+    expect(state.refcount(7n)).toBe(1)
+    expect(state.owns("2", 0, 7n)).toBe(true)
+    expect(state.owns("1", 0, 7n)).toBe(false)
+    expect(state.store("2", 0, 7n)).toBe(false)
+    expect(state.remove("2", 0, 7n)).toBe(true)
+    expect(state.contains(7n)).toBe(false)
+  })
+
   it("treats a duplicate store as a silent no-op and an unknown removal as a counted no-op", () => {
     const state = new DcCkfState(ckfConfig(64))
     expect(state.store("1", 0, 5n)).toBe(true)
