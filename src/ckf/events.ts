@@ -9,7 +9,12 @@ export type StorageTier = "device" | "host_pinned" | "disk" | "external"
 
 export interface CkfStoredData {
   readonly _tag: "Stored"
+  /** The engine's (external) block hashes. */
   readonly blockHashes: Uint32Array
+  /** The blocks' local (tokens) hashes; read by canonically addressed pools only. */
+  readonly tokensHashes?: Uint32Array | undefined
+  /** The external hash of the first block's parent; read by canonically addressed pools only. */
+  readonly parentHash?: Uint32Array | undefined
 }
 
 export interface CkfRemovedData {

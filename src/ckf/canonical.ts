@@ -1,0 +1,323 @@
+/**
+ * A canonically addressed producer (PROTOCOL §3.3, Dynamo's newest `cuckoo/dc.rs`): the filter,
+ * the exact ownership and the refcounts are keyed by the canonical sequence hash of each block,
+ * chained from the blocks' local (tokens) hashes, while each source keeps speaking its engine's
+ * external hashes. Per member, a `LineageTable` maps external → canonical: a stored batch's
+ * parent resolves through it, and a removal by external hash finds its block.
+ *
+ * - A Stored event is validated before anything changes: a parent that is not in the member's
+ *   lineage is `ParentBlockNotFound` (counted), an external hash already mapped to another
+ *   canonical hash is `InvalidBlockSequence`. Then its mappings are committed and its canonical
+ *   hashes stored as one batch. A block omitted for capacity keeps its mapping, so a later store
+ *   of it re-offers it and a removal of it is an unknown no-op in the filter.
+ * - Two external hashes of one member that chain to the same canonical hash (aliases, e.g. the
+ *   same tokens under two cache salts) own it once; the member keeps owning it until its last
+ *   alias is removed.
+ * - Removed resolves each external hash and forgets its mapping; an unmapped one is an unknown
+ *   removal. Cleared drops the member's ownership and lineage together.
+ * - A rank replacement replays its dump in order (Stored, Removed) into a fresh lineage, so a
+ *   child before its parent is `ParentBlockNotFound`, and installs the result transactionally.
+ *
+ * Blocks without local hashes (a Dynamo worker that sent none) use their external hash as the
+ * local one.
+ */
+
+import type { CkfConfig } from "./config.js"
+import type { CkfBuildError } from "./errors.js"
+import { KvCacheEventError, type KvCacheEventErrorKind } from "./errors.js"
+import type { CkfEvent, CkfMemberRef, CkfStoredData } from "./events.js"
+import { memberKey } from "./events.js"
+import { LineageTable } from "./lineage.js"
+import {
+  type DcCkfEventOutcome,
+  type DcCkfPublicationBatch,
+  DcCkfState,
+  type DcCkfStats,
+  type RankReplacement
+} from "./state.js"
+import { sequenceHashesInto } from "./tokens.js"
+
+/** A rank's replacement as the replay-ordered events of its dump. */
+export interface RankReplacementEvents extends CkfMemberRef {
+  readonly events: ReadonlyArray<CkfEvent>
+}
+
+export interface CanonicalLineageStats {
+  readonly lineageEntries: number
+  readonly lineageBytes: number
+  /** Stored batches rejected because their parent was not in the member's lineage. */
+  readonly parentNotFound: number
+  /** Stored batches rejected because an external hash was mapped to another canonical hash. */
+  readonly invalidSequences: number
+}
+
+const rejected = (kind: KvCacheEventErrorKind): DcCkfEventOutcome => ({
+  firstError: kind,
+  publication: undefined,
+  unknownRemovals: 0,
+  publicationBoundary: false
+})
+const PARENT_NOT_FOUND = rejected("ParentBlockNotFound")
+const INVALID_SEQUENCE = rejected("InvalidBlockSequence")
+
+const aliasKey = (m: number, hi: number, lo: number): string => `${m}:${hi}:${lo}`
+
+/** Canonical hashes of one Stored batch for one member, or the reason it is rejected. */
+const prepareStore = (
+  lineage: LineageTable,
+  m: number,
+  data: CkfStoredData,
+  canon: Uint32Array,
+  scratch: Uint32Array
+): KvCacheEventErrorKind | undefined => {
+  const ext = data.blockHashes
+  const local = data.tokensHashes ?? ext
+  const n = ext.length >>> 1
+  if (local.length >>> 1 !== n) return "InvalidBlockSequence"
+  let hasParent = false
+  const parent = data.parentHash
+  if (parent !== undefined) {
+    if (!lineage.get(m, parent[0]!, parent[1]!, scratch, 0)) return "ParentBlockNotFound"
+    hasParent = true
+  }
+  sequenceHashesInto(local, 0, n, hasParent, scratch[0]!, scratch[1]!, canon, 0)
+  for (let i = 0; i < n; i++) {
+    if (!lineage.get(m, ext[2 * i]!, ext[2 * i + 1]!, scratch, 0)) continue
+    if (scratch[0] !== canon[2 * i] || scratch[1] !== canon[2 * i + 1]) return "InvalidBlockSequence"
+  }
+  // The same external hash twice in one batch must chain to the same canonical hash too.
+  for (let i = 1; i < n; i++) {
+    for (let j = 0; j < i; j++) {
+      if (ext[2 * i] !== ext[2 * j] || ext[2 * i + 1] !== ext[2 * j + 1]) continue
+      if (canon[2 * i] !== canon[2 * j] || canon[2 * i + 1] !== canon[2 * j + 1])
+        return "InvalidBlockSequence"
+    }
+  }
+  return undefined
+}
+
+export class CanonicalCkfState extends DcCkfState {
+  private lineage: LineageTable
+  /** Extra aliases per (lineage member, canonical hash): owned once, kept until the last goes. */
+  private aliases = new Map<string, number>()
+  private canon = new Uint32Array(64)
+  private readonly scratch = new Uint32Array(2)
+  private parentNotFound = 0
+  private invalidSequences = 0
+  private lineageUnknownRemovals = 0
+  /** The event handed to the external-addressed core, reused. */
+  private readonly inner: {
+    workerId: string
+    dpRank: number
+    storageTier: "device"
+    data: CkfStoredData | { readonly _tag: "Removed"; readonly blockHashes: Uint32Array }
+  } = {
+    workerId: "",
+    dpRank: 0,
+    storageTier: "device",
+    data: { _tag: "Stored", blockHashes: new Uint32Array(0) }
+  }
+
+  constructor(config: CkfConfig) {
+    super(config)
+    this.lineage = new LineageTable(0)
+  }
+
+  private canonFor(n: number): Uint32Array {
+    if (this.canon.length < 2 * n) this.canon = new Uint32Array(Math.max(2 * n, 2 * this.canon.length))
+    return this.canon
+  }
+
+  override applyEvent(event: CkfEvent): DcCkfEventOutcome {
+    const data = event.data
+    if (event.storageTier !== "device" && data._tag !== "Cleared") return super.applyEvent(event)
+    if (data._tag === "Cleared") {
+      this.forgetMember(event.workerId, event.dpRank)
+      return super.applyEvent(event)
+    }
+    const key = memberKey(event.workerId, event.dpRank)
+    const lineage = this.lineage
+    const inner = this.inner
+    inner.workerId = event.workerId
+    inner.dpRank = event.dpRank
+    if (data._tag === "Stored") {
+      const n = data.blockHashes.length >>> 1
+      const canon = this.canonFor(n)
+      const rejection = prepareStore(lineage, lineage.memberIndex(key), data, canon, this.scratch)
+      if (rejection === "ParentBlockNotFound") {
+        this.parentNotFound++
+        return PARENT_NOT_FOUND
+      }
+      if (rejection !== undefined) {
+        this.invalidSequences++
+        return INVALID_SEQUENCE
+      }
+      const m = lineage.ensureMember(key)
+      const ext = data.blockHashes
+      for (let i = 0; i < n; i++) {
+        const eh = ext[2 * i]!
+        const el = ext[2 * i + 1]!
+        if (lineage.get(m, eh, el, this.scratch, 0)) continue
+        const ch = canon[2 * i]!
+        const cl = canon[2 * i + 1]!
+        if (super.ownsHalves(event.workerId, event.dpRank, ch, cl)) {
+          const alias = aliasKey(m, ch, cl)
+          this.aliases.set(alias, (this.aliases.get(alias) ?? 0) + 1)
+        }
+        lineage.insert(m, eh, el, ch, cl)
+      }
+      inner.data = { _tag: "Stored", blockHashes: canon.subarray(0, 2 * n) }
+      return super.applyEvent(inner)
+    }
+    // Removed: resolve through the lineage; what it does not map is an unknown removal.
+    const ext = data.blockHashes
+    const n = ext.length >>> 1
+    const canon = this.canonFor(n)
+    const m = lineage.memberIndex(key)
+    let resolved = 0
+    let unknown = 0
+    for (let i = 0; i < n; i++) {
+      if (!lineage.delete(key, m, ext[2 * i]!, ext[2 * i + 1]!, canon, 2 * resolved)) {
+        unknown++
+        continue
+      }
+      if (this.aliases.size > 0) {
+        const alias = aliasKey(m, canon[2 * resolved]!, canon[2 * resolved + 1]!)
+        const extra = this.aliases.get(alias)
+        if (extra !== undefined) {
+          if (extra === 1) this.aliases.delete(alias)
+          else this.aliases.set(alias, extra - 1)
+          continue
+        }
+      }
+      resolved++
+    }
+    inner.data = { _tag: "Removed", blockHashes: canon.subarray(0, 2 * resolved) }
+    const outcome = super.applyEvent(inner)
+    if (unknown === 0) return outcome
+    this.lineageUnknownRemovals += unknown
+    return { ...outcome, unknownRemovals: outcome.unknownRemovals + unknown }
+  }
+
+  private forgetMember(workerId: string, dpRank: number): void {
+    const key = memberKey(workerId, dpRank)
+    const m = this.lineage.memberIndex(key)
+    if (m < 0) return
+    if (this.aliases.size > 0) {
+      const prefix = `${m}:`
+      for (const alias of [...this.aliases.keys()]) if (alias.startsWith(prefix)) this.aliases.delete(alias)
+    }
+    this.lineage.clearMember(key)
+  }
+
+  override removeMember(workerId: string, dpRank: number): undefined | KvCacheEventError {
+    const error = super.removeMember(workerId, dpRank)
+    if (error === undefined) this.forgetMember(workerId, dpRank)
+    return error
+  }
+
+  /**
+   * Replace members from their replay-ordered dumps: each dump is replayed (Stored with parents
+   * and local hashes, Removed) into a fresh lineage, the resulting canonical sets replace the
+   * members' ownership transactionally, and only then do the new lineages replace the old.
+   */
+  replaceRanksFromEvents(
+    replacements: ReadonlyArray<RankReplacementEvents>
+  ): DcCkfPublicationBatch | undefined | KvCacheEventError | CkfBuildError {
+    const built: Array<{
+      readonly key: string
+      readonly entries: Array<number>
+      readonly hashes: RankReplacement
+    }> = []
+    for (const replacement of replacements) {
+      const table = new LineageTable(0)
+      const key = memberKey(replacement.workerId, replacement.dpRank)
+      const m = table.ensureMember(key)
+      const scratch = new Uint32Array(2)
+      for (const event of replacement.events) {
+        if (event.storageTier !== "device") continue
+        const data = event.data
+        if (data._tag === "Cleared") return new KvCacheEventError("InvalidBlockSequence")
+        const n = data.blockHashes.length >>> 1
+        if (data._tag === "Removed") {
+          for (let i = 0; i < n; i++)
+            table.delete(key, m, data.blockHashes[2 * i]!, data.blockHashes[2 * i + 1]!, scratch, 0)
+          continue
+        }
+        const canon = new Uint32Array(2 * n)
+        const rejection = prepareStore(table, table.memberIndex(key), data, canon, scratch)
+        if (rejection !== undefined) {
+          if (rejection === "ParentBlockNotFound") this.parentNotFound++
+          return new KvCacheEventError(rejection)
+        }
+        const mm = table.ensureMember(key)
+        for (let i = 0; i < n; i++) {
+          if (!table.get(mm, data.blockHashes[2 * i]!, data.blockHashes[2 * i + 1]!, scratch, 0))
+            table.insert(
+              mm,
+              data.blockHashes[2 * i]!,
+              data.blockHashes[2 * i + 1]!,
+              canon[2 * i]!,
+              canon[2 * i + 1]!
+            )
+        }
+      }
+      const entries = Array.from(table.entries(table.memberIndex(key)))
+      const hashes = new Uint32Array(entries.length / 2)
+      for (let k = 0, h = 0; k < entries.length; k += 4, h += 2) {
+        hashes[h] = entries[k + 2]!
+        hashes[h + 1] = entries[k + 3]!
+      }
+      built.push({
+        key,
+        entries,
+        hashes: { workerId: replacement.workerId, dpRank: replacement.dpRank, hashes }
+      })
+    }
+    const result = super.replaceRanks(built.map((b) => b.hashes))
+    if (result instanceof Error) return result
+    for (const { key, entries, hashes } of built) {
+      this.forgetMember(hashes.workerId, hashes.dpRank)
+      if (entries.length === 0) continue
+      const m = this.lineage.ensureMember(key)
+      const seen = new Set<string>()
+      for (let k = 0; k < entries.length; k += 4) {
+        this.lineage.insert(m, entries[k]!, entries[k + 1]!, entries[k + 2]!, entries[k + 3]!)
+        // Several external hashes of the dump on one canonical hash: aliases, as on the live path.
+        const alias = aliasKey(m, entries[k + 2]!, entries[k + 3]!)
+        if (seen.has(alias)) this.aliases.set(alias, (this.aliases.get(alias) ?? 0) + 1)
+        else seen.add(alias)
+      }
+    }
+    return result
+  }
+
+  /** The canonical hash member `(workerId, dpRank)` stored external `hash` under, if any. */
+  canonicalOf(workerId: string, dpRank: number, hash: bigint): bigint | undefined {
+    const h = BigInt.asUintN(64, hash)
+    const m = this.lineage.memberIndex(memberKey(workerId, dpRank))
+    if (!this.lineage.get(m, Number(h >> 32n), Number(h & 0xffff_ffffn), this.scratch, 0)) return undefined
+    return (BigInt(this.scratch[0]!) << 32n) | BigInt(this.scratch[1]!)
+  }
+
+  lineageStats(): CanonicalLineageStats {
+    return {
+      lineageEntries: this.lineage.size,
+      lineageBytes: this.lineage.bytes,
+      parentNotFound: this.parentNotFound,
+      invalidSequences: this.invalidSequences
+    }
+  }
+
+  override stats(): DcCkfStats {
+    const stats = super.stats()
+    return {
+      ...stats,
+      aggregation: {
+        ...stats.aggregation,
+        unknownRemovals: stats.aggregation.unknownRemovals + this.lineageUnknownRemovals
+      },
+      memory: { ...stats.memory, ownershipBytes: stats.memory.ownershipBytes + this.lineage.bytes }
+    }
+  }
+}

@@ -1,0 +1,164 @@
+/**
+ * Canonical block addressing from tokens (PROTOCOL §3.3), as Dynamo's router hashes prompts:
+ *
+ * - the LOCAL hash of a block is XXH3-64 of its tokens as u32 little-endian, seeded with 1337
+ *   plus (wrapping) the XXH3-64 of the LoRA adapter's name (unseeded) when there is one
+ *   (`compute_block_hash_for_seq`, `dynamo_kv_hashing::compute_salt_hash`);
+ * - only full blocks are hashed: `dynamo_standard_v1` cuts `B`-token blocks, `dynamo_eagle_v1`
+ *   hashes each block with the first token of the next one (`B + 1` tokens), so a block is full
+ *   only once that token exists;
+ * - the canonical SEQUENCE hash chains them: `seq[0] = local[0]` for a block with no parent,
+ *   `seq[i] = XXH3-64(LE64(seq[i-1]) ‖ LE64(local[i]), 1337)` (`compute_next_seq_hash`).
+ *
+ * Plain synchronous code over typed arrays; hashes are `[hi, lo]` u32 pairs like everywhere in
+ * the CKF core, with bigint helpers at the edges.
+ */
+
+import { toBigInt } from "./u64.js"
+import { Xxh3Seeded, xxh3Hash, xxh3Into, xxhOut } from "./xxh3.js"
+
+/** The seed of a block's tokens hash (Dynamo's `XXH3_SEED`). */
+export const TOKENS_HASH_SEED = 1337n
+/** The seed of the sequence-hash chain (Dynamo's `CHAIN_XXH3_SEED`, equal to `XXH3_SEED`). */
+export const CHAIN_SEED = 1337n
+
+export type HashFormat = "dynamo_standard_v1" | "dynamo_eagle_v1"
+
+export interface LocalHashOptions {
+  /** The LoRA adapter's name; absent, null or empty is the base model. */
+  readonly loraName?: string | null | undefined
+  /** Default `dynamo_standard_v1`. */
+  readonly hashFormat?: HashFormat | undefined
+}
+
+const utf8 = new TextEncoder()
+const U64_MASK = (1n << 64n) - 1n
+
+/** The tokens-hash seed of a LoRA adapter (1337 for the base model). */
+export const blockHashSeed = (loraName?: string | null): bigint =>
+  loraName === undefined || loraName === null || loraName === ""
+    ? TOKENS_HASH_SEED
+    : (TOKENS_HASH_SEED + xxh3Hash(utf8.encode(loraName), 0n)) & U64_MASK
+
+/** Tokens per hashed window and block stride of a hash format. */
+const windowOf = (blockSize: number, format: HashFormat | undefined): number =>
+  format === "dynamo_eagle_v1" ? blockSize + 1 : blockSize
+
+/** How many full blocks `tokenCount` tokens make (a partial last block does not count). */
+export const fullBlockCount = (tokenCount: number, blockSize: number, format?: HashFormat): number => {
+  if (!Number.isSafeInteger(blockSize) || blockSize <= 0) throw new RangeError(`block size ${blockSize}`)
+  const window = windowOf(blockSize, format)
+  return tokenCount < window ? 0 : Math.floor((tokenCount - window) / blockSize) + 1
+}
+
+let tokenScratch = new Uint32Array(1024)
+
+/**
+ * Local hashes of the full blocks of `tokens[from, from + count)` into `out` at pair `at`, with
+ * the seed as halves; returns the number of blocks. Token ids must be u32 (callers validate).
+ */
+export const localHashesInto = (
+  tokens: ArrayLike<number>,
+  from: number,
+  count: number,
+  blockSize: number,
+  format: HashFormat | undefined,
+  seedHi: number,
+  seedLo: number,
+  out: Uint32Array,
+  at: number
+): number => {
+  const blocks = fullBlockCount(count, blockSize, format)
+  if (blocks === 0) return 0
+  const window = windowOf(blockSize, format)
+  const used = (blocks - 1) * blockSize + window
+  // One little-endian copy of the tokens in use; every block is a window into it.
+  let words: Uint32Array
+  if (tokens instanceof Uint32Array) words = tokens.subarray(from, from + used)
+  else {
+    if (tokenScratch.length < used) tokenScratch = new Uint32Array(Math.max(used, 2 * tokenScratch.length))
+    words = tokenScratch
+    for (let i = 0; i < used; i++) words[i] = tokens[from + i]! >>> 0
+  }
+  const bytes = new Uint8Array(words.buffer, words.byteOffset, used * 4)
+  for (let b = 0; b < blocks; b++) {
+    xxh3Into(bytes, b * blockSize * 4, window * 4, seedHi, seedLo)
+    out[2 * (at + b)] = xxhOut.hi
+    out[2 * (at + b) + 1] = xxhOut.lo
+  }
+  return blocks
+}
+
+/** Local block hashes of a prompt's full blocks, as `[hi, lo]` pairs. */
+export const localBlockHashes = (
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  options: LocalHashOptions = {}
+): Uint32Array => {
+  const seed = blockHashSeed(options.loraName)
+  const out = new Uint32Array(2 * fullBlockCount(tokens.length, blockSize, options.hashFormat))
+  localHashesInto(
+    tokens,
+    0,
+    tokens.length,
+    blockSize,
+    options.hashFormat,
+    Number(seed >> 32n),
+    Number(seed & 0xffff_ffffn),
+    out,
+    0
+  )
+  return out
+}
+
+const chainHasher = new Xxh3Seeded(CHAIN_SEED)
+
+/**
+ * Canonical sequence hashes of `local[from, from + count)` (pairs) into `out` at pair `at`,
+ * chained from the parent's sequence hash (`parentHi`, `parentLo`) or, with `hasParent` false,
+ * starting at the first block's local hash.
+ */
+export const sequenceHashesInto = (
+  local: Uint32Array,
+  from: number,
+  count: number,
+  hasParent: boolean,
+  parentHi: number,
+  parentLo: number,
+  out: Uint32Array,
+  at: number
+): void => {
+  let hi = parentHi
+  let lo = parentLo
+  for (let i = 0; i < count; i++) {
+    const lh = local[2 * (from + i)]!
+    const ll = local[2 * (from + i) + 1]!
+    if (i === 0 && !hasParent) {
+      hi = lh
+      lo = ll
+    } else {
+      chainHasher.hashPair(hi, lo, lh, ll)
+      hi = xxhOut.hi
+      lo = xxhOut.lo
+    }
+    out[2 * (at + i)] = hi
+    out[2 * (at + i) + 1] = lo
+  }
+}
+
+/** Canonical sequence hashes of a prompt's local block hashes (pairs in, pairs out). */
+export const sequenceHashes = (local: Uint32Array, parent?: bigint): Uint32Array => {
+  const n = local.length >>> 1
+  const out = new Uint32Array(2 * n)
+  const p = parent === undefined ? 0n : BigInt.asUintN(64, parent)
+  sequenceHashesInto(local, 0, n, parent !== undefined, Number(p >> 32n), Number(p & 0xffff_ffffn), out, 0)
+  return out
+}
+
+/** `compute_next_seq_hash(parent, local)` on bigints. */
+export const nextSequenceHash = (parent: bigint, local: bigint): bigint => {
+  const p = BigInt.asUintN(64, parent)
+  const l = BigInt.asUintN(64, local)
+  chainHasher.hashPair(Number(p >> 32n), Number(p & 0xffff_ffffn), Number(l >> 32n), Number(l & 0xffff_ffffn))
+  return toBigInt(xxhOut.hi, xxhOut.lo)
+}
