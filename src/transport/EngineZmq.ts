@@ -21,6 +21,7 @@
 
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
+import { blockHashSeed, localHashesInto, TOKENS_HASH_SEED } from "../ckf/tokens.js"
 import type { DpRank, KvCacheEventData, RouterEvent, StorageTier, WorkerId } from "../domain/events.js"
 import { failDecode, fixKey, MsgpackReader, MsgpackWriter } from "./msgpack.js"
 import {
@@ -196,6 +197,7 @@ interface EventFields {
   skip: EngineSkipReason | undefined
   groupIdx: number
   specKind: string | undefined
+  loraName: string | undefined
 }
 
 const textOf = (r: MsgpackReader, n: number): string => {
@@ -272,17 +274,49 @@ const readHashes = (r: MsgpackReader, field: string): Uint32Array => {
   return out
 }
 
-/** Validates every token id (u32) and returns how many there are. */
-const readTokenCount = (r: MsgpackReader): number => {
+/** Token ids of the event being read (reused; the local hashes are computed before the next). */
+let tokenScratch = new Uint32Array(4096)
+
+/** Validates every token id (u32) into `tokenScratch` and returns how many there are. */
+const readTokens = (r: MsgpackReader): number => {
   const n = r.tryArray()
   if (n < 0) return malformedField("token-ids", "token_ids: expected an array of integers")
+  if (tokenScratch.length < n) tokenScratch = new Uint32Array(Math.max(n, 2 * tokenScratch.length))
+  const out = tokenScratch
   for (let i = 0; i < n; i++) {
     if (!r.isInt()) malformedField("token-ids", `token_ids[${i}]: expected an integer`)
     const token = readInt(r)
     if (token < 0 || token > MAX_TOKEN_ID)
       malformedField("token-ids", `token_ids[${i}]: ${token} is outside [0, 2^32)`)
+    out[i] = token
   }
   return n
+}
+
+/** Tokens-hash seeds by LoRA name, as halves (a handful of adapters per pool). */
+const loraSeeds = new Map<string, readonly [number, number]>()
+const BASE_SEED: readonly [number, number] = [0, Number(TOKENS_HASH_SEED)]
+const seedOf = (loraName: string | undefined): readonly [number, number] => {
+  if (loraName === undefined || loraName === "") return BASE_SEED
+  let seed = loraSeeds.get(loraName)
+  if (seed === undefined) {
+    const value = blockHashSeed(loraName)
+    seed = [Number(value >> 32n), Number(value & 0xffff_ffffn)]
+    if (loraSeeds.size >= 1024) loraSeeds.clear()
+    loraSeeds.set(loraName, seed)
+  }
+  return seed
+}
+
+/**
+ * Local (tokens) hashes of the first `blocks` full blocks of the event just read, as Dynamo's
+ * `compute_block_hash_for_seq` computes them (PROTOCOL §3.3).
+ */
+const localHashesOf = (f: EventFields, blocks: number): Uint32Array => {
+  const out = new Uint32Array(2 * blocks)
+  const [hi, lo] = seedOf(f.loraName)
+  localHashesInto(tokenScratch, 0, blocks * f.blockSize, f.blockSize, "dynamo_standard_v1", hi, lo, out, 0)
+  return out
 }
 
 const setSkip = (f: EventFields, reason: EngineSkipReason): void => {
@@ -304,7 +338,7 @@ const readField = (r: MsgpackReader, f: EventFields, field: number, positional: 
       }
       return
     case F_TOKENS:
-      f.tokenCount = readTokenCount(r)
+      f.tokenCount = readTokens(r)
       f.sawTokens = true
       return
     case F_BLOCK_SIZE:
@@ -325,7 +359,7 @@ const readField = (r: MsgpackReader, f: EventFields, field: number, positional: 
         }
         return
       }
-      optionalText(r, "lora_name", "lora")
+      f.loraName = optionalText(r, "lora_name", "lora")
       return
     }
     case F_MEDIUM: {
@@ -375,6 +409,7 @@ const resetFields = (f: EventFields): void => {
   f.skip = undefined
   f.groupIdx = 0
   f.specKind = undefined
+  f.loraName = undefined
 }
 
 const readEventFields = (r: MsgpackReader, f: EventFields): void => {
@@ -453,7 +488,8 @@ const fieldsScratch: EventFields = {
   sawBlockSize: false,
   skip: undefined,
   groupIdx: 0,
-  specKind: undefined
+  specKind: undefined,
+  loraName: undefined
 }
 
 const readEvents = (
@@ -489,16 +525,17 @@ const readEvents = (
       ignored++
       continue
     }
-    const data: KvCacheEventData =
-      f.tag === TAG_STORED
-        ? {
-            _tag: "Stored",
-            blockHashes: fullBlockHashes(f, options),
-            tokensHashes: undefined,
-            parentHash: f.parentHash,
-            startPosition: undefined
-          }
-        : { _tag: "Removed", blockHashes: f.blockHashes }
+    let data: KvCacheEventData
+    if (f.tag === TAG_STORED) {
+      const blockHashes = fullBlockHashes(f, options)
+      data = {
+        _tag: "Stored",
+        blockHashes,
+        tokensHashes: localHashesOf(f, blockHashes.length >>> 1),
+        parentHash: f.parentHash,
+        startPosition: undefined
+      }
+    } else data = { _tag: "Removed", blockHashes: f.blockHashes }
     out.push({ workerId, dpRank, eventId, storageTier: "device", data })
   }
   return ignored

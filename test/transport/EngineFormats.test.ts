@@ -8,6 +8,7 @@
 import { createHash } from "node:crypto"
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
+import { localBlockHashes } from "../../src/ckf/tokens.js"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
 import type { RouterEvent } from "../../src/domain/events.js"
 import { frameEnvelope, makeDynamoDecoder } from "../../src/transport/DynamoZmq.js"
@@ -104,6 +105,15 @@ describe("vLLM", () => {
     ])
     expect(batch.events.every((e) => e.eventId === 5 && e.storageTier === "device")).toBe(true)
     expect(batch.ignored).toBe(0)
+    // The relay computes each block's local hash from its tokens and the LoRA name (PROTOCOL §3.3).
+    const first = batch.events[0]!.data
+    const last = batch.events[3]!.data
+    expect(first._tag === "Stored" && hashPairsToBigInts(first.tokensHashes!)).toEqual(
+      hashPairsToBigInts(localBlockHashes(tokens(32), 16, { loraName: "tenant-a" }))
+    )
+    expect(last._tag === "Stored" && hashPairsToBigInts(last.tokensHashes!)).toEqual(
+      hashPairsToBigInts(localBlockHashes(tokens(16), 16))
+    )
   })
 
   it("old array events (trailing default medium dropped) and a batch whose None rank was dropped", () => {
@@ -152,6 +162,10 @@ describe("vLLM", () => {
       kvBlockSize: 16
     })
     expect(view(batch.events)).toEqual([["Stored", [1n, 2n], null]])
+    const data = batch.events[0]!.data
+    expect(data._tag === "Stored" && hashPairsToBigInts(data.tokensHashes!)).toEqual(
+      hashPairsToBigInts(localBlockHashes(tokens(32), 16))
+    )
   })
 
   it("byte-string hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) fold to their low 8 bytes", () => {
