@@ -80,6 +80,7 @@ const scriptedActor = (producer: ProducerIdentity, queue: Queue.Queue<DcCkfDelta
     }
     const actor: PoolActor = {
       identity: producer,
+      canonical: true,
       subscribe: (lease) =>
         Effect.succeed({
           snapshot: { identity: producer, lease, sequence: 0n, words: new Uint32Array(2 * BUCKET_COUNT) },

@@ -20,6 +20,7 @@ import {
   Queue,
   type Scope
 } from "effect"
+import { CanonicalCkfState } from "../ckf/canonical.js"
 import { CkfBuildError, eventErrorText, KvCacheEventError } from "../ckf/errors.js"
 import { memberKey } from "../ckf/events.js"
 import { type CkfFailureDisposition, eventFailurePoint, failureDisposition } from "../ckf/failure.js"
@@ -158,6 +159,11 @@ export interface RankReplacement {
 
 export interface PoolActor {
   readonly identity: ProducerIdentity
+  /**
+   * Whether the pool is addressed by canonical sequence hashes (PROTOCOL §3.3): its rank
+   * replacements then replay their dumps in order, Removed events included.
+   */
+  readonly canonical: boolean
   /** Returns once the event is queued (payload permits taken first), not once applied. */
   readonly admitEvent: (
     sourceEpoch: SourceEpoch,
@@ -399,14 +405,10 @@ const positiveInteger = (name: string, value: number): number => {
   return value
 }
 
-/** Validates a replacement batch and gathers each rank's device-tier hash pairs. */
-const replacementHashes = (
-  replacements: ReadonlyArray<RankReplacement>
-): Array<{ workerId: WorkerId; dpRank: DpRank; hashes: Uint32Array }> | InvalidTreeDump => {
+/** A replacement batch naming one rank twice, or holding another rank's events. */
+const invalidReplacement = (replacements: ReadonlyArray<RankReplacement>): InvalidTreeDump | undefined => {
   const seen = new Set<string>()
-  const out: Array<{ workerId: WorkerId; dpRank: DpRank; hashes: Uint32Array }> = []
-  for (const replacement of replacements) {
-    const { workerId, dpRank } = replacement
+  for (const { workerId, dpRank, events } of replacements) {
     const key = memberKey(workerId, dpRank)
     if (seen.has(key)) {
       return new InvalidTreeDump({
@@ -416,15 +418,28 @@ const replacementHashes = (
       })
     }
     seen.add(key)
+    if (events.some((event) => event.workerId !== workerId || event.dpRank !== dpRank)) {
+      return new InvalidTreeDump({
+        workerId,
+        dpRank,
+        reason: "event identity does not match replacement rank"
+      })
+    }
+  }
+  return undefined
+}
+
+/** Validates a replacement batch and gathers each rank's device-tier hash pairs. */
+const replacementHashes = (
+  replacements: ReadonlyArray<RankReplacement>
+): Array<{ workerId: WorkerId; dpRank: DpRank; hashes: Uint32Array }> | InvalidTreeDump => {
+  const invalid = invalidReplacement(replacements)
+  if (invalid !== undefined) return invalid
+  const out: Array<{ workerId: WorkerId; dpRank: DpRank; hashes: Uint32Array }> = []
+  for (const replacement of replacements) {
+    const { workerId, dpRank } = replacement
     let length = 0
     for (const event of replacement.events) {
-      if (event.workerId !== workerId || event.dpRank !== dpRank) {
-        return new InvalidTreeDump({
-          workerId,
-          dpRank,
-          reason: "event identity does not match replacement rank"
-        })
-      }
       if (event.storageTier !== "device") continue
       if (event.data._tag !== "Stored") {
         return new InvalidTreeDump({ workerId, dpRank, reason: "tree dump contains a non-Stored event" })
@@ -747,9 +762,16 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     // The whole batch is built off-side. A pre-swap failure leaves every prior rank unchanged;
     // the strong responses all observe the same atomic result.
     const rebuild = (replacements: ReadonlyArray<RankReplacement>): KvDcRelayError | undefined => {
-      const hashes = replacementHashes(replacements)
-      if (hashes instanceof InvalidTreeDump) return hashes
-      const publication = state.replaceRanks(hashes)
+      let publication: ReturnType<DcCkfState["replaceRanks"]>
+      if (state instanceof CanonicalCkfState) {
+        const invalid = invalidReplacement(replacements)
+        if (invalid !== undefined) return invalid
+        publication = state.replaceRanksFromEvents(replacements)
+      } else {
+        const hashes = replacementHashes(replacements)
+        if (hashes instanceof InvalidTreeDump) return hashes
+        publication = state.replaceRanks(hashes)
+      }
       if (publication instanceof KvCacheEventError) return new CkfEventFailed({ kind: publication.kind })
       if (publication instanceof CkfBuildError) return new CkfBuildFailed({ cause: publication })
       if (publication === undefined) {
@@ -1121,6 +1143,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         })
       ),
       mailboxCapacity,
+      canonical: state instanceof CanonicalCkfState,
       awaitStopped: Deferred.await(stopped),
       diagnostics: Effect.sync(() => ({ ...diag })),
       pause: Effect.gen(function* () {

@@ -39,6 +39,7 @@ import {
   type Stream,
   SubscriptionRef
 } from "effect"
+import { CanonicalCkfState } from "../ckf/canonical.js"
 import { type CkfConfig, ckfConfig } from "../ckf/config.js"
 import { CkfBuildError } from "../ckf/errors.js"
 import type { PoolId, ProducerIdentity } from "../ckf/identity.js"
@@ -125,14 +126,26 @@ export type PoolRetirementMode = "Graceful" | "Fenced"
 /** Builds CKF storage for a generation (a test hook can gate it; the seed's `attach_with_builder`). */
 export type CkfBuilder = (config: CkfConfig) => Effect.Effect<DcCkfState, CkfBuildError>
 
-export const defaultCkfBuilder: CkfBuilder = (config) =>
-  Effect.try({
-    try: () => new DcCkfState(config),
-    catch: (cause) =>
-      cause instanceof CkfBuildError
-        ? cause
-        : new CkfBuildError("AllocationFailed", `CKF allocation failed: ${cause}`)
-  })
+const ckfBuilderOf =
+  (make: (config: CkfConfig) => DcCkfState): CkfBuilder =>
+  (config) =>
+    Effect.try({
+      try: () => make(config),
+      catch: (cause) =>
+        cause instanceof CkfBuildError
+          ? cause
+          : new CkfBuildError("AllocationFailed", `CKF allocation failed: ${cause}`)
+    })
+
+/** Builds an externally addressed pool (the seed's G3 producer: engine hashes are CKF addresses). */
+export const defaultCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new DcCkfState(config))
+
+/**
+ * Builds a canonically addressed pool (PROTOCOL §3.3). Not yet the relay's default: the global
+ * consumer's token queries come first, so that no consumer probes canonical filters with engine
+ * hashes (see `docs/decisions.md`).
+ */
+export const canonicalCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new CanonicalCkfState(config))
 
 export interface PoolRegistryOptions {
   readonly relayIdentity: DcRelayIdentity
@@ -141,7 +154,7 @@ export interface PoolRegistryOptions {
   readonly publication?: Partial<PublicationHubConfig> | undefined
   /** At most this many hubs hold an initialized mirror (default 64). */
   readonly maxInitializedPoolHubs?: number | undefined
-  /** Test hook: CKF allocation (default `new DcCkfState(config)`). */
+  /** CKF allocation (default `defaultCkfBuilder`; `canonicalCkfBuilder` for PROTOCOL §3.3). */
   readonly ckfBuilder?: CkfBuilder | undefined
   /** Test hook: how actors are started (default `PoolActor.make`). */
   readonly makeActor?: MakePoolActor | undefined

@@ -64,6 +64,8 @@ export interface EngineZmqPublisherOptions {
 
 export interface EngineStoreOptions {
   readonly parentHash?: bigint
+  /** The blocks' token ids (default `0, 1, 2, …`: every store the same tokens). */
+  readonly tokenIds?: ReadonlyArray<number>
   readonly medium?: string | null
   readonly storageTier?: StorageTier
 }
@@ -208,7 +210,7 @@ export const makeEngineZmqPublisher = (
             type: "BlockStored",
             blockHashes,
             parentBlockHash: store.parentHash === undefined ? undefined : hashPairs([store.parentHash]),
-            tokenIds: Array.from({ length: blocks * blockSize }, (_, i) => i),
+            tokenIds: store.tokenIds ?? Array.from({ length: blocks * blockSize }, (_, i) => i),
             blockSize,
             loraId: null,
             medium

@@ -7,6 +7,9 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { localBlockHashes, sequenceHashes } from "../../src/ckf/tokens.js"
+import { hashPairsToBigInts } from "../../src/ckf/u64.js"
+import { canonicalCkfBuilder } from "../../src/relay/PoolRegistry.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
 import { u64FrameOf } from "../../src/transport/ZmqSocket.js"
@@ -33,11 +36,15 @@ const engine = (dpRank: number, options: Partial<Parameters<typeof makeEngineZmq
   makeEngineZmqPublisher({ workerId: WORKER, dpRank, format: "vllm", ...options })
 
 /** A relay over one file document listing `engines` as the ranks of the vLLM pool. */
-const relayOver = (engines: ReadonlyArray<EngineZmqPublisher>, recoveryAttemptTimeoutMs = 2000) =>
+const relayOver = (
+  engines: ReadonlyArray<EngineZmqPublisher>,
+  recoveryAttemptTimeoutMs = 2000,
+  registry?: Parameters<typeof startRelay>[2]
+) =>
   Effect.gen(function* () {
     const sources = yield* Effect.forEach(engines, (e) => e.source(VLLM))
     const file = yield* discoveryFile([vllmCard(WORKER)], sources)
-    const relay = yield* startRelay(file, recoveryAttemptTimeoutMs)
+    const relay = yield* startRelay(file, recoveryAttemptTimeoutMs, registry)
     yield* poolOf(relay, VLLM, "the vllm pool")
     return relay
   })
@@ -270,6 +277,59 @@ describe("engine sources over ZeroMQ", () => {
         const stopping = Date.now()
         yield* relay.shutdown
         expect(Date.now() - stopping).toBeLessThan(3000)
+      }).pipe(Effect.provide(quiet))
+  )
+
+  it.scopedLive(
+    "canonically addressed: engines with different block-hash seeds store one prompt at one address; a replayed gap converges",
+    () =>
+      Effect.gen(function* () {
+        const a = yield* engine(0)
+        const b = yield* engine(1)
+        const relay = yield* relayOver([a, b], 2000, { ckfBuilder: canonicalCkfBuilder })
+        yield* awaitExact(relay, "an empty pool", [[], []])
+        const prompt = Array.from({ length: 4 * BLOCK + 5 }, (_, i) => 1000 + i)
+        const addresses = hashPairsToBigInts(
+          sequenceHashes(localBlockHashes(prompt.slice(0, 4 * BLOCK), BLOCK))
+        )
+        // vLLM seeds its block hashes per process: the two engines name the same blocks differently.
+        const externalA = hashes(0x7100_0000_0000n, 4)
+        const externalB = hashes(0x7200_0000_0000n, 4)
+        yield* a.store(externalA.slice(0, 2), { tokenIds: prompt.slice(0, 2 * BLOCK) })
+        yield* a.store(externalA.slice(2), {
+          tokenIds: prompt.slice(2 * BLOCK, 4 * BLOCK),
+          parentHash: externalA[1]!
+        })
+        yield* b.store(externalB, { tokenIds: prompt.slice(0, 4 * BLOCK) })
+        yield* awaitFilter(relay, VLLM, "the canonical addresses", addresses, [...externalA, ...externalB])
+        const both = yield* eventually(
+          endpointStats(relay, VLLM).pipe(
+            Effect.map((s) => s?.aggregation?.contributionCount === 8 && s.aggregation)
+          ),
+          "both engines' ownership"
+        )
+        expect(both.uniqueBlockCount).toBe(4)
+        // Removing from one keeps the block; from both drops it.
+        yield* a.remove([externalA[3]!])
+        yield* awaitFilter(relay, VLLM, "the block b still holds", addresses)
+        yield* b.remove([externalB[3]!])
+        yield* awaitFilter(relay, VLLM, "the block neither holds", addresses.slice(0, 3), addresses.slice(3))
+        // A batch lost on the wire comes back through replay, chained from its parent's lineage.
+        const more = Array.from({ length: BLOCK }, (_, i) => 5000 + i)
+        const next = hashPairsToBigInts(
+          sequenceHashes(localBlockHashes([...prompt.slice(0, 3 * BLOCK), ...more], BLOCK))
+        )[3]!
+        yield* a.dropNext(1)
+        yield* a.store([0x7300_0000_0000n], { tokenIds: more, parentHash: externalA[2]! })
+        yield* a.store([0x7300_0000_0001n], {
+          tokenIds: more.map((t) => t + 1),
+          parentHash: 0x7300_0000_0000n
+        })
+        yield* awaitFilter(relay, VLLM, "the replayed child at its canonical address", [
+          ...addresses.slice(0, 3),
+          next
+        ])
+        expect((yield* ingestOf(relay)).gaps).toBeGreaterThanOrEqual(1)
       }).pipe(Effect.provide(quiet))
   )
 })

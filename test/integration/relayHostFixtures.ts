@@ -47,7 +47,11 @@ export const vllmCard = (worker: string): ModelCardInstance =>
   })
 
 /** The relay over a file document, quiet below warnings. */
-export const startRelay = (file: DiscoveryFile, recoveryAttemptTimeoutMs = 2000) =>
+export const startRelay = (
+  file: DiscoveryFile,
+  recoveryAttemptTimeoutMs = 2000,
+  registry: RelayHost.RelayHostConfig["registry"] = undefined
+) =>
   Effect.gen(function* () {
     const discovery = yield* makeFileDiscovery({ path: file.path }).pipe(Effect.provide(NodeFileSystem.layer))
     return yield* RelayHost.make({
@@ -55,7 +59,8 @@ export const startRelay = (file: DiscoveryFile, recoveryAttemptTimeoutMs = 2000)
       drtInstanceId: 77n,
       eventTransport: makeZmqEventTransport(),
       expectedUniqueBlocks: 4096,
-      recoveryAttemptTimeoutMs
+      recoveryAttemptTimeoutMs,
+      registry
     }).pipe(Effect.provideService(Discovery, discovery))
   }).pipe(Effect.orDie)
 

@@ -61,6 +61,7 @@ const scriptedActor = Effect.gen(function* () {
   const unused = Effect.dieMessage("not used by the publication hub")
   const actor: PoolActor = {
     identity,
+    canonical: true,
     subscribe: (next) =>
       Effect.gen(function* () {
         counters.subscriptions++
