@@ -7,6 +7,7 @@ import { mkdirSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { benchActor } from "./actor.js"
+import { benchMemoryPerEdgeCanonical, benchProducerApplyCanonical, benchTokenHashing } from "./canonical.js"
 import {
   benchCbi1,
   benchDeltaApply,
@@ -34,6 +35,9 @@ type Suite = readonly [string, (ctx: BenchContext) => void | Promise<void>]
 
 const suites: ReadonlyArray<Suite> = [
   ["producer_apply", benchProducerApply],
+  ["producer_apply_canonical", benchProducerApplyCanonical],
+  ["token_hashing", benchTokenHashing],
+  ["memory_canonical", benchMemoryPerEdgeCanonical],
   ["mixed_churn", benchMixedChurn],
   ["replace_ranks", benchReplaceRanks],
   ["memory", benchMemoryPerEdge],
