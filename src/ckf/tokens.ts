@@ -15,7 +15,7 @@
  */
 
 import { toBigInt } from "./u64.js"
-import { Xxh3Seeded, xxh3Hash, xxh3Into, xxhOut } from "./xxh3.js"
+import { Xxh3Seeded, xxh3Hash, xxh3WordsInto, xxhOut } from "./xxh3.js"
 
 /** The seed of a block's tokens hash (Dynamo's `XXH3_SEED`). */
 export const TOKENS_HASH_SEED = 1337n
@@ -80,9 +80,8 @@ export const localHashesInto = (
     words = tokenScratch
     for (let i = 0; i < used; i++) words[i] = tokens[from + i]! >>> 0
   }
-  const bytes = new Uint8Array(words.buffer, words.byteOffset, used * 4)
   for (let b = 0; b < blocks; b++) {
-    xxh3Into(bytes, b * blockSize * 4, window * 4, seedHi, seedLo)
+    xxh3WordsInto(words, b * blockSize, window, seedHi, seedLo)
     out[2 * (at + b)] = xxhOut.hi
     out[2 * (at + b) + 1] = xxhOut.lo
   }

@@ -634,6 +634,68 @@ const secretForSeed = (seedHi: number, seedLo: number): DataView => {
   return view
 }
 
+// ---------------------------------------------------------------------------------------------
+// Word inputs of 17..128 bytes (token blocks): no DataView, the secret as words
+
+/** The default secret as little-endian u32 words (offsets of the 17..128 path are multiples of 4). */
+const SECRET32 = new Uint32Array(SECRET_SIZE / 4)
+for (let i = 0; i < SECRET32.length; i++) SECRET32[i] = SECRET_VIEW.getUint32(4 * i, true)
+
+/** `mix16B` over words: input words `w[wi..wi+4)`, secret bytes from `so`. */
+const mix16W = (w: Uint32Array, wi: number, so: number, seedHi: number, seedLo: number): void => {
+  const sw = so >>> 2
+  let s = SECRET32[sw]! + seedLo
+  const kaL = s >>> 0
+  const kaH = (SECRET32[sw + 1]! + seedHi + (s >= TWO_32 ? 1 : 0)) >>> 0
+  s = SECRET32[sw + 2]! - seedLo
+  const kbL = s >>> 0
+  const kbH = (SECRET32[sw + 3]! - seedHi - (s < 0 ? 1 : 0)) >>> 0
+  const l = mul128Fold(
+    (w[wi + 1]! ^ kaH) >>> 0,
+    (w[wi]! ^ kaL) >>> 0,
+    (w[wi + 3]! ^ kbH) >>> 0,
+    (w[wi + 2]! ^ kbL) >>> 0
+  )
+  accAdd(mH, l)
+}
+
+/**
+ * XXH3-64 of the `count` little-endian u32 words `words[start .. start + count)`, seeded with
+ * halves; result in `xxhOut`. Inputs of 17..128 bytes (5..32 words: token blocks of 5 to 32
+ * tokens) take a word path with no DataView; others go through `xxh3Into`.
+ */
+export const xxh3WordsInto = (
+  words: Uint32Array,
+  start: number,
+  count: number,
+  seedHi: number,
+  seedLo: number
+): void => {
+  const len = 4 * count
+  if (len < 17 || len > 128) {
+    xxh3Into(new Uint8Array(words.buffer, words.byteOffset + 4 * start, len), 0, len, seedHi, seedLo)
+    return
+  }
+  const wEnd = start + count
+  accL = mul64(0, len, P64_1_H, P64_1_L)
+  accH = mH
+  if (len > 32) {
+    if (len > 64) {
+      if (len > 96) {
+        mix16W(words, start + 12, 96, seedHi, seedLo)
+        mix16W(words, wEnd - 16, 112, seedHi, seedLo)
+      }
+      mix16W(words, start + 8, 64, seedHi, seedLo)
+      mix16W(words, wEnd - 12, 80, seedHi, seedLo)
+    }
+    mix16W(words, start + 4, 32, seedHi, seedLo)
+    mix16W(words, wEnd - 8, 48, seedHi, seedLo)
+  }
+  mix16W(words, start, 0, seedHi, seedLo)
+  mix16W(words, wEnd - 4, 16, seedHi, seedLo)
+  xxh3Avalanche(accH, accL)
+}
+
 /**
  * XXH3-64 of `bytes[offset .. offset + length)` with a seed given as halves; result in `xxhOut`.
  */
