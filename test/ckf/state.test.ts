@@ -155,6 +155,28 @@ describe("DcCkfState transitions", () => {
     expect(state.stats().aggregation.occupiedBucketCount).toBe(0)
   })
 
+  it("takes the last kick of the bound: with max_kicks 1, an insert that needs one relocation succeeds", () => {
+    const config = ckfConfig(32, { maxKicks: 1 })
+    const state = new DcCkfState(config)
+    const n = state.bucketCount
+    const at = (h: bigint) => prepare(h, n, config.seed)
+    let next = 1n
+    const search = (accept: (p: ReturnType<typeof at>) => boolean): bigint => {
+      for (; ; next++) if (accept(at(next))) return next++
+    }
+    const target = search((p) => p.bucketA !== p.bucketB)
+    const { bucketA: a, bucketB: b } = at(target)
+    // Four fingerprints fill each of the target's buckets; every one of them could move to an
+    // empty bucket elsewhere, so a single kick makes room.
+    const fillers = [a, a, a, a, b, b, b, b].map((home) =>
+      search((p) => p.bucketA === home && p.bucketB !== a && p.bucketB !== b)
+    )
+    for (const h of fillers) expect(state.store("1", 0, h)).toBe(true)
+    expect(state.store("2", 0, target)).toBe(true)
+    expect(state.stats().aggregation.capacityFailures).toBe(0)
+    for (const h of [...fillers, target]) expect(state.contains(h)).toBe(true)
+  })
+
   it("a remaining owner still owns a hash after its primary owner left", () => {
     const state = new DcCkfState(ckfConfig(64))
     state.applyEvent(stored("1", 0, [7, 8]))

@@ -565,6 +565,65 @@ describe("SourceSupervisor faults, health and shutdown", () => {
     })
   )
 
+  it.scoped("a protocol fault of an older source epoch does not reject the replacement epoch", () =>
+    Effect.gen(function* () {
+      const { calls, target } = recordingTarget()
+      const { transport } = scriptedTransport([
+        () => Effect.succeed({ _tag: "TreeDump", events: [], lastEventId: 0 })
+      ])
+      const worker = rank(42, 0)
+      const { supervisor, membership } = yield* setup(
+        target,
+        transport,
+        view([[sourceFor(worker, 1n, true), 4]])
+      )
+      yield* TestClock.adjust("5 millis")
+      // The rank's source is replaced (generation 5): faults of generation 4 are stale.
+      yield* SubscriptionRef.set(membership, view([[sourceFor(worker, 2n, true), 5]]))
+      yield* supervisor.syncMembership
+      yield* TestClock.adjust("5 millis")
+      calls.length = 0
+      expect(yield* supervisor.rejectSource("42", 0, 4)).toBe("Stale")
+      expect(calls).toEqual([])
+      expect(supervisor.internals.publisherBinding(2n)?.epoch).toBe(5)
+      expect(supervisor.internals.slot("42", 0)?.rejectedGeneration).toBeUndefined()
+      // The current epoch's fault does reject it.
+      expect(yield* supervisor.rejectSource("42", 0, 5)).toBe("Fenced")
+      expect(supervisor.internals.publisherBinding(2n)).toBeUndefined()
+    })
+  )
+
+  it.scoped("the default recovery semaphore admits 16 queries at once; the 17th waits for a permit", () =>
+    Effect.gen(function* () {
+      const { target } = recordingTarget()
+      let inFlight = 0
+      let peak = 0
+      const release = yield* Deferred.make<void>()
+      const transport: WorkerQueryTransport = {
+        queryWorker: () =>
+          Effect.gen(function* () {
+            inFlight++
+            peak = Math.max(peak, inFlight)
+            yield* Deferred.await(release)
+            inFlight--
+            return { _tag: "TreeDump", events: [], lastEventId: 0 } satisfies WorkerKvQueryResponse
+          })
+      }
+      const ranks = Array.from(
+        { length: 17 },
+        (_, i) => [sourceFor(rank(100 + i, 0), BigInt(i + 1), true), 1] as const
+      )
+      // No `recoverySemaphore` given: the supervisor's own default (the seed's 16 permits).
+      yield* setup(target, transport, view(ranks))
+      yield* TestClock.adjust("10 millis")
+      expect(inFlight).toBe(16)
+      yield* Deferred.succeed(release, undefined)
+      yield* TestClock.adjust("10 millis")
+      expect(peak).toBe(16)
+      expect(inFlight).toBe(0)
+    })
+  )
+
   it.effect("shutdown interrupts a recovery that holds its slot, so it cannot wait on it", () =>
     Effect.gen(function* () {
       const { calls, target } = recordingTarget()

@@ -90,6 +90,20 @@ const model = (specs: ReadonlyArray<Spec>) => {
   return { order, kept, overflowAt, fenceAt }
 }
 
+describe("PendingActorFaults boundary (seed: MAX_PENDING_SOURCE_FAULTS = 16)", () => {
+  it("keeps the 16th distinct pending source fault and fences on the 17th", () => {
+    const pending = new PendingActorFaults()
+    for (let worker = 0; worker < 16; worker++)
+      pending.push(fault({ worker, rank: 0, epoch: 1, kind: "Resource" }))
+    expect(pending.size).toBe(16)
+    expect(pending.hasProducerFence()).toBe(false)
+    pending.push(fault({ worker: 16, rank: 0, epoch: 1, kind: "Resource" }))
+    expect(pending.hasProducerFence()).toBe(true)
+    const action = pending.popFront()
+    expect(action?._tag === "ProducerFence" && action.trigger._tag).toBe("PendingOverflow")
+  })
+})
+
 describe("PendingActorFaults properties", () => {
   it("the strongest action per source wins, in first-fault order", () => {
     fc.assert(
