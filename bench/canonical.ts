@@ -10,7 +10,7 @@ import { ckfConfig } from "../src/ckf/config.js"
 import type { CkfEvent } from "../src/ckf/events.js"
 import { localBlockHashes, nextSequenceHash } from "../src/ckf/tokens.js"
 import { hashPairsToBigInts, toBigInt } from "../src/ckf/u64.js"
-import { type BenchContext, HashStream, memoryInUse, record } from "./harness.js"
+import { type BenchContext, bestRate, HashStream, memoryInUse, record } from "./harness.js"
 
 const BLOCKS_PER_EVENT = 8
 /** Events per prompt: the first has no parent, each later one continues the previous. */
@@ -81,17 +81,6 @@ class MapSetCanonical {
       this.refcounts.set(canon, (this.refcounts.get(canon) ?? 0) + 1)
     }
   }
-}
-
-const bestRate = <S>(rounds: number, setup: () => S, run: (s: S) => number): number => {
-  let best = 0
-  for (let r = 0; r < rounds; r++) {
-    const s = setup()
-    const start = performance.now()
-    const ops = run(s)
-    best = Math.max(best, (ops * 1000) / (performance.now() - start))
-  }
-  return best
 }
 
 export const benchProducerApplyCanonical = (ctx: BenchContext): void => {

@@ -23,7 +23,7 @@ import { linearPrefixDepths } from "../src/ckf/search.js"
 import { DcCkfState } from "../src/ckf/state.js"
 import { toBigInt } from "../src/ckf/u64.js"
 import { MapSetOwnership } from "./baseline.js"
-import { type BenchContext, HashStream, memoryInUse, record } from "./harness.js"
+import { type BenchContext, bestRate, HashStream, memoryInUse, record } from "./harness.js"
 
 const BLOCKS_PER_EVENT = 8
 
@@ -53,19 +53,6 @@ const storedWorkload = (blocks: number, seed: number, workerId = "1"): Workload 
     bigints.push(values)
   }
   return { events, bigints, strings, blocks: events.length * BLOCKS_PER_EVENT }
-}
-
-/** Best blocks/s over `rounds` fresh runs; setup is outside the timed region. */
-const bestRate = <S>(rounds: number, setup: () => S, run: (s: S) => number): number => {
-  let best = 0
-  for (let r = 0; r < rounds; r++) {
-    const s = setup()
-    const start = performance.now()
-    const ops = run(s)
-    const elapsed = performance.now() - start
-    best = Math.max(best, (ops * 1000) / elapsed)
-  }
-  return best
 }
 
 export const benchProducerApply = async (ctx: BenchContext): Promise<void> => {

@@ -64,6 +64,19 @@ export const memoryInUse = (): number => {
   return usage.heapUsed + usage.arrayBuffers
 }
 
+/** Best ops/s over `rounds` fresh runs; setup is outside the timed region. */
+export const bestRate = <S>(rounds: number, setup: () => S, run: (s: S) => number): number => {
+  let best = 0
+  for (let r = 0; r < rounds; r++) {
+    const s = setup()
+    const start = performance.now()
+    const ops = run(s)
+    const elapsed = performance.now() - start
+    best = Math.max(best, (ops * 1000) / elapsed)
+  }
+  return best
+}
+
 export const record = (
   ctx: BenchContext,
   name: string,

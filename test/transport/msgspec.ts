@@ -114,12 +114,17 @@ export const pack = (value: unknown): Uint8Array => packr.pack(value)
 // ---------------------------------------------------------------------------------------------
 // vLLM
 
-const VLLM_STORED_FIELDS: ReadonlyArray<FieldSpec> = [
+/** The fields every engine's `BlockStored` starts with (vLLM and SGLang alike). */
+const STORED_HEAD: ReadonlyArray<FieldSpec> = [
   f("block_hashes"),
   f("parent_block_hash"),
   f("token_ids"),
   f("block_size"),
-  f("lora_id"),
+  f("lora_id")
+]
+
+const VLLM_STORED_FIELDS: ReadonlyArray<FieldSpec> = [
+  ...STORED_HEAD,
   f("medium"),
   f("lora_name"),
   d("extra_keys"),
@@ -144,15 +149,7 @@ const VLLM_REMOVED_FIELDS: ReadonlyArray<FieldSpec> = [
  */
 const VLLM_OLD_STORED: StructSpec = {
   tag: "BlockStored",
-  fields: [
-    f("block_hashes"),
-    f("parent_block_hash"),
-    f("token_ids"),
-    f("block_size"),
-    f("lora_id"),
-    d("medium"),
-    d("lora_name")
-  ],
+  fields: [...STORED_HEAD, d("medium"), d("lora_name")],
   arrayLike: true,
   omitDefaults: true
 }
@@ -250,15 +247,7 @@ export const vllmRemoved = (
 
 const sglangStored = (withMedium: boolean, omitDefaults: boolean, metadata: boolean): StructSpec => ({
   tag: "BlockStored",
-  fields: [
-    f("block_hashes"),
-    f("parent_block_hash"),
-    f("token_ids"),
-    f("block_size"),
-    f("lora_id"),
-    ...(withMedium ? [d("medium")] : []),
-    ...(metadata ? [f("metadata")] : [])
-  ],
+  fields: [...STORED_HEAD, ...(withMedium ? [d("medium")] : []), ...(metadata ? [f("metadata")] : [])],
   arrayLike: true,
   omitDefaults
 })
