@@ -156,6 +156,10 @@ describe("seed 004 GlobalCkfIngestionPool", () => {
       expect(disposition.action).toBe("DeactivateAndSnapshot")
       expect(f.indexer.readyLanes()).toBe(0)
       expect(f.indexer.wordAt(0, f.lane)).toBe(0n)
+      // The deactivation retired the lane: traffic on the old lease is refused, not applied.
+      const after = yield* Effect.flip(f.pool.submitDelta(deltaOf(f, 4n, 5n, [image(0, 23)])))
+      expect(after._tag).toBe("LaneRetired")
+      expect(f.indexer.wordAt(0, f.lane)).toBe(0n)
     })
   )
 
