@@ -71,6 +71,7 @@ import {
 import { activeSource, isRecoverableSource } from "../domain/sources.js"
 import { compareArrays } from "../domain/text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
+import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
 import {
   collectPendingWhile,
   drainReadyFaults,
@@ -89,6 +90,15 @@ import type {
 } from "./PoolRegistry.js"
 import type { EndpointIngestStats, SlotLifecycle } from "./RelayService.js"
 import * as SourceSubscriber from "./SourceSubscriber.js"
+
+/**
+ * How a source-level target fault retires the pool generation (the seed's
+ * `target_fault_retirement_mode`): only a fenced rank fences the generation; a recovering,
+ * reset or stale one leaves it serving.
+ */
+export const targetFaultRetirementMode = (
+  disposition: TargetFaultDisposition
+): PoolRetirementMode | undefined => (disposition === "Fenced" ? "Fenced" : undefined)
 
 export const START_RETRY_INITIAL: Duration.Duration = Duration.millis(100)
 /**
@@ -593,7 +603,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
                 yield* reportProducerFenceTrigger(collected.trigger)
                 return "Fenced" as const
               }
-              return collected.value === "Fenced" ? ("Fenced" as const) : undefined
+              return targetFaultRetirementMode(collected.value)
             }
             case "RejectSource": {
               if (active === undefined) return undefined

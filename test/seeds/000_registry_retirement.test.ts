@@ -9,6 +9,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber } from "effect"
 import { CacheSemanticsId, DcId, IndexerDomainId, PoolId, RoutingScopeId } from "../../src/ckf/identity.js"
 import { baseRegistration, canonicalModelId } from "../../src/domain/model.js"
+import { targetFaultRetirementMode } from "../../src/relay/EndpointSlot.js"
 import { drainFaultsWhile } from "../../src/relay/PendingActorFaults.js"
 import type { PoolAttachRequest } from "../../src/relay/PoolRegistry.js"
 import { endpoint, registry as makeRegistry, querySemantics } from "../relay/registryFixtures.js"
@@ -60,12 +61,18 @@ describe("seed 000: registry retirement", () => {
     })
   )
 
+  it("target_fault_retirement_mode fences the generation for a fenced rank only", () => {
+    expect(targetFaultRetirementMode("Fenced")).toBe("Fenced")
+    for (const disposition of ["Recovering", "ResetLiveOnly", "Stale"] as const)
+      expect(targetFaultRetirementMode(disposition)).toBeUndefined()
+  })
+
   it.scoped("fenced_target_disposition_withdraws_the_pool_generation", () =>
     Effect.gen(function* () {
       const registry = yield* makeRegistry()
       const attachment = yield* registry.attach(attachRequest())
-      // `target_fault_retirement_mode(TargetFaultDisposition::Fenced)`.
-      const mode = "Fenced" as const
+      const mode = targetFaultRetirementMode("Fenced")!
+      expect(mode).toBe("Fenced")
       expect(yield* registry.withdraw(attachment.poolId, attachment.layoutGeneration, mode)).toBe(true)
       expect((yield* registry.catalog).pools.length).toBe(0)
 
