@@ -58,7 +58,13 @@ const OPTIONAL_MISMATCH = /^Expected (undefined|null), actual /
 
 /** One line per document: `unknown field "card.foo"`, `missing field "dcId"`, `seed: <why>`. */
 export const formatParseError = (error: ParseResult.ParseError): string => {
-  const issues = ParseResult.ArrayFormatter.formatErrorSync(error)
+  let issues: ReadonlyArray<ParseResult.ArrayFormatterIssue>
+  try {
+    issues = ParseResult.ArrayFormatter.formatErrorSync(error)
+  } catch {
+    // The formatter renders the offending value recursively; a pathological one cannot be shown.
+    return "invalid value"
+  }
   // An optional or nullable field is a union with undefined/null; their mismatches only hide the cause.
   const relevant = issues.filter((issue) => !OPTIONAL_MISMATCH.test(issue.message))
   return (relevant.length > 0 ? relevant : issues)
@@ -72,11 +78,54 @@ export const formatParseError = (error: ParseResult.ParseError): string => {
     .replace(/\s*\n\s*/g, " ")
 }
 
-/** Decodes an already parsed JSON value; unknown fields are errors. */
+/** The deepest nesting a JSON input may have: every record of the protocol is a few levels deep. */
+export const MAX_JSON_DEPTH = 64
+
+/** Whether `value` nests arrays or objects deeper than `max` levels (iterative: any depth is safe). */
+export const nestedDeeperThan = (value: unknown, max: number): boolean => {
+  const stack: Array<unknown> = [value]
+  const depths: Array<number> = [0]
+  while (stack.length > 0) {
+    const item = stack.pop()
+    const depth = depths.pop()!
+    if (typeof item !== "object" || item === null) continue
+    if (depth >= max) return true
+    for (const child of Array.isArray(item) ? item : Object.values(item)) {
+      if (typeof child !== "object" || child === null) continue
+      stack.push(child)
+      depths.push(depth + 1)
+    }
+  }
+  return false
+}
+
+/**
+ * Decodes an already parsed JSON value; unknown fields are errors. A value nested deeper than
+ * `MAX_JSON_DEPTH` is rejected before decoding: Effect's decoder and its error rendering recurse,
+ * and a 100,000-deep array would otherwise overflow the stack.
+ */
 export const decodeJson = <A, I>(schema: Schema.Schema<A, I, never>) => {
   const decode = Schema.decodeUnknownEither(schema, { onExcessProperty: "error" })
-  return (input: unknown): Either.Either<A, JsonDecodeError> =>
-    Either.mapLeft(decode(input), (error) => new JsonDecodeError({ message: formatParseError(error) }))
+  return (input: unknown): Either.Either<A, JsonDecodeError> => {
+    if (nestedDeeperThan(input, MAX_JSON_DEPTH)) {
+      return Either.left(
+        new JsonDecodeError({ message: `the value is nested deeper than ${MAX_JSON_DEPTH} levels` })
+      )
+    }
+    try {
+      return Either.mapLeft(
+        decode(input),
+        (error) => new JsonDecodeError({ message: formatParseError(error) })
+      )
+    } catch (cause) {
+      // A last line of defence: a decoder must answer, never throw, whatever it is given.
+      return Either.left(
+        new JsonDecodeError({
+          message: `the value could not be decoded: ${cause instanceof Error ? cause.message : String(cause)}`
+        })
+      )
+    }
+  }
 }
 
 /** Parses JSON text, then decodes it like `decodeJson`. */

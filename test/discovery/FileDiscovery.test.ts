@@ -251,6 +251,27 @@ describe("FileDiscovery", () => {
     }
   )
 
+  it.scoped("a 100,000-deep document is rejected with a short error and the watch keeps going", () => {
+    const logs = collectLogs()
+    return withTempDir(
+      ({ path }) =>
+        Effect.gen(function* () {
+          const discovery = yield* start({ path, watch: false })
+          const initial = yield* discovery.current
+          replaceFile(path, `${"[".repeat(100_000)}${"]".repeat(100_000)}`)
+          yield* driveUntil(discovery, () => logs.lines.some((line) => line.includes("nested deeper")))
+          expect(logs.lines.find((line) => line.includes("nested deeper"))).toBe(
+            "invalid discovery file update ignored; the last valid document stays in force: the value is nested deeper than 64 levels"
+          )
+          expect(yield* discovery.current).toBe(initial)
+          replaceFile(path, document([rawCard({ worker: 1 }), rawCard({ worker: 4 })]))
+          const next = yield* driveUntil(discovery, (s) => s.revision === 2n)
+          expect(next.cards.map((c) => c.instanceId)).toEqual(["1", "4"])
+        }).pipe(Effect.provide(logs.layer)),
+      document([rawCard({ worker: 1 })])
+    )
+  })
+
   it.scoped("a rewrite with the same records publishes nothing; close ends the change stream", () =>
     withTempDir(
       ({ path }) =>

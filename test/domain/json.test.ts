@@ -22,6 +22,7 @@ import {
   KvEventSourceJson,
   ModelCardInstanceJson,
   ModelTargetJson,
+  nestedDeeperThan,
   PoolDescriptorJson,
   PoolIdJson,
   ProducerIdentityJson,
@@ -176,6 +177,33 @@ const withField = (path: ReadonlyArray<string | number>, value: unknown, documen
   at[path[path.length - 1]!] = value
   return copy
 }
+
+describe("nesting", () => {
+  it("rejects a value nested deeper than 64 levels with a short error, whatever its depth", () => {
+    const decode = decodeJsonText(ModelCardInstanceJson)
+    for (const depth of [65, 1000, 100_000]) {
+      const result = decode(`${"[".repeat(depth)}${"]".repeat(depth)}`)
+      expect(Either.isLeft(result) && result.left.message).toBe("the value is nested deeper than 64 levels")
+    }
+    // Nested inside a field too.
+    const inField = decode(`{"namespace": ${"[".repeat(100_000)}${"]".repeat(100_000)}}`)
+    expect(Either.isLeft(inField) && inField.left.message).toBe("the value is nested deeper than 64 levels")
+  })
+
+  it("measures depth iteratively", () => {
+    const nest = (depth: number): unknown => {
+      let value: unknown = 1
+      for (let i = 0; i < depth; i++) value = i % 2 === 0 ? [value] : { a: value }
+      return value
+    }
+    expect(nestedDeeperThan(nest(64), 64)).toBe(false)
+    expect(nestedDeeperThan(nest(65), 64)).toBe(true)
+    expect(nestedDeeperThan(nest(200_000), 64)).toBe(true)
+    // Three levels of containers: the object, its array, the array's object.
+    expect(nestedDeeperThan({ a: [1, { b: "x" }], c: null }, 3)).toBe(false)
+    expect(nestedDeeperThan({ a: [1, { b: "x" }], c: null }, 2)).toBe(true)
+  })
+})
 
 describe("U64", () => {
   it("decodes canonical decimal text and safe JSON numbers", () => {
