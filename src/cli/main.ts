@@ -6,6 +6,7 @@
 
 import { readFileSync } from "node:fs"
 import { Either } from "effect"
+import { VERSION } from "../version.js"
 import { type CommandSpec, commandHelp, type UsageError } from "./args.js"
 import {
   BenchSettings,
@@ -27,8 +28,9 @@ const usage = `kvrelay <command> [options]
 Commands:
 ${commands.map((c) => `  ${c.name.padEnd(8)} ${c.summary}`).join("\n")}
 
-Run \`kvrelay <command> --help\` for a command's options. Every option also reads KVRELAY_<OPTION>
-from the environment (the flag wins) and from a JSON --config file.
+Run \`kvrelay <command> --help\` for a command's options and \`kvrelay --version\` for the
+version. Every option also reads KVRELAY_<OPTION> from the environment (the flag wins) and from a
+JSON --config file.
 `
 
 const fail = (error: UsageError, command: string): number => {
@@ -45,6 +47,10 @@ const sources = (argv: ReadonlyArray<string>) => ({
 
 const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> => {
   const [name, ...rest] = argv
+  if (name === "--version" || name === "-V") {
+    process.stdout.write(`kvrelay ${VERSION}\n`)
+    return 0
+  }
   if (name === undefined || name === "--help" || name === "-h" || name === "help") {
     process.stdout.write(usage)
     return name === undefined ? 2 : 0

@@ -67,6 +67,15 @@ describe.concurrent("kvrelay command line", () => {
     for (const command of ["relay", "global", "demo", "bench"]) expect(stdout).toContain(`  ${command} `)
   })
 
+  it("kvrelay --version prints the package's version and exits 0", async () => {
+    const manifest = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as {
+      version: string
+    }
+    const result = await runKvrelay(["--version"])
+    expect(result.code).toBe(0)
+    expect(result.stdout).toBe(`kvrelay ${manifest.version}\n`)
+  })
+
   it("an unknown command exits 2", async () => {
     const result = await runKvrelay(["frobnicate"])
     expect(result.code).toBe(2)
