@@ -8,8 +8,11 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, SubscriptionRef } from "effect"
 import { Discovery, type DiscoverySnapshot, makeStaticDiscovery } from "../../src/discovery/Discovery.js"
+import { storedEvent } from "../../src/domain/events.js"
 import type { ModelCardInstance } from "../../src/domain/json.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
+import type { KvEventTransport, LiveBatchHandler } from "../../src/recovery/EventTransport.js"
+import { WorkerQueryError } from "../../src/recovery/WorkerQuery.js"
 import * as RelayHost from "../../src/relay/RelayHost.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
@@ -210,5 +213,61 @@ describe("RelayHost", () => {
       expect((yield* relay.health).shuttingDown).toBe(true)
       expect((yield* SubscriptionRef.get(relay.membershipRef)).endpoints.size).toBe(0)
     })
+  )
+
+  it.scoped(
+    "with the default publication threshold the 16th event of a pool publishes, the 15th does not",
+    () =>
+      Effect.gen(function* () {
+        // An in-memory transport: the one live-only source is connected at once, and the test hands
+        // its batches straight to the supervisor's handler.
+        let handler: LiveBatchHandler | undefined
+        let synced: ReadonlyArray<KvEventSource> = []
+        const transport: KvEventTransport = {
+          subscribe: (h) =>
+            Effect.sync(() => {
+              handler = h
+              return {
+                sync: (sources) =>
+                  Effect.sync(() => {
+                    synced = sources
+                  }),
+                connectedSources: Effect.sync(() => synced),
+                totals: Effect.succeed({ messages: 0, events: 0, blocks: 0, malformedTotal: 0 })
+              }
+            }),
+          query: { queryWorker: () => Effect.fail(new WorkerQueryError({ message: "no recovery here" })) }
+        }
+        const live = source({ endpoint: "prod.backend.generate", worker: 7, rank: 0, publisher: 70 })
+        // The delay timer never fires on the test clock: only the threshold can publish.
+        const { relay } = yield* startHost(
+          snapshot(1n, [card({ endpoint: "prod.backend.generate", worker: 7 })], [live]),
+          {
+            eventTransport: transport,
+            publicationDelayMs: 3_600_000
+          }
+        )
+        const publication = relay.stats.pipe(
+          Effect.orDie,
+          Effect.map((stats) => stats.endpoints[0]?.publication)
+        )
+        yield* until(
+          Effect.map(publication, (p) => p !== undefined && handler !== undefined),
+          "the pool and its subscription"
+        )
+        for (let id = 1; id <= 15; id++) yield* handler!(70n, [storedEvent("7", 0, id, [1000 + id])])
+        yield* until(
+          Effect.map(publication, (p) => p?.pendingEvents === 15),
+          "15 pending events"
+        )
+        expect((yield* publication)!.emittedImages).toBe(0)
+        yield* handler!(70n, [storedEvent("7", 0, 16, [1016])])
+        // The 16th event is the boundary: the window drains into one publication batch.
+        const after = yield* until(
+          Effect.map(publication, (p) => p !== undefined && p.pendingEvents === 0 && p),
+          "the threshold's publication"
+        )
+        expect(after.emittedImages).toBeGreaterThan(0)
+      })
   )
 })
