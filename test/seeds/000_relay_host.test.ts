@@ -304,7 +304,7 @@ describe("seed 000: relay host", () => {
     })
   )
 
-  it.scopedLive("mdc_binding_transition_never_publishes_new_model_with_old_producer", () =>
+  it.scoped("mdc_binding_transition_never_publishes_new_model_with_old_producer", () =>
     Effect.gen(function* () {
       const oldKv = "relay-test.backend.kv-old"
       const newKv = "relay-test.backend.kv-new"
@@ -337,7 +337,7 @@ describe("seed 000: relay host", () => {
     })
   )
 
-  it.scopedLive("alias_and_context_change_refreshes_the_active_pool_catalog", () =>
+  it.scoped("alias_and_context_change_refreshes_the_active_pool_catalog", () =>
     Effect.gen(function* () {
       const kv = "relay-test.backend.kv"
       const source = yield* liveSource(kv)
