@@ -33,6 +33,7 @@ import {
   WorkerQueryError,
   type WorkerQueryTransport
 } from "../../src/recovery/WorkerQuery.js"
+import { heldQueries } from "./heldQueries.js"
 
 const SERVING = new EndpointId({ namespace: "test", component: "router", endpoint: "generate" })
 const KV_ENDPOINT = new EndpointId({ namespace: "test", component: "router", endpoint: "kv" })
@@ -596,19 +597,8 @@ describe("SourceSupervisor faults, health and shutdown", () => {
   it.scoped("the default recovery semaphore admits 16 queries at once; the 17th waits for a permit", () =>
     Effect.gen(function* () {
       const { target } = recordingTarget()
-      let inFlight = 0
-      let peak = 0
-      const release = yield* Deferred.make<void>()
-      const transport: WorkerQueryTransport = {
-        queryWorker: () =>
-          Effect.gen(function* () {
-            inFlight++
-            peak = Math.max(peak, inFlight)
-            yield* Deferred.await(release)
-            inFlight--
-            return { _tag: "TreeDump", events: [], lastEventId: 0 } satisfies WorkerKvQueryResponse
-          })
-      }
+      const held = yield* heldQueries
+      const transport = held.transport
       const ranks = Array.from(
         { length: 17 },
         (_, i) => [sourceFor(rank(100 + i, 0), BigInt(i + 1), true), 1] as const
@@ -616,11 +606,11 @@ describe("SourceSupervisor faults, health and shutdown", () => {
       // No `recoverySemaphore` given: the supervisor's own default (the seed's 16 permits).
       yield* setup(target, transport, view(ranks))
       yield* TestClock.adjust("10 millis")
-      expect(inFlight).toBe(16)
-      yield* Deferred.succeed(release, undefined)
+      expect(held.inFlight()).toBe(16)
+      yield* held.release
       yield* TestClock.adjust("10 millis")
-      expect(peak).toBe(16)
-      expect(inFlight).toBe(0)
+      expect(held.peak()).toBe(16)
+      expect(held.inFlight()).toBe(0)
     })
   )
 

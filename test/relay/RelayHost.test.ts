@@ -6,17 +6,18 @@
  */
 
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, SubscriptionRef } from "effect"
+import { Effect, Exit, SubscriptionRef, TestClock } from "effect"
 import { Discovery, type DiscoverySnapshot, makeStaticDiscovery } from "../../src/discovery/Discovery.js"
 import { storedEvent } from "../../src/domain/events.js"
 import type { ModelCardInstance } from "../../src/domain/json.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import type { KvEventTransport, LiveBatchHandler } from "../../src/recovery/EventTransport.js"
-import { WorkerQueryError } from "../../src/recovery/WorkerQuery.js"
+import { WorkerQueryError, type WorkerQueryTransport } from "../../src/recovery/WorkerQuery.js"
 import * as RelayHost from "../../src/relay/RelayHost.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
 import { card, endpoint, source } from "../discovery/fixtures.js"
+import { heldQueries } from "../recovery/heldQueries.js"
 
 const snapshot = (
   revision: bigint,
@@ -69,6 +70,31 @@ const startHost = (initial: DiscoverySnapshot, config: Partial<RelayHost.RelayHo
   })
 
 const catalogOf = (relay: KvDcRelayService) => SubscriptionRef.get(relay.catalogRef)
+
+/**
+ * An in-memory event transport: every synced source counts as connected at once, and the test
+ * hands batches straight to the supervisor's handler.
+ */
+const inMemoryTransport = (query: WorkerQueryTransport) => {
+  let handler: LiveBatchHandler | undefined
+  let synced: ReadonlyArray<KvEventSource> = []
+  const transport: KvEventTransport = {
+    subscribe: (h) =>
+      Effect.sync(() => {
+        handler = h
+        return {
+          sync: (sources) =>
+            Effect.sync(() => {
+              synced = sources
+            }),
+          connectedSources: Effect.sync(() => synced),
+          totals: Effect.succeed({ messages: 0, events: 0, blocks: 0, malformedTotal: 0 })
+        }
+      }),
+    query
+  }
+  return { transport, handler: () => handler }
+}
 
 describe("RelayHost", () => {
   it.scoped("invalid settings are all reported, each naming its setting", () =>
@@ -219,25 +245,10 @@ describe("RelayHost", () => {
     "with the default publication threshold the 16th event of a pool publishes, the 15th does not",
     () =>
       Effect.gen(function* () {
-        // An in-memory transport: the one live-only source is connected at once, and the test hands
-        // its batches straight to the supervisor's handler.
-        let handler: LiveBatchHandler | undefined
-        let synced: ReadonlyArray<KvEventSource> = []
-        const transport: KvEventTransport = {
-          subscribe: (h) =>
-            Effect.sync(() => {
-              handler = h
-              return {
-                sync: (sources) =>
-                  Effect.sync(() => {
-                    synced = sources
-                  }),
-                connectedSources: Effect.sync(() => synced),
-                totals: Effect.succeed({ messages: 0, events: 0, blocks: 0, malformedTotal: 0 })
-              }
-            }),
-          query: { queryWorker: () => Effect.fail(new WorkerQueryError({ message: "no recovery here" })) }
-        }
+        const memory = inMemoryTransport({
+          queryWorker: () => Effect.fail(new WorkerQueryError({ message: "no recovery here" }))
+        })
+        const transport = memory.transport
         const live = source({ endpoint: "prod.backend.generate", worker: 7, rank: 0, publisher: 70 })
         // The delay timer never fires on the test clock: only the threshold can publish.
         const { relay } = yield* startHost(
@@ -252,16 +263,17 @@ describe("RelayHost", () => {
           Effect.map((stats) => stats.endpoints[0]?.publication)
         )
         yield* until(
-          Effect.map(publication, (p) => p !== undefined && handler !== undefined),
+          Effect.map(publication, (p) => p !== undefined && memory.handler() !== undefined),
           "the pool and its subscription"
         )
-        for (let id = 1; id <= 15; id++) yield* handler!(70n, [storedEvent("7", 0, id, [1000 + id])])
+        const handler = memory.handler()!
+        for (let id = 1; id <= 15; id++) yield* handler(70n, [storedEvent("7", 0, id, [1000 + id])])
         yield* until(
           Effect.map(publication, (p) => p?.pendingEvents === 15),
           "15 pending events"
         )
         expect((yield* publication)!.emittedImages).toBe(0)
-        yield* handler!(70n, [storedEvent("7", 0, 16, [1016])])
+        yield* handler(70n, [storedEvent("7", 0, 16, [1016])])
         // The 16th event is the boundary: the window drains into one publication batch.
         const after = yield* until(
           Effect.map(publication, (p) => p !== undefined && p.pendingEvents === 0 && p),
@@ -269,5 +281,42 @@ describe("RelayHost", () => {
         )
         expect(after.emittedImages).toBeGreaterThan(0)
       })
+  )
+
+  it.scoped("the relay admits 16 recovery queries at once across its pools; the 17th waits", () =>
+    Effect.gen(function* () {
+      const held = yield* heldQueries
+      const memory = inMemoryTransport(held.transport)
+      const workers = Array.from({ length: 17 }, (_, i) => i + 1)
+      const cards = workers.map((worker) => card({ endpoint: "prod.backend.generate", worker }))
+      const sources = workers.map((worker) =>
+        source({
+          endpoint: "prod.backend.generate",
+          worker,
+          rank: 0,
+          publisher: 100 + worker,
+          recovery: "tcp://127.0.0.1:1"
+        })
+      )
+      yield* startHost(snapshot(1n, cards, sources), { eventTransport: memory.transport })
+      yield* until(
+        Effect.gen(function* () {
+          yield* TestClock.adjust("5 millis")
+          return held.inFlight() === 16
+        }),
+        "16 recovery queries in flight"
+      )
+      yield* TestClock.adjust("100 millis")
+      expect(held.inFlight()).toBe(16)
+      yield* held.release
+      yield* until(
+        Effect.gen(function* () {
+          yield* TestClock.adjust("5 millis")
+          return held.inFlight() === 0
+        }),
+        "every query answered"
+      )
+      expect(held.peak()).toBe(16)
+    })
   )
 })
