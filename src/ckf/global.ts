@@ -35,9 +35,9 @@ import type {
 } from "./identity.js"
 import type { DcCkfDelta, DcCkfSnapshot } from "./publisher.js"
 import type { PrefixSearchConfig, PrefixSearchStats } from "./search.js"
+import { nextSequenceHash, sequenceHashes } from "./tokens.js"
 import { TransposedCkfTable } from "./transposed.js"
-import { hiOf, loOf, toBigInt, U64_MAX } from "./u64.js"
-import { Xxh3Seeded, xxhOut } from "./xxh3.js"
+import { U64_MAX } from "./u64.js"
 
 // ---------------------------------------------------------------------------------------------
 // Errors, faults and outcomes
@@ -923,42 +923,14 @@ const activateAlways = (ingestor: GlobalCkfLaneIngestor, sequence: bigint): bool
 // ---------------------------------------------------------------------------------------------
 // Rolling sequence hashes (for routers that hold local block hashes)
 
-const chainHashers = new Map<bigint, Xxh3Seeded>()
-
-const chainHasher = (seed: bigint): Xxh3Seeded => {
-  const s = BigInt.asUintN(64, seed)
-  let hasher = chainHashers.get(s)
-  if (hasher === undefined) {
-    hasher = new Xxh3Seeded(s)
-    if (chainHashers.size >= 16) chainHashers.clear()
-    chainHashers.set(s, hasher)
-  }
-  return hasher
-}
-
 /**
  * `XXH3(LE64(parent) ‖ LE64(child), seed)`. The chain seed differs between Dynamo versions
- * (0 in `dynamo_tokens`, 1337 in historic kv-router code), so it is always explicit.
+ * (0 in some `dynamo_tokens` commits, 1337 in the router), so it is always explicit here; the
+ * chain itself lives in `tokens.ts`.
  */
-export const chainSequenceHash = (parent: bigint, child: bigint, seed: bigint): bigint => {
-  const p = BigInt.asUintN(64, parent)
-  const c = BigInt.asUintN(64, child)
-  chainHasher(seed).hashPair(hiOf(p), loOf(p), hiOf(c), loOf(c))
-  return toBigInt(xxhOut.hi, xxhOut.lo)
-}
+export const chainSequenceHash = (parent: bigint, child: bigint, seed: bigint): bigint =>
+  nextSequenceHash(parent, child, seed)
 
 /** Rolling sequence hashes of local block hashes (hash pairs in, hash pairs out). */
-export const chainSequenceHashes = (local: Uint32Array, seed: bigint): Uint32Array => {
-  const n = local.length >>> 1
-  const out = new Uint32Array(n * 2)
-  if (n === 0) return out
-  const hasher = chainHasher(seed)
-  out[0] = local[0]!
-  out[1] = local[1]!
-  for (let i = 1; i < n; i++) {
-    hasher.hashPair(out[2 * i - 2]!, out[2 * i - 1]!, local[2 * i]!, local[2 * i + 1]!)
-    out[2 * i] = xxhOut.hi
-    out[2 * i + 1] = xxhOut.lo
-  }
-  return out
-}
+export const chainSequenceHashes = (local: Uint32Array, seed: bigint): Uint32Array =>
+  sequenceHashes(local, undefined, seed)

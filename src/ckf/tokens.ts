@@ -110,7 +110,19 @@ export const localBlockHashes = (
   return out
 }
 
-const chainHasher = new Xxh3Seeded(CHAIN_SEED)
+/** Chain hashers by seed: the canonical one, and the few others tests and old formats use. */
+const chainHashers = new Map<bigint, Xxh3Seeded>()
+const chainHasherFor = (seed: bigint): Xxh3Seeded => {
+  const s = BigInt.asUintN(64, seed)
+  let hasher = chainHashers.get(s)
+  if (hasher === undefined) {
+    hasher = new Xxh3Seeded(s)
+    if (chainHashers.size >= 16) chainHashers.clear()
+    chainHashers.set(s, hasher)
+  }
+  return hasher
+}
+const chainHasher = chainHasherFor(CHAIN_SEED)
 
 /**
  * Canonical sequence hashes of `local[from, from + count)` (pairs) into `out` at pair `at`,
@@ -125,7 +137,8 @@ export const sequenceHashesInto = (
   parentHi: number,
   parentLo: number,
   out: Uint32Array,
-  at: number
+  at: number,
+  hasher: Xxh3Seeded = chainHasher
 ): void => {
   let hi = parentHi
   let lo = parentLo
@@ -136,7 +149,7 @@ export const sequenceHashesInto = (
       hi = lh
       lo = ll
     } else {
-      chainHasher.hashPair(hi, lo, lh, ll)
+      hasher.hashPair(hi, lo, lh, ll)
       hi = xxhOut.hi
       lo = xxhOut.lo
     }
@@ -146,18 +159,25 @@ export const sequenceHashesInto = (
 }
 
 /** Canonical sequence hashes of a prompt's local block hashes (pairs in, pairs out). */
-export const sequenceHashes = (local: Uint32Array, parent?: bigint): Uint32Array => {
+export const sequenceHashes = (
+  local: Uint32Array,
+  parent?: bigint,
+  seed: bigint = CHAIN_SEED
+): Uint32Array => {
   const n = local.length >>> 1
   const out = new Uint32Array(2 * n)
   const p = parent === undefined ? 0n : BigInt.asUintN(64, parent)
-  sequenceHashesInto(local, 0, n, parent !== undefined, Number(p >> 32n), Number(p & 0xffff_ffffn), out, 0)
+  const hi = Number(p >> 32n)
+  const lo = Number(p & 0xffff_ffffn)
+  sequenceHashesInto(local, 0, n, parent !== undefined, hi, lo, out, 0, chainHasherFor(seed))
   return out
 }
 
-/** `compute_next_seq_hash(parent, local)` on bigints. */
-export const nextSequenceHash = (parent: bigint, local: bigint): bigint => {
+/** `compute_next_seq_hash(parent, local)` on bigints (chain seed 1337 unless given). */
+export const nextSequenceHash = (parent: bigint, local: bigint, seed: bigint = CHAIN_SEED): bigint => {
   const p = BigInt.asUintN(64, parent)
   const l = BigInt.asUintN(64, local)
-  chainHasher.hashPair(Number(p >> 32n), Number(p & 0xffff_ffffn), Number(l >> 32n), Number(l & 0xffff_ffffn))
+  const hasher = chainHasherFor(seed)
+  hasher.hashPair(Number(p >> 32n), Number(p & 0xffff_ffffn), Number(l >> 32n), Number(l & 0xffff_ffffn))
   return toBigInt(xxhOut.hi, xxhOut.lo)
 }

@@ -21,8 +21,6 @@ import { type PoolActor, type RankReplacement, RECOVERY_REBUILD_BATCH_WINDOW_MS 
 
 import { foldTreeDump } from "./TreeDump.js"
 
-export { foldTreeDump }
-
 export interface KvDcRelayRecoveryTarget extends RecoveryTarget {
   readonly actor: PoolActor
 }
