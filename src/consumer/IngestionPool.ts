@@ -721,6 +721,9 @@ const build = (
         workerLane.ingestor.retire()
         workerLane.observedEpoch = control.epoch
       }
+      // The ingestor was retired just above, so a stale command could not write; it is still
+      // rejected, as in the seed: its waiter must see LaneRetired, and a superseded assignment
+      // applied here would spend the lease's epoch in the ingestor but not at the pool.
       if (command.epoch !== control.epoch) {
         rejectStale(command)
         return undefined

@@ -348,6 +348,41 @@ describe("GlobalCkfIngestionPool failure handling", () => {
     })
   )
 
+  // The worker's epoch check (seed: `if epoch != current_epoch { command.reject_stale(lane) }`):
+  // the worker has already retired its ingestor by the time it meets these commands, so what the
+  // check adds is their answer (LaneRetired) and keeping a superseded lease out of the ingestor.
+  it.scoped("a drain queued before its lane retired fails LaneRetired instead of being answered", () =>
+    Effect.gen(function* () {
+      const f = yield* singleLane()
+      yield* f.activate(1n)
+      const pause = yield* f.hooks.pauseLaneWorker(f.lane)
+      yield* pause.entered
+      const drain = yield* Effect.fork(f.pool.completeDrain({ lease: f.lease, expectedSequence: 1n }))
+      yield* settle
+      yield* f.hooks.retireLane(f.lane)
+      yield* pause.release
+      expect(yield* Effect.flip(Fiber.join(drain))).toEqual(new LaneRetired({ lane: f.lane }))
+    })
+  )
+
+  it.scoped(
+    "an assignment that timed out in the queue leaves no trace: the same lease can be assigned again",
+    () =>
+      Effect.gen(function* () {
+        const f = yield* singleLane({ maxDirtyToAppliedAge: "10 seconds" })
+        const pause = yield* f.hooks.pauseLaneWorker(f.lane)
+        yield* pause.entered
+        const assign = yield* Effect.fork(f.pool.assign(f.identity, f.lease))
+        yield* TestClock.adjust("1 second")
+        expect(yield* Effect.flip(Fiber.join(assign))).toEqual(new ControlTimeout({ lane: f.lane }))
+        // The worker now reaches the stale assignment; it must not spend the lease's epoch.
+        yield* pause.release
+        yield* settle
+        yield* f.activate(2n)
+        expect(f.indexer.readyLanes()).toBe(1 << f.lane)
+      })
+  )
+
   it.scoped("a worker failure fails the control operations queued behind it with WorkerFailed", () =>
     Effect.gen(function* () {
       const f = yield* singleLane()
