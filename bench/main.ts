@@ -52,6 +52,13 @@ const suites: ReadonlyArray<Suite> = [
   ["e2e", benchEndToEnd]
 ]
 
+/** The suite names `--only` takes, in run order. */
+export const suiteNames: ReadonlyArray<string> = suites.map(([name]) => name)
+
+/** The names of `only` that are no suite (each must be one of `suiteNames` exactly). */
+export const unknownSuites = (only: ReadonlyArray<string>): ReadonlyArray<string> =>
+  only.filter((name) => !suiteNames.includes(name))
+
 /** Repository root: bench/ compiles to dist/bench/, so the root is two levels up from there. */
 const repoRoot = (): string => {
   const here = dirname(fileURLToPath(import.meta.url))
@@ -59,6 +66,11 @@ const repoRoot = (): string => {
 }
 
 export const runBenchmarks = async (options: BenchOptions): Promise<ReadonlyArray<BenchEntry>> => {
+  const only = options.only ?? []
+  const unknown = unknownSuites(only)
+  // Callers check first (the CLI exits 2 naming them); running nothing and succeeding would hide a typo.
+  if (unknown.length > 0)
+    throw new Error(`unknown bench suites ${unknown.join(", ")}; suites: ${suiteNames.join(", ")}`)
   const results: Array<BenchEntry> = []
   const log = (line: string) => (options.json ? process.stderr : process.stdout).write(`${line}\n`)
   const ctx: BenchContext = { quick: options.quick, results, log }
@@ -66,8 +78,7 @@ export const runBenchmarks = async (options: BenchOptions): Promise<ReadonlyArra
     `kvrelay bench${options.quick ? " --quick" : ""} (node ${process.version}, ${new Date().toISOString()})`
   )
   for (const [name, run] of suites) {
-    if (options.only !== undefined && options.only.length > 0 && !options.only.some((o) => name.includes(o)))
-      continue
+    if (only.length > 0 && !only.includes(name)) continue
     await run(ctx)
   }
   const output = options.output ?? join(repoRoot(), "bench", "results.json")

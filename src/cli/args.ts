@@ -147,6 +147,38 @@ export const decodeSettings = <A, I>(
     }
   )
 
+/**
+ * The known name `name` was probably meant as: the same letters in another case or separator
+ * style (`dc-id`, `dc_id` → `dcId`), else one at most two edits away. Undefined when none is close.
+ */
+export const closestName = (name: string, known: Iterable<string>): string | undefined => {
+  const squash = (s: string) => s.toLowerCase().replace(/[^a-z0-9]/g, "")
+  const wanted = squash(name)
+  let best: string | undefined
+  let bestDistance = wanted.length <= 4 ? 2 : 3
+  for (const candidate of known) {
+    const distance = editDistance(wanted, squash(candidate))
+    if (distance < bestDistance) {
+      best = candidate
+      bestDistance = distance
+    }
+  }
+  return best
+}
+
+const editDistance = (a: string, b: string): number => {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j)
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i]
+    for (let j = 1; j <= b.length; j++)
+      row.push(
+        Math.min(previous[j]! + 1, row[j - 1]! + 1, previous[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1))
+      )
+    previous = row
+  }
+  return previous[b.length]!
+}
+
 const OPTIONAL_MISMATCH = /^Expected (undefined|null), actual /
 const TYPE_MISMATCH = /^Expected ([\s\S]+), actual ([\s\S]+)$/
 
@@ -156,10 +188,39 @@ const issueText = (issue: ParseResult.ArrayFormatterIssue): string =>
 // ---------------------------------------------------------------------------------------------
 // Reusable field schemas (inputs are strings from flags/environment or JSON values from a file)
 
-const intFrom = (what: string, min: number, max = Number.MAX_SAFE_INTEGER) =>
-  Schema.Union(Schema.Number, Schema.NumberFromString).pipe(
-    Schema.filter((n) => (Number.isInteger(n) && n >= min && n <= max) || `expected ${what}, got ${n}`)
-  )
+/**
+ * An integer in `[min, max]`, from a JSON number or a flag's text. One message per bad value in
+ * the user's terms (`expected a positive integer, got "zero"`), never the schema's own wording.
+ */
+export const intFrom = (what: string, min: number, max = Number.MAX_SAFE_INTEGER) =>
+  Schema.transformOrFail(Schema.Unknown, Schema.Number, {
+    strict: true,
+    decode: (input, _, ast) => {
+      const text = typeof input === "string" ? input.trim() : undefined
+      const n =
+        typeof input === "number"
+          ? input
+          : text !== undefined && NUMBER.test(text)
+            ? Number(text)
+            : Number.NaN
+      if (Number.isInteger(n) && n >= min && n <= max) return ParseResult.succeed(n)
+      // Numbers read as numbers ("got 0", "got 1.5"); anything else is quoted ("got \"zero\"").
+      const shown =
+        typeof input === "number" || (text !== undefined && NUMBER.test(text))
+          ? String(text ?? input)
+          : shownValue(input)
+      return ParseResult.fail(new ParseResult.Type(ast, input, `expected ${what}, got ${shown}`))
+    },
+    encode: (n) => ParseResult.succeed(n)
+  })
+
+const NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i
+
+/** A setting's value as it reads in a message; long values are cut. */
+const shownValue = (value: unknown): string => {
+  const text = JSON.stringify(value) ?? String(value)
+  return text.length > 60 ? `${text.slice(0, 57)}…` : text
+}
 
 export const PositiveInt = intFrom("a positive integer", 1)
 export const Port = intFrom("a port number 0..65535", 0, 65_535)

@@ -7,7 +7,7 @@
 import { readFileSync } from "node:fs"
 import { Either } from "effect"
 import { VERSION } from "../version.js"
-import { type CommandSpec, commandHelp, type UsageError } from "./args.js"
+import { type CommandSpec, commandHelp, UsageError } from "./args.js"
 import {
   BenchSettings,
   benchCommand,
@@ -94,7 +94,17 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
     default: {
       const settings = loadSettings(benchCommand, BenchSettings, sources(rest))
       if (Either.isLeft(settings)) return fail(settings.left, "bench")
-      const { runBenchmarks } = await import("../../bench/main.js")
+      const { runBenchmarks, suiteNames, unknownSuites } = await import("../../bench/main.js")
+      const unknown = unknownSuites(settings.right.only ?? [])
+      if (unknown.length > 0) {
+        const names = unknown.map((n) => JSON.stringify(n)).join(", ")
+        return fail(
+          new UsageError([
+            `--only: unknown suite${unknown.length > 1 ? "s" : ""} ${names}; the suites are ${suiteNames.join(", ")}`
+          ]),
+          "bench"
+        )
+      }
       await runBenchmarks({
         quick: settings.right.quick,
         json: settings.right.json,

@@ -13,9 +13,13 @@ import {
 import {
   BooleanFlag,
   type CommandSpec,
+  closestName,
   decodeSettings,
   environmentValues,
+  flagOf,
   HttpAddress,
+  intFrom,
+  keyOf,
   LogLevel,
   NonBlank,
   PositiveInt,
@@ -143,7 +147,7 @@ export const demoCommand: CommandSpec = {
       placeholder: "N"
     },
     common.otlp,
-    common.logLevel
+    { ...common.logLevel, help: "trace | debug | info | warning | error | fatal | none (default warning)" }
   ]
 }
 
@@ -153,7 +157,11 @@ export const benchCommand: CommandSpec = {
   flags: [
     { name: "quick", boolean: true, help: "a short run" },
     { name: "json", boolean: true, help: "also print the results as JSON on stdout" },
-    { name: "only", help: "comma-separated suite names to run", placeholder: "NAMES" }
+    {
+      name: "only",
+      help: "comma-separated suite names to run (an unknown name lists them)",
+      placeholder: "NAMES"
+    }
   ]
 }
 
@@ -238,14 +246,8 @@ export type GlobalSettings = typeof GlobalSettings.Type
 
 export const DemoSettings = Schema.Struct({
   workers: withDefault(PositiveInt, () => 4),
-  httpPort: withDefault(
-    Schema.Union(Schema.Number, Schema.NumberFromString).pipe(
-      Schema.filter(
-        (n) => (Number.isInteger(n) && n >= 0 && n <= 65_000) || `expected a port 0..65000, got ${n}`
-      )
-    ),
-    () => 0
-  ),
+  // The demo takes this port and the next two (a relay per DC, then the global consumer).
+  httpPort: withDefault(intFrom("a port 0..65000", 0, 65_000), () => 0),
   durationS: Schema.optional(PositiveInt),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "warning" as const)
@@ -303,9 +305,27 @@ export const loadSettings = <A, I>(
         )
       }
     }
+    // Flags and variables are known by construction; only the file can name an unknown setting.
+    // It is reported once, with the key it most likely meant, and that key is then not also
+    // "required" (a file saying "dc-id" gets one line, not two).
+    const known = spec.flags.filter((f) => f.name !== "config").map((f) => keyOf(f.name))
+    const unknown: Array<string> = []
+    const meant = new Set<string>()
+    for (const key of Object.keys(file)) {
+      if (known.includes(key)) continue
+      const guess = closestName(key, known)
+      if (guess !== undefined) meant.add(`${flagOf(guess)}: is required`)
+      unknown.push(
+        `--config: unknown setting ${JSON.stringify(key)} in ${configPath}${guess === undefined ? "" : `, did you mean ${JSON.stringify(guess)}?`}`
+      )
+      delete file[key]
+    }
     const { config: _ignored, ...flagValues } = flags
     const merged: Record<string, unknown> = { ...file, ...env, ...(flagValues as Record<string, RawValue>) }
-    return decodeSettings(schema, merged)
+    const decoded = decodeSettings(schema, merged)
+    if (unknown.length === 0) return decoded
+    const rest = Either.isLeft(decoded) ? decoded.left.problems.filter((p) => !meant.has(p)) : []
+    return Either.left(new UsageError([...unknown, ...rest]))
   })
 
 const DISCOVERY_FLAGS: Record<string, string> = {

@@ -261,9 +261,29 @@ const hexToBytes = (hex: string): Uint8Array => {
 // ---------------------------------------------------------------------------------------------
 // Identities
 
-export const IdentitySourceJson = Schema.Literal("default_derived", "explicit")
+/** A value as it reads in an error message (cut when long: a message names, it does not dump). */
+const shown = (value: unknown): string => {
+  let text: string
+  try {
+    text = JSON.stringify(value) ?? String(value)
+  } catch {
+    text = String(value)
+  }
+  return text.length > 60 ? `${text.slice(0, 57)}…` : text
+}
 
-const DigestIdentityFields = Schema.Struct({ digest: Digest, source: IdentitySourceJson })
+// The message annotations below replace Effect's rendering of the whole expected type
+// ("Expected { readonly digest: Digest; … }, actual …") with the shape the user must send.
+export const IdentitySourceJson = Schema.Literal("default_derived", "explicit").annotations({
+  message: (issue) => ({
+    message: `expected "default_derived" or "explicit", got ${shown(issue.actual)}`,
+    override: true
+  })
+})
+
+const DigestIdentityFields = Schema.Struct({ digest: Digest, source: IdentitySourceJson }).annotations({
+  message: (issue) => `expected {digest, source}, got ${shown(issue.actual)}`
+})
 
 export const CacheSemanticsJson = Schema.transform(
   DigestIdentityFields,
@@ -283,7 +303,10 @@ export const RoutingScopeJson = Schema.transform(DigestIdentityFields, Schema.in
 
 /** `{cacheSemantics, routingScope}` ↔ `IndexerDomainId` (the `poolDomain` of §7). */
 export const IndexerDomainJson = Schema.transform(
-  Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }),
+  Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }).annotations({
+    message: (issue) =>
+      `expected {cacheSemantics: {digest, source}, routingScope: {digest, source}}, got ${shown(issue.actual)}`
+  }),
   Schema.instanceOf(IndexerDomainId),
   {
     strict: true,

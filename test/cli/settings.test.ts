@@ -73,7 +73,9 @@ describe("relay settings", () => {
 
   it("names unknown config-file keys and bad discovery backends", () => {
     const files = { "/c.json": JSON.stringify({ dcId: "a", colour: "blue" }) }
-    expect(problems(load(["--config", "/c.json"], {}, files))).toEqual(["--colour: unknown setting"])
+    expect(problems(load(["--config", "/c.json"], {}, files))).toEqual([
+      '--config: unknown setting "colour" in /c.json'
+    ])
     expect(problems(load(["--config", "/missing.json"]))[0]).toMatch(/^--config: cannot read \/missing.json/)
     // The backend is checked with the other settings, so its problem is not hidden by theirs.
     expect(problems(load(["--dc-id", " a", "--discovery", "zookeeper:x"]))).toEqual([

@@ -11,6 +11,7 @@ import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
 import {
   BIN,
+  CLI_TEST_TIMEOUT_MS,
   type CliResult,
   cleanup,
   DiscoveryFile,
@@ -33,7 +34,7 @@ const expectUsageFailure = (result: CliResult, command: string, expected: Readon
   for (const line of lines) expect(line).toMatch(new RegExp(`^kvrelay ${command}: --[a-z-]+: `))
 }
 
-describe.concurrent("kvrelay command line", () => {
+describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, () => {
   for (const command of ["relay", "global", "demo", "bench"]) {
     it(`kvrelay ${command} --help exits 0 and lists the options`, async () => {
       const result = await runKvrelay([command, "--help"])

@@ -159,13 +159,24 @@ export interface CliResult {
   readonly stderr: string
 }
 
+/**
+ * How long a command that ends by itself may take. It is only a bound on waiting for the exit
+ * event, never a delay: a healthy run exits in well under a second, but a relay's startup loads
+ * Effect, ZeroMQ and OpenTelemetry, and several children start at once: on a machine at load
+ * 7–12 that can take many seconds, so the bound is generous. Tests that use it take
+ * `CLI_TEST_TIMEOUT_MS`.
+ */
+export const CLI_EXIT_BOUND_MS = 120_000
+/** A vitest timeout for tests that wait on `runKvrelay`, above its exit bound. */
+export const CLI_TEST_TIMEOUT_MS = CLI_EXIT_BOUND_MS + 30_000
+
 /** Runs a command that is expected to end by itself (help, usage errors, startup failures). */
 export const runKvrelay = async (
   args: ReadonlyArray<string>,
   options: RunOptions & { readonly timeoutMs?: number } = {}
 ): Promise<CliResult> => {
   const proc = spawnKvrelay(args, options)
-  const exit = await proc.waitExit(options.timeoutMs ?? 15_000)
+  const exit = await proc.waitExit(options.timeoutMs ?? CLI_EXIT_BOUND_MS)
   return { ...exit, stdout: proc.stdout, stderr: proc.stderr }
 }
 
