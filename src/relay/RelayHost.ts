@@ -49,7 +49,6 @@ import {
   type DcMembershipView,
   type EndpointMembership,
   emptyMembershipView,
-  isMaterializable,
   makeConflict,
   membershipEquals
 } from "../discovery/MembershipProjection.js"
@@ -166,9 +165,10 @@ export const newRelayIncarnation: Effect.Effect<bigint> = Effect.gen(function* (
 // Host pieces (exported for the seed-test ports)
 
 /**
- * `reject_duplicate_live_pools`: endpoints whose memberships would materialize the same PoolId
- * are all fenced (a PoolMaterialization conflict each), never merged and never first-wins.
- * Returns `view` itself when nothing collides.
+ * `reject_duplicate_live_pools`: endpoints whose memberships resolve to the same PoolId are all
+ * fenced (a PoolMaterialization conflict each), never merged and never first-wins. As in the
+ * seed, a claimant is a membership with a domain and no conflict of any scope; registrations
+ * are not asked for. Returns `view` itself when nothing collides.
  */
 export const rejectDuplicateLivePools = (
   view: DcMembershipView,
@@ -177,8 +177,10 @@ export const rejectDuplicateLivePools = (
 ): DcMembershipView => {
   const owners = new Map<string, { readonly poolId: PoolId; readonly endpoints: Array<string> }>()
   for (const [key, membership] of view.endpoints) {
-    // Only memberships that would materialize can claim a pool.
-    if (!isMaterializable(membership) || membership.domain === null) continue
+    // The seed's rule, not `isMaterializable`: a membership that already carries a conflict
+    // (even a ServingBinding one, which still materializes) claims nothing, and one without
+    // registrations still claims its domain's pool.
+    if (membership.conflicts.length > 0 || membership.domain === null) continue
     const poolId = new PoolId(membership.domain.id, dcId)
     const entry = owners.get(poolId.key)
     if (entry === undefined) owners.set(poolId.key, { poolId, endpoints: [key] })
@@ -197,8 +199,8 @@ export const rejectDuplicateLivePools = (
         { _tag: "Endpoint", endpoint: membership.endpoint },
         `pool ${poolId} is claimed by multiple serving endpoints`
       )
-      const conflicts = [...membership.conflicts, conflict].sort((a, b) => compareUtf8(a.text, b.text))
-      endpoints.set(key, { ...membership, conflicts })
+      // A claimant had no conflict, so this one is its only conflict.
+      endpoints.set(key, { ...membership, conflicts: [conflict] })
     }
   }
   return endpoints === undefined ? view : { endpoints }

@@ -7,12 +7,23 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, SubscriptionRef, TestClock } from "effect"
+import { CacheSemanticsId, DcId, IndexerDomainId, RoutingScopeId } from "../../src/ckf/identity.js"
 import { Discovery, type DiscoverySnapshot, makeStaticDiscovery } from "../../src/discovery/Discovery.js"
+import {
+  type ConflictScope,
+  type DcMembershipView,
+  type EndpointMembership,
+  isMaterializable,
+  makeConflict
+} from "../../src/discovery/MembershipProjection.js"
 import { storedEvent } from "../../src/domain/events.js"
+import type { ResolvedIndexerDomain } from "../../src/domain/identity.js"
 import type { ModelCardInstance } from "../../src/domain/json.js"
+import { baseRegistration, canonicalModelId, KvQuerySemantics } from "../../src/domain/model.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import type { KvEventTransport, LiveBatchHandler } from "../../src/recovery/EventTransport.js"
 import { WorkerQueryError, type WorkerQueryTransport } from "../../src/recovery/WorkerQuery.js"
+import { inactiveSlotLifecycle } from "../../src/relay/EndpointSlot.js"
 import * as RelayHost from "../../src/relay/RelayHost.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
@@ -317,6 +328,158 @@ describe("RelayHost", () => {
         "every query answered"
       )
       expect(held.peak()).toBe(16)
+    })
+  )
+})
+
+// ---------------------------------------------------------------------------------------------
+// Duplicate-pool fencing: the seed's claimant rule (`reject_duplicate_live_pools` skips any
+// membership with a conflict and needs only a domain)
+
+const digest = (byte: number) => new Uint8Array(16).fill(byte)
+
+/** The seed's `domain(seed)`: explicit cache semantics [seed; 16], routing scope [seed + 1; 16]. */
+const domainOf = (seed: number): ResolvedIndexerDomain => ({
+  id: new IndexerDomainId(
+    new CacheSemanticsId(digest(seed), "explicit"),
+    new RoutingScopeId(digest(seed + 1), "explicit")
+  ),
+  querySemantics: new KvQuerySemantics({ kvBlockSize: 64, hashFormat: "dynamo_standard_v1" })
+})
+
+/** The seed's `membership(endpoint, domain)`: one `llama` registration, no conflicts. */
+const memberOf = (
+  text: string,
+  domain: ResolvedIndexerDomain | null,
+  options: { readonly registrations?: boolean; readonly conflict?: ConflictScope } = {}
+): EndpointMembership => {
+  const id = endpoint(text)
+  const registered = options.registrations ?? true
+  return {
+    endpoint: id,
+    key: id.toString(),
+    generation: 1,
+    domain,
+    namespace: id.namespace,
+    registrations: registered ? [baseRegistration(canonicalModelId("llama"))] : [],
+    models: registered ? ["llama"] : [],
+    aliases: [],
+    roles: [],
+    runtimeConfigs: new Map(),
+    workerTopology: new Map(),
+    adapters: new Map(),
+    conflicts:
+      options.conflict === undefined
+        ? []
+        : [makeConflict(options.conflict, { _tag: "Endpoint", endpoint: id }, "an earlier conflict")]
+  }
+}
+
+const viewOf = (...members: ReadonlyArray<EndpointMembership>): DcMembershipView => ({
+  endpoints: new Map(members.map((m) => [m.key, m]))
+})
+
+const DC = new DcId(7n)
+
+const isDuplicateFenced = (membership: EndpointMembership | undefined) =>
+  membership !== undefined &&
+  membership.conflicts.length === 1 &&
+  membership.conflicts[0]!.scope === "PoolMaterialization" &&
+  /^pool .* is claimed by multiple serving endpoints$/.test(membership.conflicts[0]!.reason) &&
+  !isMaterializable(membership) &&
+  inactiveSlotLifecycle(membership) === "fenced"
+
+describe("duplicate-pool fencing (seed claimant rule)", () => {
+  it("a membership that already carries a conflict of any scope claims no pool", () => {
+    for (const scope of ["ServingBinding", "PoolMaterialization", "ServingTopology"] as const) {
+      const clean = memberOf("prod.backend.fast", domainOf(1))
+      const conflicted = memberOf("prod.backend.slow", domainOf(1), { conflict: scope })
+      const view = viewOf(clean, conflicted)
+      const collisions: Array<ReadonlyArray<string>> = []
+      const result = RelayHost.rejectDuplicateLivePools(view, DC, (_, endpoints) =>
+        collisions.push(endpoints)
+      )
+      // Nothing collides: the same view comes back and the clean endpoint is not fenced.
+      expect(result).toBe(view)
+      expect(collisions).toEqual([])
+    }
+    // A ServingBinding conflict still materializes; the seed does not count it as a claimant anyway.
+    expect(isMaterializable(memberOf("prod.backend.slow", domainOf(1), { conflict: "ServingBinding" }))).toBe(
+      true
+    )
+  })
+
+  it("a domain is all a claimant needs: memberships without registrations collide too", () => {
+    const bare = memberOf("prod.backend.bare", domainOf(1), { registrations: false })
+    const alsoBare = memberOf("prod.backend.empty", domainOf(1), { registrations: false })
+    const both = RelayHost.rejectDuplicateLivePools(viewOf(bare, alsoBare), DC)
+    expect(isDuplicateFenced(both.endpoints.get(bare.key))).toBe(true)
+    expect(isDuplicateFenced(both.endpoints.get(alsoBare.key))).toBe(true)
+
+    const clean = memberOf("prod.backend.fast", domainOf(1))
+    const mixed = RelayHost.rejectDuplicateLivePools(viewOf(clean, bare), DC)
+    expect(isDuplicateFenced(mixed.endpoints.get(clean.key))).toBe(true)
+    expect(isDuplicateFenced(mixed.endpoints.get(bare.key))).toBe(true)
+  })
+
+  it("a membership without a domain claims nothing", () => {
+    const view = viewOf(memberOf("prod.backend.fast", domainOf(1)), memberOf("prod.backend.slow", null))
+    expect(RelayHost.rejectDuplicateLivePools(view, DC)).toBe(view)
+  })
+
+  it("every claimant of a shared pool is fenced and named in UTF-8 order; other pools are untouched", () => {
+    const members = [
+      memberOf("prod.backend.zeta", domainOf(1)),
+      memberOf("prod.backend.alpha", domainOf(1)),
+      memberOf("prod.backend.mid", domainOf(1)),
+      memberOf("prod.backend.other", domainOf(3)),
+      memberOf("prod.backend.late", domainOf(1), { conflict: "ServingBinding" })
+    ]
+    const collisions: Array<ReadonlyArray<string>> = []
+    const result = RelayHost.rejectDuplicateLivePools(viewOf(...members), DC, (poolId, endpoints) => {
+      expect(poolId.dcId.value).toBe(7n)
+      collisions.push(endpoints)
+    })
+    expect(collisions).toEqual([["prod.backend.alpha", "prod.backend.mid", "prod.backend.zeta"]])
+    for (const key of collisions[0]!) expect(isDuplicateFenced(result.endpoints.get(key))).toBe(true)
+    expect(result.endpoints.get("prod.backend.other")).toBe(members[3])
+    // The already-conflicted endpoint keeps exactly what it had.
+    expect(result.endpoints.get("prod.backend.late")).toBe(members[4])
+  })
+
+  it.scoped("over discovery: an endpoint with a ServingBinding conflict does not fence its sibling", () =>
+    Effect.gen(function* () {
+      const fast = "prod.backend.fast"
+      const slow = "prod.backend.slow"
+      // The slow worker also publishes an adapter card without LoRA metadata: a ServingBinding
+      // conflict on that card, while its base card still materializes the shared pool.
+      const orphanAdapter = card({
+        endpoint: slow,
+        worker: 2,
+        name: "tenant-a",
+        suffix: "tenant-a",
+        indexerIdentity: { semantics: { model: "shared" }, routingScope: { fleet: "shared" } }
+      })
+      const { relay } = yield* startHost(
+        snapshot(
+          1n,
+          [explicitCard(fast, 1, "llama-fast"), explicitCard(slow, 2, "llama-slow"), orphanAdapter],
+          [deafSource(fast, 1), deafSource(slow, 2)]
+        )
+      )
+      const catalog = yield* until(
+        catalogOf(relay).pipe(Effect.map((c) => c.pools.length === 1 && c)),
+        "one endpoint to own the shared pool"
+      )
+      const memberships = (yield* SubscriptionRef.get(relay.membershipRef)).endpoints
+      expect(memberships.get(slow)!.conflicts.map((c) => c.scope)).toEqual(["ServingBinding"])
+      expect(memberships.get(fast)!.conflicts).toEqual([])
+      // The registry keeps the pool with one owner: the other endpoint's attach is refused.
+      expect([fast, slow]).toContain(catalog.pools[0]!.servingEndpoint.toString())
+      yield* until(
+        relay.health.pipe(Effect.map((h) => h.activeEndpointCount === 1 && h.endpointCount === 2)),
+        "exactly one active endpoint"
+      )
     })
   )
 })
