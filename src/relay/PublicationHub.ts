@@ -466,6 +466,12 @@ export interface HubSubscription {
    */
   readonly recvAll: Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable>
   readonly closeReason: SubscriberCloseReason
+  /**
+   * Completes with the reason once the subscriber is closed, as lagged or retired, by whoever
+   * closed it. Its owner learns of a lag here at once, not at its next `recv`, which a peer that
+   * stopped reading may never make.
+   */
+  readonly closed: Effect.Effect<"Lagged" | "Retired">
   readonly queuedFrames: number
   readonly queuedBytes: number
   /** Leaves the hub and releases the snapshot. */
@@ -479,6 +485,8 @@ class HubSubscriber implements HubSubscription {
   private waiter: (() => void) | undefined = undefined
   private heldImage: MirrorImage | undefined
   private heldSnapshot: HubSnapshot | undefined
+  private readonly closedSignal = Deferred.unsafeMake<"Lagged" | "Retired">(FiberId.none)
+  readonly closed: Effect.Effect<"Lagged" | "Retired"> = Deferred.await(this.closedSignal)
 
   constructor(
     readonly id: number,
@@ -546,6 +554,7 @@ class HubSubscriber implements HubSubscription {
     this.frames.length = 0
     this.bytes = 0
     this.wake()
+    Deferred.unsafeDone(this.closedSignal, Exit.succeed(reason))
   }
 
   private wake(): void {

@@ -10,7 +10,9 @@
  *
  * The stream's resources (stream permit, hub subscriber, encoding permit) are released as soon
  * as the stream ends or its consumer stops, and at the latest when the caller's scope closes.
- * Relay shutdown ends every stream silently.
+ * The stream permit goes back earlier still, the moment the stream becomes terminal (lagged,
+ * retired, stalled, shut down), whether or not its consumer ever pulls the end: a peer that stops
+ * reading must not hold a slot (PROTOCOL §5). Relay shutdown ends every stream silently.
  */
 
 import { Chunk, Data, Deferred, Duration, Effect, Exit, Option, Queue, Scope, Stream } from "effect"
@@ -24,7 +26,8 @@ import {
   GenerationToken,
   makeEncodingPermits,
   OwnedPermits,
-  type PublicationHubError
+  type PublicationHubError,
+  SubscriberLagged
 } from "./PublicationHub.js"
 
 export const DEFAULT_MAX_POOL_STREAMS = 64
@@ -87,11 +90,14 @@ export interface PublicationSourceOptions {
 export interface PublicationSource {
   /**
    * Opens a pool stream. Errors before the first frame (not found, producer changed, limits,
-   * unavailable, invalid publication) fail this effect; later ones end the stream.
+   * unavailable, invalid publication) fail this effect; later ones end the stream. `ended`, when
+   * given, completes the moment the stream becomes terminal, with why, before its consumer pulls
+   * the end (that is also when its stream permit goes back).
    */
   readonly subscribePool: (
     expected: ProducerIdentity,
-    subscriberId: string
+    subscriberId: string,
+    ended?: Deferred.Deferred<PublicationError>
   ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
   /** Ends every stream silently and rejects new ones as unavailable. */
   readonly shutdown: Effect.Effect<void>
@@ -104,6 +110,17 @@ export interface PublicationSource {
 const END: Effect.Effect<never, Option.Option<never>> = Effect.fail(Option.none())
 
 const invalid = (message: string) => new PublicationError({ kind: "InvalidPublication", message })
+
+const GENERATION_RETIRED = new PublicationError({
+  kind: "Unavailable",
+  message: "pool generation retired; open a fresh stream"
+})
+const SHUTTING_DOWN = new PublicationError({ kind: "Unavailable", message: "relay is shutting down" })
+// What the hub subscription's `recv` fails with once it was retired.
+const SUBSCRIPTION_CLOSED = new PublicationError({
+  kind: "Unavailable",
+  message: "publication subscription closed; it requires a fresh snapshot"
+})
 
 /** A publication source over `registry`, shut down when the current scope closes. */
 export const make = (
@@ -122,11 +139,15 @@ export const make = (
     const fence = (expected: ProducerIdentity, reason: string) =>
       registry.fenceGeneration(expected.poolId, expected.layoutGeneration, `publication source: ${reason}`)
 
-    /** Admission and bootstrap; every resource lands in `streamScope`. */
+    /**
+     * Admission and bootstrap; every resource lands in `streamScope`. `onTerminal` runs once, as
+     * soon as the stream is known to end, with the error it ends with.
+     */
     const open = (
       expected: ProducerIdentity,
       generation: GenerationSignal,
-      streamScope: Scope.CloseableScope
+      streamScope: Scope.CloseableScope,
+      onTerminal: (error: PublicationError) => void
     ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError> =>
       Effect.uninterruptibleMask((restore) =>
         Effect.gen(function* () {
@@ -190,26 +211,32 @@ export const make = (
           // A retired generation ends the stream at the next pull, even mid-snapshot: whatever is
           // still queued belongs to a producer the consumer must drop. A relay shutdown ends it
           // silently, and comes first.
-          const retired = Effect.fail(
-            Option.some(
-              new PublicationError({
-                kind: "Unavailable",
-                message: "pool generation retired; open a fresh stream"
-              })
-            )
-          )
+          const retired = Effect.fail(Option.some(GENERATION_RETIRED))
           const ended = (): Effect.Effect<never, Option.Option<PublicationError>> | undefined =>
             lifecycle.isCancelled ? END : generation.isCancelled ? retired : undefined
           // One watcher per stream wakes a waiting pull when either ends, instead of a race per
           // pull (a race forks two fibers: it cost more than moving the delta it waited for).
           // Closing the hub subscription wakes a delta pull; `stop` wakes a snapshot pull.
+          // The same watcher reports the first terminal condition at once, a lag or a stall
+          // included: those surface only when the consumer pulls, and a stuck peer never does.
           const stop = yield* Deferred.make<void>()
-          yield* Effect.forkIn(
-            Effect.raceFirst(generation.await, lifecycle.await).pipe(
-              Effect.zipRight(Deferred.succeed(stop, undefined)),
-              Effect.zipRight(subscription.close),
-              Effect.interruptible
+          const terminalCondition: Effect.Effect<PublicationError> = Effect.raceAll([
+            Effect.as(generation.await, GENERATION_RETIRED),
+            Effect.as(lifecycle.await, SHUTTING_DOWN),
+            Effect.map(subscription.closed, (reason) =>
+              reason === "Lagged"
+                ? publicationErrorOf(new SubscriberLagged({ poolId: expected.poolId }))
+                : SUBSCRIPTION_CLOSED
             ),
+            Effect.flip(Deferred.await(stalled))
+          ])
+          yield* Effect.forkIn(
+            Effect.gen(function* () {
+              onTerminal(yield* terminalCondition)
+              yield* Effect.raceFirst(generation.await, lifecycle.await)
+              yield* Deferred.succeed(stop, undefined)
+              yield* subscription.close
+            }).pipe(Effect.interruptible),
             streamScope
           )
           const unlessEnded = <A>(
@@ -301,7 +328,8 @@ export const make = (
 
     const subscribePool = (
       expected: ProducerIdentity,
-      subscriberId: string
+      subscriberId: string,
+      ended?: Deferred.Deferred<PublicationError>
     ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope> =>
       Effect.gen(function* () {
         if (lifecycle.isCancelled) {
@@ -331,7 +359,11 @@ export const make = (
               Effect.sync(() => permit.release())
             )
             yield* Scope.addFinalizer(callerScope, Scope.close(streamScope, Exit.void))
-            const stream = yield* restore(open(expected, generation, streamScope)).pipe(
+            const onTerminal = (error: PublicationError): void => {
+              permit.release()
+              if (ended !== undefined) Deferred.unsafeDone(ended, Exit.succeed(error))
+            }
+            const stream = yield* restore(open(expected, generation, streamScope, onTerminal)).pipe(
               Effect.onError(() => Scope.close(streamScope, Exit.void))
             )
             // A relay shutdown ends the stream at its next pull (and wakes a waiting one): see

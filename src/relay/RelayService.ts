@@ -6,7 +6,7 @@
  * additively.
  */
 
-import { Context, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
+import { Context, type Deferred, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
 import type { DcMembershipView } from "../discovery/MembershipProjection.js"
 import type { DpRank, WorkerId } from "../domain/events.js"
@@ -159,10 +159,13 @@ export interface KvDcRelayService {
   /**
    * A pool stream: every snapshot chunk, then contiguous deltas. Fails before the stream starts
    * (NotFound, ProducerMismatch, ResourceExhausted, Unavailable) or as the stream's error.
+   * `ended` completes as soon as the stream is terminal, before its end is pulled
+   * (`PublicationSource.subscribePool`).
    */
   readonly subscribePool: (
     expected: ProducerIdentity,
-    subscriberId: string
+    subscriberId: string,
+    ended?: Deferred.Deferred<PublicationError>
   ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
   readonly health: Effect.Effect<RelayHealth>
   readonly stats: Effect.Effect<RelayStats, KvDcRelayError>

@@ -4,7 +4,7 @@
  */
 
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Option, Scope, Stream, TestClock } from "effect"
+import { Deferred, Effect, Option, Scope, Stream, TestClock } from "effect"
 import { makeEncodingPermits } from "../../src/relay/PublicationHub.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
 import { config, registry as makeRegistry, pool, request, storedEventN } from "./registryFixtures.js"
@@ -82,6 +82,71 @@ describe("PublicationSource", () => {
       expect(source.activeStreams()).toBe(0)
       expect(hub.stats.subscribers).toBe(0)
       yield* source.subscribePool(attachment.identity, "next")
+    })
+  )
+
+  it.scoped(
+    "a lagged stream gives its stream permit back and reports its end before its consumer pulls",
+    () =>
+      Effect.gen(function* () {
+        const registry = yield* makeRegistry()
+        const attachment = yield* registry.attach(request(pool(1), "fast.router.generate", "llama"))
+        const source = yield* PublicationSource.make(registry, { maxActiveStreams: 1 })
+        const ended = yield* Deferred.make<PublicationSource.PublicationError>()
+        const stream = yield* source.subscribePool(attachment.identity, "stuck", ended)
+        expect(source.activeStreams()).toBe(1)
+        const refused = yield* Effect.flip(source.subscribePool(attachment.identity, "refused"))
+        expect(refused.kind).toBe("ResourceExhausted")
+
+        // Nobody pulls `stream`: its hub queue overflows on the 17th delta.
+        for (let i = 1; i <= 17; i++) {
+          yield* attachment.actor.admitEvent(0, storedEventN(i))
+          yield* attachment.actor.flush
+        }
+        expect((yield* Deferred.await(ended)).kind).toBe("SubscriberLagged")
+        expect(source.activeStreams()).toBe(0)
+        yield* source.subscribePool(attachment.identity, "next")
+
+        // The stream itself still ends the way it did: its snapshot, then the lag.
+        const pull = yield* Stream.toPull(stream)
+        expect(Array.from(yield* pull)[0]!.kind).toBe("SnapshotChunk")
+        expect(Option.getOrThrow(yield* Effect.flip(pull)).kind).toBe("SubscriberLagged")
+      })
+  )
+
+  it.scoped(
+    "a retired generation frees its streams' permits and reports PUBLICATION_UNAVAILABLE at once",
+    () =>
+      Effect.gen(function* () {
+        const registry = yield* makeRegistry()
+        const attachment = yield* registry.attach(request(pool(1), "fast.router.generate", "llama"))
+        const source = yield* PublicationSource.make(registry)
+        const ended = yield* Deferred.make<PublicationSource.PublicationError>()
+        yield* source.subscribePool(attachment.identity, "withdrawn", ended)
+        expect(source.activeStreams()).toBe(1)
+        yield* registry.fenceGeneration(attachment.poolId, attachment.layoutGeneration, "test fence")
+        expect(yield* Deferred.await(ended)).toMatchObject({
+          kind: "Unavailable",
+          message: "pool generation retired; open a fresh stream"
+        })
+        expect(source.activeStreams()).toBe(0)
+      })
+  )
+
+  it.scoped("a stalled snapshot reports SnapshotProgressTimeout on `ended` and frees its permit", () =>
+    Effect.gen(function* () {
+      const registry = yield* makeRegistry({
+        actorConfig: { ...config(), expectedUniqueBlocks: 2_000_000 }
+      })
+      const attachment = yield* registry.attach(request(pool(1), "fast.router.generate", "llama"))
+      const source = yield* PublicationSource.make(registry, { snapshotProgressTimeout: "60 seconds" })
+      const ended = yield* Deferred.make<PublicationSource.PublicationError>()
+      yield* source.subscribePool(attachment.identity, "stalled", ended)
+      for (let i = 0; i < 10; i++) yield* Effect.yieldNow()
+      expect(yield* Deferred.isDone(ended)).toBe(false)
+      yield* TestClock.adjust("61 seconds")
+      expect((yield* Deferred.await(ended)).kind).toBe("SnapshotProgressTimeout")
+      expect(source.activeStreams()).toBe(0)
     })
   )
 
