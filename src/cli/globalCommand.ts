@@ -3,15 +3,16 @@
  * answer overlap queries over HTTP, until SIGINT/SIGTERM.
  */
 
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import * as GlobalHttpServer from "../transport/http/GlobalHttpServer.js"
 import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
+import { relayConnectionSecurity, serverSecurity } from "./security.js"
 import { type GlobalSettings, splitAddress, splitRelayTarget } from "./settings.js"
 
 export const globalProgram = (settings: GlobalSettings) => {
   const { host, port } = splitAddress(settings.http)
   return Effect.gen(function* () {
-    const url = yield* GlobalHttpServer.serverUrl
+    const url = yield* GlobalHttpServer.serverUrlOf(settings.tlsCert !== undefined)
     yield* Effect.logInfo("global consumer serving").pipe(
       Effect.annotateLogs({ url, relays: settings.relay.join(" ") })
     )
@@ -19,9 +20,27 @@ export const globalProgram = (settings: GlobalSettings) => {
     return yield* Effect.never
   }).pipe(
     Effect.provide(
-      GlobalHttpServer.layerGlobal(
-        { relays: settings.relay.map(splitRelayTarget) },
-        { host, port, maxBodyBytes: settings.maxRequestBodyBytes }
+      Layer.unwrapScoped(
+        Effect.gen(function* () {
+          const relays = settings.relay.map(splitRelayTarget)
+          // TLS files and token files are checked before anything connects or listens.
+          const server = yield* serverSecurity(settings)
+          const { relayTls, bearerToken } = yield* relayConnectionSecurity(
+            settings,
+            relays.map((r) => r.url)
+          )
+          return GlobalHttpServer.layerGlobal(
+            { relays },
+            {
+              host,
+              port,
+              maxBodyBytes: settings.maxRequestBodyBytes,
+              ...server,
+              relayTls,
+              client: { bearerToken }
+            }
+          )
+        })
       )
     ),
     Effect.catchTags({

@@ -14,6 +14,7 @@ import { KvDcRelay } from "../relay/RelayService.js"
 import * as RelayHttpServer from "../transport/http/RelayHttpServer.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
 import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
+import { serverSecurity } from "./security.js"
 import { type RelaySettings, splitAddress } from "./settings.js"
 
 /** A process-wide instance id (the Dynamo runtime's connection id); incarnations are per start. */
@@ -23,9 +24,11 @@ export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig
   Effect.gen(function* () {
     const relay = yield* KvDcRelay
     const { host, port } = splitAddress(settings.http)
+    const security = yield* serverSecurity(settings)
     const address = yield* RelayHttpServer.serve(relay, {
       host,
       port,
+      ...security,
       limits: {
         maxCatalogWatchers: settings.maxCatalogWatchers,
         maxReadinessWatchers: settings.maxReadinessWatchers,

@@ -45,8 +45,26 @@ const common = {
     name: "log-level",
     help: "trace | debug | info | warning | error | fatal | none (default info)",
     placeholder: "LEVEL"
+  },
+  tlsCert: {
+    name: "tls-cert",
+    help: "serve HTTPS with this PEM certificate chain (needs --tls-key)",
+    placeholder: "FILE"
+  },
+  tlsKey: { name: "tls-key", help: "PEM private key of --tls-cert", placeholder: "FILE" },
+  tlsClientCa: {
+    name: "tls-client-ca",
+    help: "require client certificates signed by this PEM CA (mutual TLS; needs --tls-cert)",
+    placeholder: "FILE"
+  },
+  authTokenFile: {
+    name: "auth-token-file",
+    help: "require Authorization: Bearer with a token of this file (one per line; re-read on change)",
+    placeholder: "FILE"
   }
 } as const
+
+const serverTlsFlags = [common.tlsCert, common.tlsKey, common.tlsClientCa, common.authTokenFile]
 
 export const relayCommand: CommandSpec = {
   name: "relay",
@@ -104,6 +122,7 @@ export const relayCommand: CommandSpec = {
       help: "largest accepted request body (default 65536)",
       placeholder: "N"
     },
+    ...serverTlsFlags,
     common.otlp,
     common.logLevel
   ]
@@ -125,6 +144,23 @@ export const globalCommand: CommandSpec = {
       name: "max-request-body-bytes",
       help: "largest accepted request body (default 1048576)",
       placeholder: "N"
+    },
+    ...serverTlsFlags,
+    {
+      name: "relay-ca",
+      help: "trust only this PEM CA for https:// relays (default: the system's CAs)",
+      placeholder: "FILE"
+    },
+    {
+      name: "relay-cert",
+      help: "PEM client certificate presented to https:// relays (needs --relay-key)",
+      placeholder: "FILE"
+    },
+    { name: "relay-key", help: "PEM private key of --relay-cert", placeholder: "FILE" },
+    {
+      name: "relay-token-file",
+      help: "bearer token sent to relays: the file's first token (re-read on change)",
+      placeholder: "FILE"
     },
     common.otlp,
     common.logLevel
@@ -171,6 +207,40 @@ export const benchCommand: CommandSpec = {
 const withDefault = <A, I>(schema: Schema.Schema<A, I, never>, value: () => A) =>
   Schema.optionalWith(schema, { default: value })
 
+// Whether the file exists and holds usable material is a startup check (Tls.ts, BearerAuth.ts).
+const FilePath = Schema.String.pipe(Schema.filter((s) => s.length > 0 || "must not be empty"))
+
+const serverTlsFields = {
+  tlsCert: Schema.optional(FilePath),
+  tlsKey: Schema.optional(FilePath),
+  tlsClientCa: Schema.optional(FilePath),
+  authTokenFile: Schema.optional(FilePath)
+}
+
+/**
+ * Settings that only work together: each `[needed, by]` reports the `needed` setting, once, with
+ * every setting given that needs it (`--tls-cert: is required with --tls-key`).
+ */
+const requiredTogether =
+  (pairs: ReadonlyArray<readonly [needed: string, by: string]>) =>
+  (settings: Readonly<Record<string, unknown>>): ReadonlyArray<Schema.FilterIssue> => {
+    const missing = new Map<string, Array<string>>()
+    for (const [needed, by] of pairs) {
+      if (settings[by] === undefined || settings[needed] !== undefined) continue
+      missing.set(needed, [...(missing.get(needed) ?? []), flagOf(by)])
+    }
+    return [...missing].map(([needed, by]) => ({
+      path: [needed],
+      message: `is required with ${by.join(" and ")}`
+    }))
+  }
+
+const SERVER_TLS_PAIRS = [
+  ["tlsKey", "tlsCert"],
+  ["tlsCert", "tlsKey"],
+  ["tlsCert", "tlsClientCa"]
+] as const
+
 // Checked here as well as in makeDiscoveryConfig so that a bad backend or prefix is reported with
 // every other invalid setting, not only once the rest decodes.
 const DiscoveryBackendText = Schema.String.pipe(
@@ -198,9 +268,10 @@ export const RelaySettings = Schema.Struct({
   maxReadinessWatchers: withDefault(PositiveInt, () => 64),
   maxLoadWatchers: withDefault(PositiveInt, () => 64),
   maxRequestBodyBytes: withDefault(PositiveInt, () => 65_536),
+  ...serverTlsFields,
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)
-})
+}).pipe(Schema.filter(requiredTogether(SERVER_TLS_PAIRS)))
 export type RelaySettings = typeof RelaySettings.Type
 
 const RelayTarget = Schema.String.pipe(
@@ -239,9 +310,16 @@ export const GlobalSettings = Schema.Struct({
     })
   ),
   maxRequestBodyBytes: withDefault(PositiveInt, () => 1_048_576),
+  ...serverTlsFields,
+  relayCa: Schema.optional(FilePath),
+  relayCert: Schema.optional(FilePath),
+  relayKey: Schema.optional(FilePath),
+  relayTokenFile: Schema.optional(FilePath),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)
-})
+}).pipe(
+  Schema.filter(requiredTogether([...SERVER_TLS_PAIRS, ["relayKey", "relayCert"], ["relayCert", "relayKey"]]))
+)
 export type GlobalSettings = typeof GlobalSettings.Type
 
 export const DemoSettings = Schema.Struct({

@@ -341,6 +341,11 @@ export interface RelayClientOptions {
   readonly streamIdleTimeout?: Duration.DurationInput | undefined
   /** Largest JSON answer accepted (default 64 MiB: a catalog of many pools). */
   readonly maxJsonBytes?: number | undefined
+  /**
+   * The bearer token sent as `Authorization` on every request (`--relay-token-file`). Evaluated
+   * per request, so a re-read token file takes effect on the next request or resubscription.
+   */
+  readonly bearerToken?: Effect.Effect<string> | undefined
 }
 
 export interface RelayClient {
@@ -399,6 +404,13 @@ export const make = (
     const requestTimeout = Duration.decode(options.requestTimeout ?? DEFAULT_REQUEST_TIMEOUT)
     const idleTimeout = Duration.decode(options.streamIdleTimeout ?? DEFAULT_STREAM_IDLE_TIMEOUT)
     const maxJsonBytes = options.maxJsonBytes ?? DEFAULT_MAX_JSON_BYTES
+    const bearerToken = options.bearerToken
+    const authorized = (
+      request: HttpClientRequest.HttpClientRequest
+    ): Effect.Effect<HttpClientRequest.HttpClientRequest> =>
+      bearerToken === undefined
+        ? Effect.succeed(request)
+        : Effect.map(bearerToken, (token) => HttpClientRequest.bearerToken(request, token))
 
     const transport = (url: string) => (cause: unknown) =>
       new RelayTransportError({ url, message: causeText(cause) })
@@ -407,7 +419,7 @@ export const make = (
     const execute = (
       request: HttpClientRequest.HttpClientRequest
     ): Effect.Effect<HttpClientResponse.HttpClientResponse, RelayTransportError | RelayHttpError> =>
-      client.execute(request).pipe(
+      Effect.flatMap(authorized(request), (signed) => client.execute(signed)).pipe(
         Effect.mapError(transport(request.url)),
         Effect.timeoutFail({
           duration: requestTimeout,

@@ -675,6 +675,8 @@ export const ERROR_REASONS = [
   "PUBLICATION_UNAVAILABLE",
   "INTERNAL",
   "SUBSCRIBER_LAGGED",
+  // A token file is configured and the request carries no accepted bearer token (PROTOCOL §1 ◆).
+  "UNAUTHORIZED",
   // Terminal pool-stream frames only (relay-service §4.1); never an HTTP status body.
   "INVALID_PUBLICATION",
   "SNAPSHOT_PROGRESS_TIMEOUT"

@@ -33,6 +33,10 @@ export interface DcRelayOptions {
   readonly expectedUniqueBlocks?: number
   readonly publication?: Partial<PublicationHubConfig>
   readonly intervals?: Partial<RelayHttpServer.RelayHttpIntervals>
+  /** HTTPS (and mutual TLS with a client CA). */
+  readonly tls?: RelayHttpServer.RelayHttpOptions["tls"]
+  /** A token file the server requires bearer tokens from. */
+  readonly auth?: RelayHttpServer.RelayHttpOptions["auth"]
 }
 
 /** One attached pool and its workers' event streams (dense event ids per worker rank). */
@@ -132,7 +136,9 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
     const server = yield* RelayHttpServer.serve(service, {
       host: "127.0.0.1",
       port: options.port ?? 0,
-      intervals: { shutdownGrace: "200 millis", ...options.intervals }
+      intervals: { shutdownGrace: "200 millis", ...options.intervals },
+      tls: options.tls,
+      auth: options.auth
     })
     const attach = (domain: IndexerDomainId, endpointText: string, model = "llama") =>
       Effect.gen(function* () {

@@ -9,6 +9,7 @@
  */
 
 import { createServer } from "node:http"
+import { createServer as createHttpsServer } from "node:https"
 import {
   HttpIncomingMessage,
   HttpRouter,
@@ -17,7 +18,7 @@ import {
   HttpServerRequest,
   HttpServerResponse
 } from "@effect/platform"
-import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import { NodeHttpServer } from "@effect/platform-node"
 import { Data, Effect, Either, Layer, Option } from "effect"
 import {
   GlobalConsumer,
@@ -38,6 +39,8 @@ import {
   OverlapResponseJson
 } from "../../domain/json.js"
 import { prometheusText } from "../../observability/Prometheus.js"
+import * as BearerAuth from "./BearerAuth.js"
+import { type ClientTlsOptions, httpClientLayer, type ServerTlsOptions } from "./Tls.js"
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
 export const DEFAULT_GLOBAL_HTTP_PORT = 8090
@@ -49,6 +52,10 @@ export interface GlobalHttpServerOptions {
   /** 0 binds an ephemeral port (tests); read it back from `HttpServer.HttpServer`. */
   readonly port?: number | undefined
   readonly maxBodyBytes?: number | undefined
+  /** Serve HTTPS with this material (`Tls.loadServerTls`); mutual TLS when it has a client CA. */
+  readonly tls?: ServerTlsOptions | undefined
+  /** Require a bearer token of this file on every route but `GET /healthz`. */
+  readonly auth?: BearerAuth.TokenFile | undefined
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -247,7 +254,7 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
 export const serve = (
   options: GlobalHttpServerOptions = {}
 ): Layer.Layer<never, never, HttpServer.HttpServer | GlobalView | GlobalConsumer> =>
-  HttpServer.serve(makeRouter(options))
+  HttpServer.serve(BearerAuth.guard(options.auth)(makeRouter(options)))
 
 /**
  * The API on a Node HTTP server bound to `host:port` (default 127.0.0.1:8090). The layer also
@@ -258,10 +265,13 @@ export const layer = (
 ): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError, GlobalView | GlobalConsumer> =>
   serve(options).pipe(
     Layer.provideMerge(
-      NodeHttpServer.layer(() => createServer(), {
-        host: options.host ?? DEFAULT_GLOBAL_HTTP_HOST,
-        port: options.port ?? DEFAULT_GLOBAL_HTTP_PORT
-      })
+      NodeHttpServer.layer(
+        () => (options.tls === undefined ? createServer() : createHttpsServer(options.tls)),
+        {
+          host: options.host ?? DEFAULT_GLOBAL_HTTP_HOST,
+          port: options.port ?? DEFAULT_GLOBAL_HTTP_PORT
+        }
+      )
     )
   )
 
@@ -271,7 +281,11 @@ export const layer = (
  */
 export const layerGlobal = (
   consumer: GlobalConsumerConfig,
-  options: GlobalHttpServerOptions & { readonly client?: RelayClientOptions | undefined } = {}
+  options: GlobalHttpServerOptions & {
+    readonly client?: RelayClientOptions | undefined
+    /** CA and client certificate for `https://` relays (`Tls.loadClientTls`). */
+    readonly relayTls?: ClientTlsOptions | undefined
+  } = {}
 ): Layer.Layer<
   HttpServer.HttpServer | GlobalView | GlobalConsumer,
   HttpServerError.ServeError | GlobalConsumerConfigError
@@ -280,14 +294,18 @@ export const layerGlobal = (
     Layer.provideMerge(globalViewLayer),
     Layer.provideMerge(globalConsumerLayer(consumer)),
     Layer.provide(RelayConnector.layerHttp(options.client)),
-    Layer.provide(NodeHttpClient.layerUndici)
+    Layer.provide(httpClientLayer(options.relayTls))
   )
 
-/** `http://host:port` of the bound server. */
-export const serverUrl: Effect.Effect<string, never, HttpServer.HttpServer> = Effect.map(
-  HttpServer.HttpServer,
-  (server) =>
-    server.address._tag === "TcpAddress"
-      ? `http://${server.address.hostname.includes(":") ? `[${server.address.hostname}]` : server.address.hostname}:${server.address.port}`
-      : `unix:${server.address.path}`
+/** `http://host:port` of the bound server (`serverUrlOf(true)`: `https://`). */
+export const serverUrl: Effect.Effect<string, never, HttpServer.HttpServer> = Effect.suspend(() =>
+  serverUrlOf(false)
 )
+
+/** The bound server's URL with the scheme its TLS setting gives. */
+export const serverUrlOf = (secure: boolean): Effect.Effect<string, never, HttpServer.HttpServer> =>
+  Effect.map(HttpServer.HttpServer, (server) =>
+    server.address._tag === "TcpAddress"
+      ? `${secure ? "https" : "http"}://${server.address.hostname.includes(":") ? `[${server.address.hostname}]` : server.address.hostname}:${server.address.port}`
+      : `unix:${server.address.path}`
+  )

@@ -16,6 +16,7 @@
  */
 
 import * as Http from "node:http"
+import * as Https from "node:https"
 import { HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
@@ -70,6 +71,7 @@ import type {
 } from "../../relay/PublicationSource.js"
 import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
 import * as Topology from "../../relay/Topology.js"
+import * as BearerAuth from "./BearerAuth.js"
 import {
   encodePoolFrame,
   FRAME_DELTA,
@@ -80,6 +82,7 @@ import {
   type PoolFrameKind
 } from "./PoolStreamFrame.js"
 import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
+import type { ServerTlsOptions } from "./Tls.js"
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -124,6 +127,10 @@ export interface RelayHttpOptions {
   readonly topology?: Topology.TopologyPublisher | undefined
   /** A load window publisher to serve; by default one is started over the relay's `loadRef`. */
   readonly loadWindows?: LoadWindows.LoadWindows | undefined
+  /** Serve HTTPS with this material (`Tls.loadServerTls`); mutual TLS when it has a client CA. */
+  readonly tls?: ServerTlsOptions | undefined
+  /** Require a bearer token of this file on every route but `GET /healthz`. */
+  readonly auth?: BearerAuth.TokenFile | undefined
 }
 
 export const DEFAULT_RELAY_HTTP_HOST = "127.0.0.1"
@@ -149,7 +156,7 @@ export const DEFAULT_RELAY_HTTP_INTERVALS: RelayHttpIntervals = {
 export interface RelayHttpAddress {
   readonly host: string
   readonly port: number
-  /** `http://host:port`, as printed in the CLI's `listening` line. */
+  /** `http://host:port` (`https://` with TLS), as printed in the CLI's `listening` line. */
   readonly url: string
 }
 
@@ -1223,12 +1230,17 @@ export const serve = (
     // A response may buffer one full snapshot chunk before the writer waits for `drain`: waiting
     // needs an event-loop turn, and a delta burst arriving meanwhile would overflow the
     // subscriber's 16-frame queue and lag a client that is reading perfectly well.
-    const nodeServer = Http.createServer({ highWaterMark: RESPONSE_HIGH_WATER_MARK })
+    const nodeServer: Http.Server =
+      options.tls === undefined
+        ? Http.createServer({ highWaterMark: RESPONSE_HIGH_WATER_MARK })
+        : Https.createServer({ ...options.tls, highWaterMark: RESPONSE_HIGH_WATER_MARK })
     const server = yield* NodeHttpServer.make(() => nodeServer, {
       host: options.host ?? DEFAULT_RELAY_HTTP_HOST,
       port: options.port ?? DEFAULT_RELAY_HTTP_PORT
     })
-    yield* HttpServer.serveEffect()(app).pipe(Effect.provideService(HttpServer.HttpServer, server))
+    yield* HttpServer.serveEffect()(BearerAuth.guard(options.auth)(app)).pipe(
+      Effect.provideService(HttpServer.HttpServer, server)
+    )
     const grace = durationOf(options.intervals?.shutdownGrace ?? DEFAULT_RELAY_HTTP_INTERVALS.shutdownGrace)
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
@@ -1249,7 +1261,8 @@ export const serve = (
     const address = server.address
     const host = address._tag === "TcpAddress" ? address.hostname : (options.host ?? DEFAULT_RELAY_HTTP_HOST)
     const port = address._tag === "TcpAddress" ? address.port : 0
-    const bound: RelayHttpAddress = { host, port, url: `http://${urlHost(host)}:${port}` }
+    const scheme = options.tls === undefined ? "http" : "https"
+    const bound: RelayHttpAddress = { host, port, url: `${scheme}://${urlHost(host)}:${port}` }
     yield* Effect.logInfo("KV DC Relay HTTP API listening").pipe(Effect.annotateLogs("url", bound.url))
     return bound
   })
