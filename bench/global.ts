@@ -86,7 +86,8 @@ const startRelay = (name: string, expectedUniqueBlocks: number) =>
         activeEndpointCount: 1,
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
-        sourcesDegraded: 0
+        sourcesDegraded: 0,
+        discovery: { state: "live", since: new Date(0) }
       }),
       stats: Effect.succeed({
         identity: { dcName: name, dcId, drtInstanceId: 1n, relayIncarnation: relayIdentity.relayIncarnation },
@@ -249,7 +250,7 @@ const program = (ctx: BenchContext) =>
       })
     const viewRound = () =>
       timed(queries, (i) => {
-        const r = view.overlapNow({ namespace: "bench", model: "llama", blockHashes: pick(i) })
+        const r = view.overlapNow({ namespace: "bench", model: "llama", sequenceHashes: pick(i) })
         if (Array.isArray(r)) sink += r.length
       })
     // Interleaved rounds, best of each: machine noise and JIT warm-up hit both alike.
@@ -263,7 +264,7 @@ const program = (ctx: BenchContext) =>
       if (v.qps > inProcess.qps) inProcess = v
       yield* Effect.yieldNow()
     }
-    const first = view.overlapNow({ namespace: "bench", model: "llama", blockHashes: pick(0) })
+    const first = view.overlapNow({ namespace: "bench", model: "llama", sequenceHashes: pick(0) })
     if (!Array.isArray(first) || first.length !== LANES)
       return yield* Effect.dieMessage("view did not answer 16 lanes")
 
@@ -358,7 +359,7 @@ const program = (ctx: BenchContext) =>
     while (performance.now() - loadStart < ingestMs) {
       for (let i = 0; i < 200; i++) {
         const t = performance.now()
-        const r = view.overlapNow({ namespace: "bench", model: "llama", blockHashes: pick(loadQueries++) })
+        const r = view.overlapNow({ namespace: "bench", model: "llama", sequenceHashes: pick(loadQueries++) })
         underLoad.push(performance.now() - t)
         if (Array.isArray(r)) sink += r.length
       }

@@ -13,7 +13,8 @@ import { join } from "node:path"
 import { NodeFileSystem } from "@effect/platform-node"
 import { Context, Duration, Effect, Either, Fiber, Layer, Random, Ref, Schedule } from "effect"
 import { chainSequenceHash } from "../ckf/global.js"
-import { U64_MAX } from "../ckf/u64.js"
+import { localBlockHashes, nextSequenceHash, sequenceHashes } from "../ckf/tokens.js"
+import { hashPairsToBigInts } from "../ckf/u64.js"
 import { GlobalView } from "../consumer/GlobalView.js"
 import { Discovery } from "../discovery/Discovery.js"
 import { makeFileDiscovery } from "../discovery/FileDiscovery.js"
@@ -34,7 +35,7 @@ import type { DemoSettings } from "./settings.js"
 const NAMESPACE = "demo"
 const MODEL = "llama-3-8b"
 const SOURCE_PATH = "meta/llama-3-8b"
-const BLOCK_SIZE = 64
+const BLOCK_SIZE = 16
 const SERVING = new EndpointId({ namespace: NAMESPACE, component: "backend", endpoint: "generate" })
 const DCS = ["dc-east", "dc-west"] as const
 /** System prompts every request starts from; each DC favours a different half. */
@@ -43,32 +44,65 @@ const SYSTEM_PROMPTS = 64
 const CACHE_BLOCKS = 640
 const REQUEST_INTERVAL_MS = 20
 
-/** A simulated worker's publishing side, whatever its wire format. */
+/**
+ * A simulated worker's publishing side, whatever its wire format. A block is given by its
+ * tokens; what the worker calls it on the wire is its own business (`externalOf`).
+ */
 interface SimulatedWorker {
   readonly label: string
-  readonly store: (hashes: ReadonlyArray<bigint>, parent: bigint | undefined) => Effect.Effect<void>
-  readonly remove: (hashes: ReadonlyArray<bigint>) => Effect.Effect<void>
+  readonly store: (blocks: ReadonlyArray<PromptBlock>, parent: PromptBlock | undefined) => Effect.Effect<void>
+  readonly remove: (blocks: ReadonlyArray<PromptBlock>) => Effect.Effect<void>
   readonly dropNext: Effect.Effect<void>
   readonly source: Effect.Effect<KvEventSource>
 }
 
-// Block hashes chain their prefix (PROTOCOL §7): block i = chain(block i−1, local i).
-const chain = (locals: ReadonlyArray<bigint>): Array<bigint> => {
-  const out: Array<bigint> = []
-  for (const local of locals)
-    out.push(out.length === 0 ? local : chainSequenceHash(out[out.length - 1]!, local, 0n))
-  return out
+/** One full block of a prompt: its tokens, local hash and canonical sequence hash. */
+interface PromptBlock {
+  readonly tokens: ReadonlyArray<number>
+  readonly local: bigint
+  readonly sequence: bigint
 }
-const systemPromptLocals = (prompt: number): Array<bigint> =>
-  Array.from({ length: 24 + (prompt % 5) * 8 }, (_, i) =>
-    BigInt.asUintN(64, 0x5eed_0000_0000n + BigInt(prompt) * 4096n + BigInt(i))
-  )
-const SYSTEM_CHAINS = Array.from({ length: SYSTEM_PROMPTS }, (_, p) => chain(systemPromptLocals(p)))
 
-const randomU64 = Effect.map(
-  Effect.all([Random.nextIntBetween(0, 0x7fff_ffff), Random.nextIntBetween(0, 0x7fff_ffff)]),
-  ([a, b]) => BigInt.asUintN(64, (BigInt(a) << 33n) ^ BigInt(b) ^ 0x9e37_79b9_7f4a_7c15n)
-)
+/** Cut `tokens` into blocks and address them as every relay does (PROTOCOL §3.3). */
+const blocksOf = (tokens: ReadonlyArray<number>): Array<PromptBlock> => {
+  const local = localBlockHashes(tokens, BLOCK_SIZE)
+  const locals = hashPairsToBigInts(local)
+  const sequences = hashPairsToBigInts(sequenceHashes(local))
+  return locals.map((l, i) => ({
+    tokens: tokens.slice(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE),
+    local: l,
+    sequence: sequences[i]!
+  }))
+}
+
+/** Continue a prompt's blocks with more tokens (the chain goes on from its last block). */
+const extend = (prefix: ReadonlyArray<PromptBlock>, tokens: ReadonlyArray<number>): Array<PromptBlock> => {
+  const tail = blocksOf(tokens)
+  let parent = prefix[prefix.length - 1]
+  return tail.map((block) => {
+    const sequence = parent === undefined ? block.local : nextSequenceHash(parent.sequence, block.local)
+    const next = { ...block, sequence }
+    parent = next
+    return next
+  })
+}
+
+/**
+ * Engines name blocks their own way (vLLM seeds its block hash at random per process): each
+ * simulated worker derives a block's external hash from its canonical one with a seed of its own,
+ * so no two workers agree on external hashes, as real ones do not.
+ */
+const externalOf = (workerSeed: bigint, block: PromptBlock): bigint =>
+  chainSequenceHash(workerSeed, block.sequence, 0n)
+
+/** System prompt `p`: 6 to 14 blocks of token ids 100000 + 1000·p + i (easy to type in a query). */
+const systemPromptTokens = (prompt: number): Array<number> =>
+  Array.from({ length: (6 + (prompt % 5) * 2) * BLOCK_SIZE }, (_, i) => 100_000 + 1000 * prompt + i)
+const SYSTEM_BLOCKS = Array.from({ length: SYSTEM_PROMPTS }, (_, p) => blocksOf(systemPromptTokens(p)))
+
+/** A user's own tokens, never shared: ids above every system prompt's. */
+const randomTokens = (count: number) =>
+  Effect.forEach(Array.from({ length: count }), () => Random.nextIntBetween(1_000_000, 2_000_000))
 
 const card = (workerId: string, rank: number) => ({
   namespace: SERVING.namespace,
@@ -102,16 +136,24 @@ const makeWorker = (
 ): Effect.Effect<SimulatedWorker, unknown, import("effect").Scope.Scope> =>
   Effect.gen(function* () {
     const workerId = String(7000 + dc * 100 + index)
+    const seed = BigInt.asUintN(64, 0x5eed_0000n * BigInt(dc + 1) + BigInt(index) * 0x9e37_79b9n)
+    const external = (blocks: ReadonlyArray<PromptBlock>) => blocks.map((b) => externalOf(seed, b))
+    const parentOf = (parent: PromptBlock | undefined) =>
+      parent === undefined ? {} : { parentHash: externalOf(seed, parent) }
     if (index % 2 === 0) {
       const queryServer = yield* makeWorkerQueryServer({ workerId, dpRanks: [0] })
       const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer })
       return {
         label: `worker ${workerId} (dynamo-zmq)`,
-        store: (hashes, parent) =>
-          Effect.asVoid(publisher.store(hashes, parent === undefined ? {} : { parentHash: parent })).pipe(
-            Effect.orDie
-          ),
-        remove: (hashes) => Effect.asVoid(publisher.remove(hashes)).pipe(Effect.orDie),
+        // A Dynamo worker sends each block's tokens hash beside its own block hash.
+        store: (blocks, parent) =>
+          Effect.asVoid(
+            publisher.store(external(blocks), {
+              ...parentOf(parent),
+              tokensHashes: blocks.map((b) => b.local)
+            })
+          ).pipe(Effect.orDie),
+        remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
         dropNext: publisher.dropNext(1),
         source: publisher.source(SERVING)
       } satisfies SimulatedWorker
@@ -120,11 +162,15 @@ const makeWorker = (
     const publisher = yield* makeEngineZmqPublisher({ workerId, dpRank: 0, format, blockSize: BLOCK_SIZE })
     return {
       label: `worker ${workerId} (engine-zmq, ${format})`,
-      store: (hashes, parent) =>
-        Effect.asVoid(publisher.store(hashes, parent === undefined ? {} : { parentHash: parent })).pipe(
-          Effect.orDie
-        ),
-      remove: (hashes) => Effect.asVoid(publisher.remove(hashes)).pipe(Effect.orDie),
+      // An engine sends the tokens themselves; the relay hashes them.
+      store: (blocks, parent) =>
+        Effect.asVoid(
+          publisher.store(external(blocks), {
+            ...parentOf(parent),
+            tokenIds: blocks.flatMap((b) => b.tokens)
+          })
+        ).pipe(Effect.orDie),
+      remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
       dropNext: publisher.dropNext(1),
       source: publisher.source(SERVING)
     } satisfies SimulatedWorker
@@ -137,10 +183,10 @@ const makeWorker = (
  */
 const runWorkload = (worker: SimulatedWorker, dc: number) =>
   Effect.gen(function* () {
-    const cached = new Map<bigint, true>()
-    const touch = (hash: bigint) => {
-      cached.delete(hash)
-      cached.set(hash, true)
+    const cached = new Map<bigint, PromptBlock>()
+    const touch = (block: PromptBlock) => {
+      cached.delete(block.sequence)
+      cached.set(block.sequence, block)
     }
     let requests = 0
     for (;;) {
@@ -150,32 +196,26 @@ const runWorkload = (worker: SimulatedWorker, dc: number) =>
       const half = SYSTEM_PROMPTS / 2
       const skew = Math.floor((yield* Random.next) ** 3 * half)
       const prompt = (own ? dc : 1 - dc) * half + skew
-      const prefix = SYSTEM_CHAINS[prompt]!
-      const suffixLength = yield* Random.nextIntBetween(2, 10)
-      const suffix: Array<bigint> = []
-      let last = prefix[prefix.length - 1]!
-      for (let i = 0; i < suffixLength; i++) {
-        last = chainSequenceHash(last, yield* randomU64, 0n)
-        suffix.push(last)
-      }
+      const prefix = SYSTEM_BLOCKS[prompt]!
+      const suffix = extend(prefix, yield* randomTokens((yield* Random.nextIntBetween(2, 10)) * BLOCK_SIZE))
       const blocks = [...prefix, ...suffix]
-      let firstNew = blocks.findIndex((h) => !cached.has(h))
-      for (const h of blocks) if (cached.has(h)) touch(h)
+      let firstNew = blocks.findIndex((b) => !cached.has(b.sequence))
+      for (const b of blocks) if (cached.has(b.sequence)) touch(b)
       if (firstNew >= 0) {
         while (firstNew < blocks.length) {
           const chunk = blocks.slice(firstNew, firstNew + 16)
           yield* worker.store(chunk, firstNew === 0 ? undefined : blocks[firstNew - 1])
-          for (const h of chunk) touch(h)
+          for (const b of chunk) touch(b)
           firstNew += chunk.length
         }
       }
       if (cached.size > CACHE_BLOCKS) {
-        const evicted: Array<bigint> = []
-        for (const h of cached.keys()) {
+        const evicted: Array<PromptBlock> = []
+        for (const b of cached.values()) {
           if (cached.size - evicted.length <= CACHE_BLOCKS) break
-          evicted.push(h)
+          evicted.push(b)
         }
-        for (const h of evicted) cached.delete(h)
+        for (const b of evicted) cached.delete(b.sequence)
         for (let i = 0; i < evicted.length; i += 32) yield* worker.remove(evicted.slice(i, i + 32))
       }
       requests++
@@ -225,18 +265,27 @@ const startDc = (dc: number, dir: string, settings: DemoSettings) =>
 
 interface Sample {
   readonly label: string
-  readonly hashes: ReadonlyArray<bigint>
+  readonly tokens: ReadonlyArray<number>
 }
 
+/** The first `blocks` blocks of system prompt `p`, and 3 tokens of the next (which never count). */
+const sampleTokens = (prompt: number, blocks: number): Array<number> =>
+  systemPromptTokens(prompt).slice(0, blocks * BLOCK_SIZE + 3)
+
 const samples: ReadonlyArray<Sample> = [
-  { label: "a popular dc-east prompt", hashes: SYSTEM_CHAINS[2]! },
-  { label: "a popular dc-west prompt", hashes: SYSTEM_CHAINS[SYSTEM_PROMPTS / 2 + 2]! },
-  { label: "a rare dc-east prompt", hashes: SYSTEM_CHAINS[SYSTEM_PROMPTS / 2 - 1]! },
-  {
-    label: "a prompt nobody has seen",
-    hashes: chain([U64_MAX - 1n, U64_MAX - 2n, U64_MAX - 3n, U64_MAX - 4n])
-  }
+  { label: "a popular dc-east prompt", tokens: sampleTokens(2, 6) },
+  { label: "a popular dc-west prompt", tokens: sampleTokens(SYSTEM_PROMPTS / 2 + 2, 6) },
+  { label: "a rare dc-east prompt", tokens: sampleTokens(SYSTEM_PROMPTS / 2 - 1, 6) },
+  { label: "a prompt nobody has seen", tokens: Array.from({ length: 4 * BLOCK_SIZE }, (_, i) => 7 + i) }
 ]
+
+/** The query a user can paste: the first 4 blocks of the most popular dc-east prompt. */
+export const pasteableQuery = (globalUrl: string): string =>
+  `curl -s ${globalUrl}/v1/overlap -d '${JSON.stringify({
+    namespace: NAMESPACE,
+    model: MODEL,
+    tokens: sampleTokens(0, 4)
+  })}'`
 
 const fmt = (n: number): string => Math.round(n).toLocaleString("en-US")
 
@@ -294,14 +343,14 @@ const summary = (
     lines.push(`  global   ${globalUrl}  domains ${domains.length}  lanes ready ${ready}/${lanes}`)
     for (const sample of samples) {
       const result = yield* Effect.either(
-        view.overlap({ namespace: NAMESPACE, model: MODEL, blockHashes: sample.hashes })
+        view.overlap({ namespace: NAMESPACE, model: MODEL, tokens: sample.tokens })
       )
       const answer = Either.isLeft(result)
         ? result.left.message
         : dcs
             .map((dc) => {
               const match = result.right.find((r) => r.relay === dc.name)
-              return `${dc.name} ${match === undefined ? "-" : `${match.prefixDepth}/${sample.hashes.length} blocks (${match.matchedTokens} tokens)`}`
+              return `${dc.name} ${match === undefined ? "-" : `${match.prefixDepth}/${Math.floor(sample.tokens.length / BLOCK_SIZE)} blocks (${match.matchedTokens} tokens)`}`
             })
             .join("   ")
       lines.push(`    ${sample.label.padEnd(36)} ${answer}`)
@@ -332,7 +381,10 @@ export const demoProgram = (settings: DemoSettings) =>
     yield* Effect.sync(() => {
       process.stdout.write(`kvrelay demo: discovery documents in ${dir}\n`)
       for (const dc of dcs) process.stdout.write(`  relay ${dc.name}: ${dc.url} (${dc.path})\n`)
-      process.stdout.write(`  global consumer: ${globalUrl}  (POST /v1/overlap, GET /v1/domains)\n\n`)
+      process.stdout.write(`  global consumer: ${globalUrl}  (POST /v1/overlap, GET /v1/domains)\n`)
+      process.stdout.write(
+        `  a query that hits once the workers have warmed up (a few seconds; 4 blocks of ${BLOCK_SIZE} tokens and 3 that do not count):\n    ${pasteableQuery(globalUrl)}\n\n`
+      )
     })
     const workloads = yield* Effect.forEach(dcs, (dc, d) =>
       Effect.forEach(dc.workers, (worker) => Effect.forkScoped(runWorkload(worker, d)))
@@ -348,8 +400,12 @@ export const demoProgram = (settings: DemoSettings) =>
     )
     if (settings.durationS !== undefined) yield* Effect.sleep(Duration.seconds(settings.durationS))
     else yield* Effect.never
+    yield* Effect.sync(() =>
+      process.stdout.write(
+        "kvrelay demo: stopping the simulated workers, then the global consumer and the relays\n"
+      )
+    )
     yield* Effect.forEach(workloads.flat(), Fiber.interrupt)
-    yield* Effect.sync(() => process.stdout.write("kvrelay demo: stopping\n"))
   }).pipe(
     Effect.scoped,
     Effect.provide(

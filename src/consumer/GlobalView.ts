@@ -2,15 +2,18 @@
  * The query side of the global consumer, for in-process routers and the HTTP API
  * (PROTOCOL.md §7): which ready DC lane holds how long a prefix of a prompt.
  *
- * `blockHashes` are the hashes exactly as workers publish them in stored events (each already
- * chains its prefix), so they are probed as given. A request names its domains either by model
- * (every domain one of whose lanes' pools registers the model, or an alias of it, in the
- * namespace) or directly by pool domain. The answer has one entry per ready lane of every
- * matching domain, deepest prefix first.
+ * Relays address their filters by canonical sequence hashes (PROTOCOL §3.3), so a query gives
+ * the prompt's `tokens` (cut into blocks of each domain's `kvBlockSize` and hashed by its
+ * `hashFormat`, a partial last block not counting) or the `localBlockHashes` a router computed
+ * itself; either way the consumer chains them into sequence hashes and probes those. A request
+ * names its domains either by model (every domain one of whose lanes' pools registers the
+ * model, or an alias of it, in the namespace) or directly by pool domain. The answer has one
+ * entry per ready lane of every matching domain, deepest prefix first.
  */
 
 import { Context, Data, Effect, Layer } from "effect"
 import type { IndexerDomainId, PoolId, ProducerIdentity } from "../ckf/identity.js"
+import { blockHashSeed, fullBlockCount, localHashesInto, sequenceHashesInto } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
 import type { EndpointId, KvQuerySemantics } from "../domain/model.js"
 import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from "./GlobalConsumer.js"
@@ -21,9 +24,23 @@ import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from ".
 /** Block hashes as u64 values, or already as hash pairs (`[hi, lo]*`) on the hot path. */
 export type BlockHashes = ReadonlyArray<bigint> | Uint32Array
 
-export type OverlapRequest =
-  | { readonly namespace: string; readonly model: string; readonly blockHashes: BlockHashes }
-  | { readonly poolDomain: IndexerDomainId; readonly blockHashes: BlockHashes }
+/** Which domains a query asks: those serving a model in a namespace, or one pool domain. */
+export type OverlapTarget =
+  | { readonly namespace: string; readonly model: string }
+  | { readonly poolDomain: IndexerDomainId }
+
+/**
+ * What a query probes: the prompt's token ids (u32; with the LoRA adapter's name for adapter
+ * traffic), or its local block hashes (already salted by the adapter, one per full block), or,
+ * in process only, the canonical sequence hashes themselves (`kvrelay/client` computes them),
+ * for a router that hashes a prompt once and probes it many times.
+ */
+export type OverlapKeys =
+  | { readonly tokens: ArrayLike<number>; readonly loraName?: string | null | undefined }
+  | { readonly localBlockHashes: BlockHashes }
+  | { readonly sequenceHashes: BlockHashes }
+
+export type OverlapRequest = OverlapTarget & OverlapKeys
 
 export interface OverlapResult {
   /** The relay's name from `--relay NAME=URL`. */
@@ -88,6 +105,64 @@ const servesModel = (domain: DomainStatus, namespace: string, model: string): bo
 const toPairs = (hashes: BlockHashes): Uint32Array =>
   hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
 
+/**
+ * The canonical sequence hashes a query probes in a domain of `semantics`, memoised per
+ * semantics within one query (domains of one model usually share them).
+ */
+class QueryAddresses {
+  private readonly bySemantics = new Map<string, Uint32Array>()
+  private local: Uint32Array | undefined
+
+  constructor(private readonly keys: OverlapKeys) {}
+
+  for(semantics: KvQuerySemantics): Uint32Array {
+    if ("sequenceHashes" in this.keys) return toPairs(this.keys.sequenceHashes)
+    const key = "tokens" in this.keys ? `${semantics.kvBlockSize}|${semantics.hashFormat}` : ""
+    let addresses = this.bySemantics.get(key)
+    if (addresses === undefined) {
+      const local = this.localFor(semantics)
+      const blocks = local.length >>> 1
+      addresses = new Uint32Array(2 * blocks)
+      sequenceHashesInto(local, 0, blocks, false, 0, 0, addresses, 0)
+      this.bySemantics.set(key, addresses)
+    }
+    return addresses
+  }
+
+  private localFor(semantics: KvQuerySemantics): Uint32Array {
+    const keys = this.keys
+    if ("sequenceHashes" in keys) return toPairs(keys.sequenceHashes)
+    if (!("tokens" in keys)) {
+      if (this.local === undefined) this.local = toPairs(keys.localBlockHashes)
+      return this.local
+    }
+    const { kvBlockSize, hashFormat } = semantics
+    const seed = blockHashSeed(keys.loraName)
+    const out = new Uint32Array(2 * fullBlockCount(keys.tokens.length, kvBlockSize, hashFormat))
+    localHashesInto(
+      keys.tokens,
+      0,
+      keys.tokens.length,
+      kvBlockSize,
+      hashFormat,
+      Number(seed >> 32n),
+      Number(seed & 0xffff_ffffn),
+      out,
+      0
+    )
+    return out
+  }
+}
+
+const keysOf = (keys: OverlapKeys): "tokens" | "localBlockHashes" | "sequenceHashes" =>
+  "tokens" in keys ? "tokens" : "localBlockHashes" in keys ? "localBlockHashes" : "sequenceHashes"
+
+const hashesOf = (keys: Exclude<OverlapKeys, { readonly tokens: ArrayLike<number> }>): BlockHashes =>
+  "localBlockHashes" in keys ? keys.localBlockHashes : keys.sequenceHashes
+
+const hashCount = (hashes: BlockHashes): number =>
+  hashes instanceof Uint32Array ? hashes.length / 2 : hashes.length
+
 /** Deepest first; equal depths keep domain order, then lane order, so answers are stable. */
 const byDepth = (a: OverlapResult, b: OverlapResult): number => b.prefixDepth - a.prefixDepth
 
@@ -109,10 +184,10 @@ export const overlapOf = (
           : `no lane serves model ${JSON.stringify(request.model)} in namespace ${JSON.stringify(request.namespace)}`
     })
   }
-  const pairs = toPairs(request.blockHashes)
+  const addresses = new QueryAddresses(request)
   const results: Array<OverlapResult> = []
   for (const domain of matching) {
-    const answer = domain.indexer.findPrefixMatches(pairs)
+    const answer = domain.indexer.findPrefixMatches(addresses.for(domain.querySemantics))
     if (answer === "Unavailable") continue
     const blockSize = domain.querySemantics.kvBlockSize
     for (const match of answer.lanes) {
@@ -167,10 +242,8 @@ export const make = (consumer: GlobalConsumerService): GlobalViewService => ({
       Effect.withSpan("GlobalView.overlap", {
         attributes: {
           by: "poolDomain" in request ? "poolDomain" : "model",
-          blocks:
-            request.blockHashes instanceof Uint32Array
-              ? request.blockHashes.length / 2
-              : request.blockHashes.length
+          keys: keysOf(request),
+          length: "tokens" in request ? request.tokens.length : hashCount(hashesOf(request))
         }
       })
     ),

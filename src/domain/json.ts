@@ -519,8 +519,28 @@ export const RegistrationJson = Schema.transform(
 
 export const KvQueryHashFormatJson = Schema.Literal(...KV_QUERY_HASH_FORMATS)
 
+/**
+ * How a pool's filter is addressed. Every kvrelay pool is addressed by canonical sequence
+ * hashes (PROTOCOL §3.3) and says so; a producer that addressed blocks any other way could not
+ * be probed with a token query's hashes, so a consumer refuses it rather than answer depth 0.
+ * Absent means canonical: PROTOCOL revision 2 defines no other addressing.
+ */
+export const BLOCK_ADDRESSING = "canonical_v1"
+
+const BlockAddressingJson = Schema.String.pipe(
+  Schema.filter(
+    (value) =>
+      value === BLOCK_ADDRESSING ||
+      `addressing ${JSON.stringify(value)} is not ${JSON.stringify(BLOCK_ADDRESSING)}: the pool's filter is not addressed by canonical sequence hashes (PROTOCOL §3.3), so token queries cannot be answered from it`
+  )
+)
+
 export const QuerySemanticsJson = Schema.transformOrFail(
-  Schema.Struct({ kvBlockSize: Schema.Number, hashFormat: KvQueryHashFormatJson }),
+  Schema.Struct({
+    kvBlockSize: Schema.Number,
+    hashFormat: KvQueryHashFormatJson,
+    addressing: Schema.optional(BlockAddressingJson)
+  }),
   Schema.instanceOf(KvQuerySemantics),
   {
     strict: true,
@@ -530,7 +550,11 @@ export const QuerySemanticsJson = Schema.transformOrFail(
         onRight: ParseResult.succeed
       }),
     encode: (semantics) =>
-      ParseResult.succeed({ kvBlockSize: semantics.kvBlockSize, hashFormat: semantics.hashFormat })
+      ParseResult.succeed({
+        kvBlockSize: semantics.kvBlockSize,
+        hashFormat: semantics.hashFormat,
+        addressing: BLOCK_ADDRESSING
+      })
   }
 ).annotations({ identifier: "KvQuerySemantics" })
 
@@ -690,6 +714,12 @@ export const ErrorBodyJson = Schema.Struct({
 })
 export type ErrorBody = typeof ErrorBodyJson.Type
 
+/** `discovery` of `GET /v1/health`: the backend's state and when it last changed (ISO-8601, UTC). */
+export const DiscoveryStatusJson = Schema.Struct({
+  state: Schema.Literal("live", "stale", "connecting"),
+  since: Schema.Date
+})
+
 /** `GET /v1/health`. */
 export const HealthJson = Schema.Struct({
   healthy: Schema.Boolean,
@@ -698,7 +728,8 @@ export const HealthJson = Schema.Struct({
   activeEndpointCount: U32,
   fencedEndpointCount: U32,
   sourcesRecovering: U32,
-  sourcesDegraded: U32
+  sourcesDegraded: U32,
+  discovery: DiscoveryStatusJson
 })
 export type Health = typeof HealthJson.Type
 
@@ -845,23 +876,66 @@ const modelNamespaceJson = Schema.String.pipe(
   Schema.filter((value) => endpointPartProblem(value, "namespace")?.message ?? true)
 )
 
-/** Block hashes exactly as workers publish them (u64 decimal strings, or numbers ≤ 2^53). */
+/** Local block hashes as a router computed them (u64 decimal strings, or numbers ≤ 2^53). */
 export const BlockHashesJson = Schema.Array(U64)
 
-/** `POST /v1/overlap` by model: `{namespace, model, blockHashes}`. */
-export const ModelOverlapRequestJson = Schema.Struct({
-  namespace: modelNamespaceJson,
-  model: CanonicalModelIdJson,
-  blockHashes: BlockHashesJson
-})
-export type ModelOverlapRequest = typeof ModelOverlapRequestJson.Type
+/** The index of the first element of `values` that is not a u32, or -1. */
+const firstNonU32 = (values: ReadonlyArray<unknown>): number => {
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i]
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > 0xffff_ffff) return i
+  }
+  return -1
+}
 
-/** `POST /v1/overlap` by pool domain: `{poolDomain: {cacheSemantics, routingScope}, blockHashes}`. */
-export const DomainOverlapRequestJson = Schema.Struct({
-  poolDomain: IndexerDomainJson,
-  blockHashes: BlockHashesJson
+/**
+ * A prompt's token ids, u32 each. One pass over the array rather than a schema per element:
+ * prompts run to many thousands of tokens and this sits on the query path.
+ */
+export const TokenIdsJson = Schema.declare(
+  (input: unknown): input is ReadonlyArray<number> => Array.isArray(input) && firstNonU32(input) < 0,
+  {
+    identifier: "TokenIds",
+    message: (issue) => {
+      const actual = issue.actual
+      if (!Array.isArray(actual)) return "tokens must be an array of u32 token ids"
+      const at = firstNonU32(actual)
+      return `tokens[${at}] is not a u32 token id: ${JSON.stringify(actual[at]) ?? String(actual[at])}`
+    }
+  }
+)
+
+/** The adapter whose blocks a token query asks for; absent, null or "" is the base model. */
+const LoraNameJson = Schema.optional(Schema.NullOr(Schema.String))
+
+const byModel = { namespace: modelNamespaceJson, model: CanonicalModelIdJson }
+const byDomain = { poolDomain: IndexerDomainJson }
+
+/** `POST /v1/overlap` forms (PROTOCOL §7): by model or by pool domain, by tokens or by local hashes. */
+export const ModelTokensOverlapJson = Schema.Struct({
+  ...byModel,
+  tokens: TokenIdsJson,
+  loraName: LoraNameJson
 })
-export type DomainOverlapRequest = typeof DomainOverlapRequestJson.Type
+export const ModelLocalOverlapJson = Schema.Struct({ ...byModel, localBlockHashes: BlockHashesJson })
+export const DomainTokensOverlapJson = Schema.Struct({
+  ...byDomain,
+  tokens: TokenIdsJson,
+  loraName: LoraNameJson
+})
+export const DomainLocalOverlapJson = Schema.Struct({ ...byDomain, localBlockHashes: BlockHashesJson })
+
+/** `POST /v1/overlap/batch`: the queries, 1 to 256, each decoded on its own. */
+export const MAX_OVERLAP_BATCH = 256
+export const OverlapBatchJson = Schema.Struct({
+  queries: Schema.Array(Schema.Unknown).pipe(
+    Schema.filter(
+      (queries) =>
+        (queries.length >= 1 && queries.length <= MAX_OVERLAP_BATCH) ||
+        `queries must hold 1 to ${MAX_OVERLAP_BATCH} overlap bodies, got ${queries.length}`
+    )
+  )
+})
 
 export const OverlapResultJson = Schema.Struct({
   relay: Schema.String,
@@ -874,6 +948,10 @@ export const OverlapResultJson = Schema.Struct({
 
 export const OverlapResponseJson = Schema.Struct({ results: Schema.Array(OverlapResultJson) })
 export type OverlapResponse = typeof OverlapResponseJson.Type
+
+export const OverlapBatchResponseJson = Schema.Struct({
+  results: Schema.Array(Schema.Array(OverlapResultJson))
+})
 
 export const DomainLaneJson = Schema.Struct({
   lane: U32,
@@ -1151,3 +1229,79 @@ export const DiagnosticSnapshotJson = Schema.Struct({
   buckets: BucketWordsBase64
 })
 export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type
+
+// ---------------------------------------------------------------------------------------------
+// Global consumer diagnostics (PROTOCOL §7)
+
+/** `GET /v1/health` of `kvrelay global`: 200 when some lane is ready, else 503. */
+export const GlobalHealthJson = Schema.Struct({
+  healthy: Schema.Boolean,
+  relays: Schema.Array(
+    Schema.Struct({
+      name: Schema.String,
+      url: Schema.String,
+      connected: Schema.Boolean,
+      /** Lanes of this relay's pools across the domains, and how many of them are ready. */
+      lanes: U32,
+      lanesReady: U32,
+      lastError: nullable(Schema.String)
+    })
+  )
+})
+export type GlobalHealth = typeof GlobalHealthJson.Type
+
+/** Latency in milliseconds: lifetime mean and max, quantiles over the most recent queries. */
+export const QueryLatencyJson = Schema.Struct({
+  meanMs: Schema.Number,
+  maxMs: Schema.Number,
+  p50Ms: Schema.Number,
+  p90Ms: Schema.Number,
+  p99Ms: Schema.Number,
+  recentSamples: Count
+})
+
+/** Queries of one route, by outcome (`ok`, `invalid`, `not_found`, `unavailable`, `error`). */
+export const QueryRouteStatsJson = Schema.Struct({
+  route: Schema.String,
+  count: Count,
+  outcomes: Schema.Record({ key: Schema.String, value: Count }),
+  latency: QueryLatencyJson
+})
+
+export const GlobalLaneStatsJson = Schema.Struct({
+  lane: U32,
+  domain: Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }),
+  poolId: PoolIdJson,
+  servingEndpoint: EndpointTextJson,
+  producerIncarnation: U64,
+  layoutGeneration: U64,
+  ready: Schema.Boolean,
+  installedSequence: nullable(U64),
+  snapshotsInstalled: Count,
+  deltasApplied: Count,
+  resubscribes: Count,
+  faults: Schema.Struct({ total: Count, byReason: Schema.Record({ key: Schema.String, value: Count }) }),
+  lastFault: nullable(Schema.String)
+})
+
+/** `GET /v1/stats` of `kvrelay global`. */
+export const GlobalStatsJson = Schema.Struct({
+  consumerInstance: U64,
+  subscriberId: Schema.String,
+  relays: Schema.Array(
+    Schema.Struct({
+      name: Schema.String,
+      url: Schema.String,
+      lane: U32,
+      connected: Schema.Boolean,
+      epochs: Count,
+      lastError: nullable(Schema.String),
+      dcName: nullable(Schema.String),
+      dcId: nullable(DcIdHex),
+      catalogRevision: nullable(U64),
+      lanes: Schema.Array(GlobalLaneStatsJson)
+    })
+  ),
+  queries: Schema.Array(QueryRouteStatsJson)
+})
+export type GlobalStats = typeof GlobalStatsJson.Type

@@ -137,15 +137,17 @@ const ckfBuilderOf =
           : new CkfBuildError("AllocationFailed", `CKF allocation failed: ${cause}`)
     })
 
-/** Builds an externally addressed pool (the seed's G3 producer: engine hashes are CKF addresses). */
-export const defaultCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new DcCkfState(config))
-
 /**
- * Builds a canonically addressed pool (PROTOCOL §3.3). Not yet the relay's default: the global
- * consumer's token queries come first, so that no consumer probes canonical filters with engine
- * hashes (see `docs/decisions.md`).
+ * Builds an externally addressed pool: the seed's G3 producer, whose CKF addresses are the
+ * engines' own block hashes. The relay no longer serves these (PROTOCOL §3.3); the seed ports
+ * use it, since the seed's scenarios are written in external hashes.
  */
+export const externalCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new DcCkfState(config))
+
+/** Builds a canonically addressed pool (PROTOCOL §3.3), the relay's default. */
 export const canonicalCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new CanonicalCkfState(config))
+
+export const defaultCkfBuilder: CkfBuilder = canonicalCkfBuilder
 
 export interface PoolRegistryOptions {
   readonly relayIdentity: DcRelayIdentity
@@ -154,7 +156,7 @@ export interface PoolRegistryOptions {
   readonly publication?: Partial<PublicationHubConfig> | undefined
   /** At most this many hubs hold an initialized mirror (default 64). */
   readonly maxInitializedPoolHubs?: number | undefined
-  /** CKF allocation (default `defaultCkfBuilder`; `canonicalCkfBuilder` for PROTOCOL §3.3). */
+  /** CKF allocation (default canonical addressing, PROTOCOL §3.3; `externalCkfBuilder` for the seed's). */
   readonly ckfBuilder?: CkfBuilder | undefined
   /** Test hook: how actors are started (default `PoolActor.make`). */
   readonly makeActor?: MakePoolActor | undefined

@@ -23,6 +23,7 @@ import type { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC } from "./DynamoZmq.js"
 import type { RouterEventEncodeOptions } from "./msgpack.js"
+import { AddressBook, defaultTokenIds, localHashesOfTokens } from "./SimulatedAddresses.js"
 import type { WorkerQueryServer } from "./WorkerQueryServer.js"
 import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "./ZmqSocket.js"
 
@@ -54,10 +55,13 @@ export interface DynamoZmqPublisherOptions {
   readonly publisherId?: bigint
   /** Variant encoding of the payload (older rmp-serde forms for compatibility tests). */
   readonly encoding?: RouterEventEncodeOptions
+  /** Tokens per block behind the default tokens hashes (default 16, as the engine simulator's). */
+  readonly blockSize?: number
 }
 
 export interface StoreOptions {
   readonly parentHash?: bigint
+  /** The blocks' local hashes (default: of tokens derived from each block's hash). */
   readonly tokensHashes?: HashInput
   readonly storageTier?: StorageTier
 }
@@ -88,6 +92,8 @@ export interface DynamoZmqPublisher {
     options?: { readonly recoverable?: boolean }
   ) => Effect.Effect<KvEventSource>
   readonly stats: Effect.Effect<{ readonly sent: number; readonly dropped: number }>
+  /** The canonical address of a block this worker stored (chained from its tokens hashes). */
+  readonly addressOf: (blockHash: bigint) => bigint
 }
 
 export const makeDynamoZmqPublisher = (
@@ -130,7 +136,11 @@ export const makeDynamoZmqPublisher = (
         return publish([event]).pipe(Effect.as(event))
       })
 
+    const addresses = new AddressBook()
+    const blockSize = options.blockSize ?? 16
+
     return {
+      addressOf: (hash) => addresses.addressOf(hash),
       endpoint,
       topic,
       workerId: options.workerId,
@@ -141,6 +151,13 @@ export const makeDynamoZmqPublisher = (
       store: (hashes, store = {}) =>
         emit((eventId) => {
           const blockHashes = pairsOf(hashes)
+          // Without tokens hashes, the blocks' tokens derive from their hashes as on the
+          // simulated engines, so both kinds of worker storing the same hashes store one block.
+          const tokensHashes =
+            store.tokensHashes === undefined
+              ? localHashesOfTokens(defaultTokenIds(blockHashes, blockSize), blockSize)
+              : pairsOf(store.tokensHashes)
+          addresses.record(blockHashes, tokensHashes, store.parentHash)
           return {
             workerId: options.workerId,
             dpRank: options.dpRank,
@@ -149,7 +166,7 @@ export const makeDynamoZmqPublisher = (
             data: {
               _tag: "Stored",
               blockHashes,
-              tokensHashes: store.tokensHashes === undefined ? blockHashes : pairsOf(store.tokensHashes),
+              tokensHashes,
               parentHash: store.parentHash === undefined ? undefined : hashPairs([store.parentHash]),
               startPosition: undefined
             }

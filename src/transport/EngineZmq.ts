@@ -726,6 +726,8 @@ export type EngineEvent =
       readonly tokenIds: ReadonlyArray<number>
       readonly blockSize: number
       readonly loraId?: number | null
+      /** vLLM's `lora_name` (the adapter's name salts the blocks' tokens hashes). */
+      readonly loraName?: string | null
       readonly medium?: string | null
       readonly groupIdx?: number
       readonly kvCacheSpecKind?: string
@@ -834,7 +836,7 @@ const writeEngineEvent = (w: MsgpackWriter, event: EngineEvent, format: EngineFo
     }
     return
   }
-  const hasMedium = format.medium || event.medium != null
+  const hasMedium = format.medium || event.medium != null || event.loraName != null
   const extra = event.groupIdx !== undefined || event.kvCacheSpecKind !== undefined
   // msgspec omit_defaults: fields 1–5 always, medium and lora_name (vLLM), then trailing defaults trimmed.
   const count = 5 + (hasMedium || extra ? 2 : 0) + (extra ? 3 : 0)
@@ -860,7 +862,7 @@ const writeEngineEvent = (w: MsgpackWriter, event: EngineEvent, format: EngineFo
     if (asMap) w.raw(F.medium)
     writeOptionalText(w, event.medium)
     if (asMap) w.raw(F.lora_name)
-    w.nil()
+    writeOptionalText(w, event.loraName)
   }
   if (extra) {
     if (asMap) w.raw(fixKey("extra_keys"))

@@ -24,6 +24,7 @@ import {
   SGLANG_FORMAT,
   VLLM_FORMAT
 } from "./EngineZmq.js"
+import { AddressBook, defaultTokenIds, localHashesOfTokens } from "./SimulatedAddresses.js"
 import {
   acquireSocket,
   bindSocket,
@@ -64,8 +65,10 @@ export interface EngineZmqPublisherOptions {
 
 export interface EngineStoreOptions {
   readonly parentHash?: bigint
-  /** The blocks' token ids (default `0, 1, 2, …`: every store the same tokens). */
+  /** The blocks' token ids (default: derived from each block's hash, see `defaultTokenIds`). */
   readonly tokenIds?: ReadonlyArray<number>
+  /** The LoRA adapter the blocks belong to (vLLM's `lora_name`, with a `lora_id`). */
+  readonly loraName?: string
   readonly medium?: string | null
   readonly storageTier?: StorageTier
 }
@@ -96,6 +99,8 @@ export interface EngineZmqPublisher {
   readonly restart: (publisherId?: bigint) => Effect.Effect<bigint>
   readonly source: (kvStateEndpoint: EndpointId) => Effect.Effect<KvEventSource>
   readonly stats: Effect.Effect<{ readonly sent: number; readonly dropped: number; readonly replays: number }>
+  /** The canonical address of a block this worker stored (what a router computes from its tokens). */
+  readonly addressOf: (blockHash: bigint) => bigint
 }
 
 const formatOf = (format: EngineZmqPublisherOptions["format"]): EngineFormat =>
@@ -186,8 +191,10 @@ export const makeEngineZmqPublisher = (
 
     const pairsOf = (hashes: HashInput): Uint32Array =>
       hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
+    const addresses = new AddressBook()
 
     return {
+      addressOf: (hash) => addresses.addressOf(hash),
       endpoint,
       replayEndpoint,
       topic,
@@ -200,7 +207,12 @@ export const makeEngineZmqPublisher = (
       publishPayload,
       store: (hashes, store = {}) => {
         const blockHashes = pairsOf(hashes)
-        const blocks = blockHashes.length >>> 1
+        const tokenIds = store.tokenIds ?? defaultTokenIds(blockHashes, blockSize)
+        addresses.record(
+          blockHashes,
+          localHashesOfTokens(tokenIds, blockSize, store.loraName),
+          store.parentHash
+        )
         // vLLM always writes a medium ("GPU" for the device); older SGLang writes none for it.
         const explicit =
           store.medium !== undefined ? store.medium : mediumOfTier(store.storageTier ?? "device")
@@ -210,9 +222,10 @@ export const makeEngineZmqPublisher = (
             type: "BlockStored",
             blockHashes,
             parentBlockHash: store.parentHash === undefined ? undefined : hashPairs([store.parentHash]),
-            tokenIds: store.tokenIds ?? Array.from({ length: blocks * blockSize }, (_, i) => i),
+            tokenIds,
             blockSize,
-            loraId: null,
+            loraId: store.loraName === undefined ? null : 1,
+            loraName: store.loraName ?? null,
             medium
           }
         ])

@@ -67,7 +67,7 @@ describe("global consumer against real relays", () => {
         )
 
         const ask = (blocks: ReadonlyArray<bigint>) =>
-          depthsOf(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: blocks }))
+          depthsOf(view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: blocks }))
         expect(ask(shared)).toEqual({ east: 24, west: 24 })
         expect(ask([...shared.slice(0, 9), ...nowhere])).toEqual({ east: 9, west: 9 })
         expect(ask(eastOnly)).toEqual({ east: 10, west: 0 })
@@ -77,7 +77,7 @@ describe("global consumer against real relays", () => {
         const answer = yield* postOverlap(url, {
           namespace: "prod",
           model: "chat",
-          blockHashes: [...decimal(eastOnly.slice(0, 4)), 12345, ...decimal(eastOnly.slice(4))]
+          localBlockHashes: [...decimal(eastOnly.slice(0, 4)), 12345, ...decimal(eastOnly.slice(4))]
         })
         expect(answer.status).toBe(200)
         const results = answer.json.results as Array<Record<string, unknown>>
@@ -93,13 +93,13 @@ describe("global consumer against real relays", () => {
         expect(results[0]!.poolId).toMatchObject({ identityVersion: 1, dcId: east.dcId.hex })
         const byDomain = yield* postOverlap(url, {
           poolDomain: { cacheSemantics: results[0]!.poolId, routingScope: undefined },
-          blockHashes: []
+          localBlockHashes: []
         })
         expect(byDomain.status).toBe(400)
         const poolId = results[0]!.poolId as Record<string, unknown>
         const domainAnswer = yield* postOverlap(url, {
           poolDomain: { cacheSemantics: poolId.cacheSemantics, routingScope: poolId.routingScope },
-          blockHashes: decimal(shared)
+          localBlockHashes: decimal(shared)
         })
         expect(domainAnswer.status).toBe(200)
         expect(
@@ -112,7 +112,8 @@ describe("global consumer against real relays", () => {
         expect(listed).toHaveLength(1)
         expect(listed[0]!.querySemantics).toEqual({
           kvBlockSize: KV_BLOCK_SIZE,
-          hashFormat: "dynamo_standard_v1"
+          hashFormat: "dynamo_standard_v1",
+          addressing: "canonical_v1"
         })
         const lanes = listed[0]!.lanes as Array<Record<string, unknown>>
         expect(lanes.map((l) => [l.lane, l.relay, l.ready])).toEqual([
@@ -129,7 +130,7 @@ describe("global consumer against real relays", () => {
         yield* eventually("east converges after the clear", converged(consumer, "east", eastPool))
         expect(ask(shared)).toEqual({ east: 0, west: 24 })
         expect(ask(eastOnly)).toEqual({ east: 10, west: 0 })
-        const ordered = view.overlapNow({ namespace: "prod", model: "llama", blockHashes: shared })
+        const ordered = view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: shared })
         if (!Array.isArray(ordered)) throw ordered
         expect(ordered.map((r) => r.relay)).toEqual(["west", "east"])
 
@@ -163,7 +164,7 @@ describe("global consumer against real relays", () => {
           (a, b) => a && b
         )
       )
-      const ask = () => depthsOf(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt }))
+      const ask = () => depthsOf(view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: prompt }))
       expect(ask()).toEqual({ east: 16, west: 5 })
 
       yield* first.stop
@@ -224,7 +225,7 @@ describe("global consumer against real relays", () => {
       expect(laneOf("west")!.ready).toBe(true)
       yield* eventually("east recovers and converges", converged(consumer, "east", eastPool))
       expect(
-        depthsOf(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: burst.slice(0, 10) }))
+        depthsOf(view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: burst.slice(0, 10) }))
       ).toEqual({
         east: 10,
         west: 0
@@ -293,7 +294,7 @@ describe("global consumer against real relays", () => {
           const c = (q * 7919) % chains.length
           const k = q % (CHAIN + 1)
           const prompt = [...chains[c]!.slice(0, k), ...blockHashes(500_000 + q, 64 - k)]
-          const answer = view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt })
+          const answer = view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: prompt })
           if (!Array.isArray(answer)) throw answer
           for (const result of answer) {
             const truth = (result.relay === "east" ? inEast(c) : inWest(c)) ? k : 0

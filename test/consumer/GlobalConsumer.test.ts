@@ -134,34 +134,34 @@ describe("GlobalConsumer", () => {
       yield* poolA.store(prompt.slice(0, 8))
       yield* poolB.store(prompt.slice(0, 3))
       yield* settle
-      const byModel = view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt })
+      const byModel = view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: prompt })
       expect(depths(byModel)).toEqual({ a: 8, b: 3 })
       if (!Array.isArray(byModel)) throw byModel
       expect(byModel.map((r) => r.relay)).toEqual(["a", "b"])
       expect(byModel[0]).toMatchObject({ lane: 0, matchedTokens: 8 * 16 })
       expect(byModel[0]!.servingEndpoint.toString()).toBe("prod.backend.generate")
       // Aliases match, other namespaces or models do not.
-      expect(depths(view.overlapNow({ namespace: "prod", model: "chat", blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ namespace: "prod", model: "chat", sequenceHashes: prompt }))).toEqual({
         a: 8,
         b: 3
       })
-      expect(view.overlapNow({ namespace: "dev", model: "llama", blockHashes: prompt })).toBeInstanceOf(
+      expect(view.overlapNow({ namespace: "dev", model: "llama", sequenceHashes: prompt })).toBeInstanceOf(
         NoMatchingDomain
       )
-      expect(view.overlapNow({ namespace: "prod", model: "other", blockHashes: prompt })).toBeInstanceOf(
+      expect(view.overlapNow({ namespace: "prod", model: "other", sequenceHashes: prompt })).toBeInstanceOf(
         NoMatchingDomain
       )
-      expect(depths(view.overlapNow({ poolDomain: domainOf(1), blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ poolDomain: domainOf(1), sequenceHashes: prompt }))).toEqual({
         a: 8,
         b: 3
       })
-      expect(view.overlapNow({ poolDomain: domainOf(5), blockHashes: prompt })).toBeInstanceOf(
+      expect(view.overlapNow({ poolDomain: domainOf(5), sequenceHashes: prompt })).toBeInstanceOf(
         NoMatchingDomain
       )
       // Removal lowers the depth.
       yield* poolA.remove([prompt[4]!])
       yield* settle
-      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: prompt }))).toEqual({
         a: 4,
         b: 3
       })
@@ -191,7 +191,7 @@ describe("GlobalConsumer", () => {
       yield* poolA.lag()
       yield* settle
       expect(readyLanes(consumer)).toEqual(["b"])
-      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: prompt }))).toEqual({
         b: 2
       })
       const lane = lanesOf(consumer).find((l) => l.relay === "a")!
@@ -202,7 +202,7 @@ describe("GlobalConsumer", () => {
       yield* TestClock.adjust("500 millis")
       yield* waitUntil(() => readyLanes(consumer).length === 2, "lane a ready again")
       expect(poolA.subscriptions).toBe(2)
-      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: prompt }))).toEqual({
         a: 6,
         b: 2
       })
@@ -219,7 +219,7 @@ describe("GlobalConsumer", () => {
       yield* poolA.lag()
       yield* settle
       expect(
-        view.overlapNow({ namespace: "prod", model: "llama", blockHashes: hashes(0, 2) })
+        view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: hashes(0, 2) })
       ).toBeInstanceOf(NoReadyLane)
     })
   )
@@ -233,7 +233,7 @@ describe("GlobalConsumer", () => {
       const prompt = hashes(0, 4)
       yield* first.store(prompt)
       yield* settle
-      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: prompt }))).toEqual({
         a: 4
       })
 
@@ -244,7 +244,7 @@ describe("GlobalConsumer", () => {
         "lane on the new producer"
       )
       expect(first.subscribers.size).toBe(0)
-      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: prompt }))).toEqual({
+      expect(depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: prompt }))).toEqual({
         a: 1
       })
     })
@@ -276,7 +276,7 @@ describe("GlobalConsumer", () => {
         expect(consumer.relays()[0]!.info?.relay.relayIncarnation).toBe(200n)
         expect(again.producer.producerIncarnation).toBe(200n)
         expect(
-          depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: hashes(0, 3) }))
+          depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: hashes(0, 3) }))
         ).toEqual({
           a: 2,
           b: 0
@@ -340,18 +340,18 @@ describe("GlobalConsumer", () => {
       yield* mistral.store(hashes(0, 2))
       yield* settle
       expect(
-        depths(view.overlapNow({ namespace: "prod", model: "mistral", blockHashes: hashes(0, 2) }))
+        depths(view.overlapNow({ namespace: "prod", model: "mistral", sequenceHashes: hashes(0, 2) }))
       ).toEqual({
         a: 2
       })
       expect(
-        depths(view.overlapNow({ namespace: "prod", model: "llama", blockHashes: hashes(0, 2) }))
+        depths(view.overlapNow({ namespace: "prod", model: "llama", sequenceHashes: hashes(0, 2) }))
       ).toEqual({ a: 0 })
       yield* a.removePool(mistral)
       yield* settle
       expect(consumer.domains()).toHaveLength(1)
       expect(
-        view.overlapNow({ namespace: "prod", model: "mistral", blockHashes: hashes(0, 2) })
+        view.overlapNow({ namespace: "prod", model: "mistral", sequenceHashes: hashes(0, 2) })
       ).toBeInstanceOf(NoMatchingDomain)
       expect(llama.subscribers.size).toBe(1)
     })

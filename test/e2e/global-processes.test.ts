@@ -33,6 +33,7 @@ import {
   type OverlapResult,
   overlap,
   promptBlocks,
+  promptTokens,
   request,
   SERVING,
   type SimWorker,
@@ -155,7 +156,11 @@ describe("global consumer over two relay processes", () => {
     const list = await domains(global.url)
     expect(list).toHaveLength(1)
     const domain: DomainEntry = list[0]!
-    expect(domain.querySemantics).toEqual({ kvBlockSize: KV_BLOCK_SIZE, hashFormat: "dynamo_standard_v1" })
+    expect(domain.querySemantics).toEqual({
+      kvBlockSize: KV_BLOCK_SIZE,
+      hashFormat: "dynamo_standard_v1",
+      addressing: "canonical_v1"
+    })
     expect(domain.lanes.map((lane) => [lane.lane, lane.relay, lane.ready])).toEqual([
       [0, "dc-a", true],
       [1, "dc-b", true]
@@ -187,7 +192,7 @@ describe("global consumer over two relay processes", () => {
       method: "POST",
       body: JSON.stringify({
         poolDomain: { cacheSemantics: domain.cacheSemantics, routingScope: domain.routingScope },
-        blockHashes: P1.map(String)
+        tokens: promptTokens(P1)
       })
     })
     expect(byDomain.status).toBe(200)
@@ -217,7 +222,8 @@ describe("global consumer over two relay processes", () => {
 
   it("rejects malformed overlap requests and unknown models", async () => {
     const post = (body: string) => request(`${global.url}/v1/overlap`, { method: "POST", body })
-    const valid = { namespace: NAMESPACE, model: MODEL, blockHashes: P1.map(String) }
+    const valid = { namespace: NAMESPACE, model: MODEL, tokens: promptTokens(P1) }
+    const byLocal = { namespace: NAMESPACE, model: MODEL, localBlockHashes: P1.map(String) }
     const expectRejected = async (body: string, status: number, reason: string, mentions?: string) => {
       const answer = await post(body)
       expect(answer.status, `${body} → ${answer.text}`).toBe(status)
@@ -235,9 +241,23 @@ describe("global consumer over two relay processes", () => {
       JSON.stringify({ namespace: NAMESPACE, model: MODEL }),
       400,
       "INVALID_REQUEST",
-      "blockHashes"
+      "localBlockHashes"
     )
-    await expectRejected(JSON.stringify({ ...valid, blockHashes: "1" }), 400, "INVALID_REQUEST")
+    // The engines' own block hashes are no query form (PROTOCOL §7): the answer names the two that are.
+    const engineHashes = await post(
+      JSON.stringify({ namespace: NAMESPACE, model: MODEL, blockHashes: P1.map(String) })
+    )
+    expect(engineHashes.status).toBe(400)
+    expect((engineHashes.body as { message: string }).message).toMatch(/tokens.*localBlockHashes/)
+    await expectRejected(JSON.stringify({ ...byLocal, localBlockHashes: "1" }), 400, "INVALID_REQUEST")
+    for (const bad of [-1, 2 ** 32, 1.5, "7", null, [1]]) {
+      await expectRejected(
+        JSON.stringify({ ...valid, tokens: [1, bad] }),
+        400,
+        "INVALID_REQUEST",
+        "tokens[1]"
+      )
+    }
     for (const bad of [
       "-1",
       "18446744073709551616",
@@ -254,7 +274,7 @@ describe("global consumer over two relay processes", () => {
       [1]
     ]) {
       await expectRejected(
-        JSON.stringify({ ...valid, blockHashes: [P1[0]!.toString(), bad] }),
+        JSON.stringify({ ...byLocal, localBlockHashes: [P1[0]!.toString(), bad] }),
         400,
         "INVALID_REQUEST"
       )
@@ -264,7 +284,7 @@ describe("global consumer over two relay processes", () => {
 
     // The boundaries of u64 are accepted, as strings and as JSON numbers up to 2^53.
     const edges = await post(
-      JSON.stringify({ ...valid, blockHashes: ["18446744073709551615", "0", 2 ** 53, 42] })
+      JSON.stringify({ ...byLocal, localBlockHashes: ["18446744073709551615", "0", 2 ** 53, 42] })
     )
     expect(edges.status, edges.text).toBe(200)
     const wrongMethod = await request(`${global.url}/v1/overlap`)

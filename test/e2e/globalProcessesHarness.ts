@@ -16,8 +16,10 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Effect, Exit, Scope } from "effect"
 import { chainSequenceHash } from "../../src/ckf/global.js"
+import { hashPairs } from "../../src/ckf/u64.js"
 import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
-import { makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
+import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
+import { defaultTokenIds } from "../../src/transport/SimulatedAddresses.js"
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
 
 export const REPO = fileURLToPath(new URL("../..", import.meta.url))
@@ -247,7 +249,10 @@ const go = <A, E>(effect: Effect.Effect<A, E>): Promise<void> => Effect.runPromi
 /** A Dynamo worker rank: event-plane PUB plus a worker-query ROUTER (a recoverable source). */
 export const dynamoWorker = async (scope: Scope.Scope, workerId: string): Promise<SimWorker> => {
   const queryServer = await inScope(scope, makeWorkerQueryServer({ workerId, dpRanks: [0] }))
-  const publisher = await inScope(scope, makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer }))
+  const publisher = await inScope(
+    scope,
+    makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer, blockSize: KV_BLOCK_SIZE })
+  )
   return {
     workerId,
     store: (hashes, parent) =>
@@ -276,26 +281,59 @@ export const engineWorker = async (
     scope,
     makeEngineZmqPublisher({ workerId, dpRank: 0, format, blockSize: KV_BLOCK_SIZE })
   )
-  return {
+  return engineWorkerOf(publisher, workerId)
+}
+
+const engineWorkerOf = async (publisher: EngineZmqPublisher, workerId: string): Promise<SimWorker> => ({
+  workerId,
+  store: (hashes, parent) => go(publisher.store(hashes, parent === undefined ? {} : { parentHash: parent })),
+  remove: (hashes) => go(publisher.remove(hashes)),
+  clear: () => go(publisher.clear),
+  card: () => cardJson(workerId),
+  source: async () => ({
+    kvStateEndpoint: KV_STATE_ENDPOINT,
     workerId,
-    store: (hashes, parent) =>
-      go(publisher.store(hashes, parent === undefined ? {} : { parentHash: parent })),
-    remove: (hashes) => go(publisher.remove(hashes)),
-    clear: () => go(publisher.clear),
-    card: () => cardJson(workerId),
-    source: async () => ({
-      kvStateEndpoint: KV_STATE_ENDPOINT,
-      workerId,
-      dpRank: 0,
-      publisherId: String(await Effect.runPromise(publisher.publisherId)),
-      transport: {
-        kind: "engine-zmq",
-        endpoint: publisher.endpoint,
-        topic: publisher.topic,
-        replayEndpoint: publisher.replayEndpoint
-      },
-      recoveryTarget: null
-    })
+    dpRank: 0,
+    publisherId: String(await Effect.runPromise(publisher.publisherId)),
+    transport: {
+      kind: "engine-zmq",
+      endpoint: publisher.endpoint,
+      topic: publisher.topic,
+      replayEndpoint: publisher.replayEndpoint
+    },
+    recoveryTarget: null
+  })
+})
+
+/** A vLLM engine whose blocks are given by their tokens, named on the wire by hashes of its own. */
+export interface TokenEngine extends SimWorker {
+  /** One BlockStored of `tokenIds` (full blocks of `KV_BLOCK_SIZE`), named `hashes`. */
+  readonly storeTokens: (
+    hashes: ReadonlyArray<bigint>,
+    tokenIds: ReadonlyArray<number>,
+    options?: { readonly parent?: bigint; readonly loraName?: string }
+  ) => Promise<void>
+  /** The next batch is kept for replay but not sent: the relay sees a gap. */
+  readonly dropNext: () => Promise<void>
+}
+
+export const tokenEngine = async (scope: Scope.Scope, workerId: string): Promise<TokenEngine> => {
+  const publisher = await inScope(
+    scope,
+    makeEngineZmqPublisher({ workerId, dpRank: 0, format: "vllm", blockSize: KV_BLOCK_SIZE })
+  )
+  const worker = await engineWorkerOf(publisher, workerId)
+  return {
+    ...worker,
+    storeTokens: (hashes, tokenIds, options = {}) =>
+      go(
+        publisher.store(hashes, {
+          tokenIds,
+          ...(options.parent === undefined ? {} : { parentHash: options.parent }),
+          ...(options.loraName === undefined ? {} : { loraName: options.loraName })
+        })
+      ),
+    dropNext: () => go(publisher.dropNext(1))
   }
 }
 
@@ -378,7 +416,14 @@ export interface DomainEntry {
   readonly lanes: ReadonlyArray<DomainLane>
 }
 
-/** `POST /v1/overlap` by model, hashes as u64 decimal strings. */
+/**
+ * The prompt whose blocks the simulated workers store as `hashes`: they derive a block's tokens
+ * from its hash (see `defaultTokenIds`), so this is what a router holding that prompt sends.
+ */
+export const promptTokens = (hashes: ReadonlyArray<bigint>): Array<number> =>
+  defaultTokenIds(hashPairs(hashes), KV_BLOCK_SIZE)
+
+/** `POST /v1/overlap` by model and tokens, for the prompt the workers store as `hashes`. */
 export const overlap = (
   globalUrl: string,
   hashes: ReadonlyArray<bigint>,
@@ -387,7 +432,7 @@ export const overlap = (
 ): Promise<HttpAnswer> =>
   request(`${globalUrl}/v1/overlap`, {
     method: "POST",
-    body: JSON.stringify({ namespace, model, blockHashes: hashes.map(String) })
+    body: JSON.stringify({ namespace, model, tokens: promptTokens(hashes) })
   })
 
 export const domains = async (globalUrl: string): Promise<ReadonlyArray<DomainEntry>> => {

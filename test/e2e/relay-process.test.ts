@@ -9,6 +9,7 @@
 import { pack } from "msgpackr"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
+  addressOf,
   type CatalogJson,
   cardRecord,
   cleanup,
@@ -67,7 +68,9 @@ const allHeld = (): Array<bigint> => [...held.values()].flatMap((set) => [...set
 /** Waits until every held block is in the stream's filter and every `gone` one is not. */
 const filterMatches = async (gone: ReadonlyArray<bigint>): Promise<void> => {
   const present = allHeld()
-  const absent = gone.filter((h) => distinguishable(pool.producer.format, h, present))
+  const absent = gone.filter((h) =>
+    distinguishable(pool.producer.format, addressOf(h), present.map(addressOf))
+  )
   expect(absent.length).toBeGreaterThanOrEqual(gone.length - 1)
   await stream.contains(present, absent)
 }
@@ -307,7 +310,7 @@ describe("kvrelay relay as a process", () => {
     expect(stats.ingest.gaps).toBe(gaps)
 
     const metrics = await relay.metrics()
-    const line = metrics.split("\n").find((l) => l.startsWith("kv_dc_relay_ingest_malformed{"))
+    const line = metrics.split("\n").find((l) => l.startsWith("kv_dc_relay_ingest_malformed_total{"))
     expect(line).toBeDefined()
     expect(line).toContain(`endpoint="${ENDPOINT}"`)
     expect(Number(line!.split(" ").at(-1))).toBe(before + 4)
@@ -330,7 +333,7 @@ describe("kvrelay relay as a process", () => {
     expect(snapshot.uniqueBlockCount).toBe(new Set(allHeld()).size)
     const words = diagnosticWords(snapshot.buckets)
     expect(words.length).toBe(2 * pool.producer.format.bucketCount)
-    for (const h of allHeld()) expect(wordsHold(words, pool.producer.format, h)).toBe(true)
+    for (const h of allHeld()) expect(wordsHold(words, pool.producer.format, addressOf(h))).toBe(true)
     const sequence = BigInt(snapshot.sequence)
     await stream.until(`sequence ${sequence}`, (s) => s.sequence !== undefined && s.sequence >= sequence)
     expect(stream.sequence).toBe(sequence)
@@ -415,8 +418,9 @@ describe("kvrelay relay as a process", () => {
     )
     for (const family of [
       "kv_dc_relay_catalog_pool_count",
-      "kv_dc_relay_ingest_events",
-      "kv_dc_relay_ingest_malformed",
+      "kv_dc_relay_ingest_events_total",
+      "kv_dc_relay_ingest_malformed_total",
+      "kv_dc_relay_ingest_dropped_batches_total",
       "kv_dc_relay_publication_sequence",
       "kv_dc_relay_subscribers"
     ]) {
@@ -424,6 +428,16 @@ describe("kvrelay relay as a process", () => {
     }
     const pools = metrics.split("\n").find((l) => l.startsWith("kv_dc_relay_catalog_pool_count"))
     expect(Number(pools!.split(" ").at(-1))).toBe(1)
+    // The process's runtime metrics, build and fiber failures (the command installs the counter).
+    for (const [family, type] of [
+      ["process_cpu_seconds_total", "counter"],
+      ["nodejs_heap_size_used_bytes", "gauge"],
+      ["nodejs_eventloop_lag_seconds", "gauge"],
+      ["effect_fiber_failures_total", "counter"]
+    ]) {
+      expect(metrics).toMatch(new RegExp(`^# TYPE ${family} ${type}$`, "m"))
+    }
+    expect(metrics).toMatch(/^kvrelay_build_info\{version="\d+\.\d+\.\d+[^"]*"\} 1$/m)
     const health = await relay.fetch("/v1/health")
     expect(health.status).toBe(200)
     expect(await health.json()).toMatchObject({ healthy: true, shuttingDown: false })

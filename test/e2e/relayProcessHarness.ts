@@ -255,6 +255,24 @@ export const cardRecord = (serving: EndpointParts, instanceId: string) => ({
 
 const run = <A, E>(effect: Effect.Effect<A, E>): Promise<A> => Effect.runPromise(effect)
 
+/**
+ * External hash → canonical address (PROTOCOL §3.3) of every block a simulated worker stored,
+ * as a router computes it from the worker's tokens. The simulated workers derive a block's
+ * tokens from its hash, so two workers storing the same hashes under the same parents store
+ * the same blocks, as two real engines storing one prompt do.
+ */
+const storedAddresses = new Map<bigint, bigint>()
+
+const remember = (
+  publisher: { readonly addressOf: (hash: bigint) => bigint },
+  hashes: ReadonlyArray<bigint>
+) => {
+  for (const hash of hashes) storedAddresses.set(hash, publisher.addressOf(hash))
+}
+
+/** Where the block a worker stored as `hash` sits in a filter (a never-stored hash: itself). */
+export const addressOf = (hash: bigint): bigint => storedAddresses.get(hash) ?? hash
+
 export class DynamoWorker {
   constructor(
     readonly publisher: DynamoZmqPublisher,
@@ -265,8 +283,10 @@ export class DynamoWorker {
     return this.publisher.workerId
   }
 
-  store(hashes: ReadonlyArray<bigint>): Promise<unknown> {
-    return run(this.publisher.store(hashes))
+  async store(hashes: ReadonlyArray<bigint>): Promise<unknown> {
+    const event = await run(this.publisher.store(hashes))
+    remember(this.publisher, hashes)
+    return event
   }
 
   remove(hashes: ReadonlyArray<bigint>): Promise<unknown> {
@@ -311,8 +331,10 @@ export class EngineWorker {
     return this.publisher.workerId
   }
 
-  store(hashes: ReadonlyArray<bigint>): Promise<number> {
-    return run(this.publisher.store(hashes))
+  async store(hashes: ReadonlyArray<bigint>): Promise<number> {
+    const seq = await run(this.publisher.store(hashes))
+    remember(this.publisher, hashes)
+    return seq
   }
 
   remove(hashes: ReadonlyArray<bigint>): Promise<number> {
@@ -771,7 +793,7 @@ export class PoolStream {
   /** Whether the rebuilt filter holds `hash`'s fingerprint in bucket a or b. */
   holds(hash: bigint): boolean {
     if (this.words === undefined) return false
-    return wordsHold(this.words, this.producer.format, hash)
+    return wordsHold(this.words, this.producer.format, addressOf(hash))
   }
 
   /** Waits until `check` holds on this stream. */

@@ -46,8 +46,32 @@ const relayOver = (
     const file = yield* discoveryFile([vllmCard(WORKER)], sources)
     const relay = yield* startRelay(file, recoveryAttemptTimeoutMs, registry)
     yield* poolOf(relay, VLLM, "the vllm pool")
+    enginesOf.set(relay, engines)
     return relay
   })
+
+/** Each relay's simulated engines, which know the canonical address of every block they stored. */
+const enginesOf = new WeakMap<KvDcRelayService, ReadonlyArray<EngineZmqPublisher>>()
+
+/**
+ * Where rank `dpRank`'s blocks sit in the filter (PROTOCOL §3.3). A hash the engine never stored
+ * as a full block (a wild, malformed or partial one) has no address, so it cannot be present.
+ */
+const addressesAt = (
+  relay: KvDcRelayService,
+  dpRank: number,
+  hashes: ReadonlyArray<bigint>
+): Array<bigint> => {
+  const engine = enginesOf.get(relay)?.find((e) => e.dpRank === dpRank)
+  if (engine === undefined) throw new Error(`no engine of rank ${dpRank} behind this relay`)
+  return hashes.flatMap((hash) => {
+    try {
+      return [engine.addressOf(hash)]
+    } catch {
+      return []
+    }
+  })
+}
 
 /** The pool is exact: each rank holds exactly its blocks, and the filter shows them and not `gone`. */
 const awaitExact = (
@@ -57,7 +81,9 @@ const awaitExact = (
   gone: ReadonlyArray<bigint> = []
 ) =>
   Effect.gen(function* () {
-    yield* awaitFilter(relay, VLLM, what, ranks.flat(), gone)
+    const present = ranks.flatMap((blocks, rank) => addressesAt(relay, rank, blocks))
+    const absent = ranks.flatMap((_, rank) => addressesAt(relay, rank, gone))
+    yield* awaitFilter(relay, VLLM, what, present, absent)
     yield* eventually(
       endpointStats(relay, VLLM).pipe(
         Effect.map((stats) =>
@@ -260,11 +286,16 @@ describe("engine sources over ZeroMQ", () => {
         yield* healthy.store(history)
         yield* silent.store(hashes(0x6400_0000_0000n, 1))
         const relay = yield* relayOver([silent, healthy], 30_000)
-        yield* awaitFilter(relay, VLLM, "the healthy rank's history", history)
+        yield* awaitFilter(relay, VLLM, "the healthy rank's history", addressesAt(relay, 1, history))
         const live = hashes(0x6500_0000_0000n, 2)
         yield* healthy.store(live)
         const stored = Date.now()
-        yield* awaitFilter(relay, VLLM, "the healthy rank's live blocks", [...history, ...live])
+        yield* awaitFilter(
+          relay,
+          VLLM,
+          "the healthy rank's live blocks",
+          addressesAt(relay, 1, [...history, ...live])
+        )
         const elapsed = Date.now() - stored
         expect(elapsed).toBeLessThan(1000)
         const health = yield* relay.health

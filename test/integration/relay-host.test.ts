@@ -19,6 +19,7 @@ import { makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.j
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
 import { awaitCatalog, discoveryFile } from "../relay/hostFixtures.js"
 import {
+  addressesBy,
   awaitFilter,
   contains,
   endpointStats,
@@ -141,27 +142,35 @@ describe("relay host over file discovery and ZeroMQ", () => {
       expect(pool.registrations.map((r) => [r.model, r.aliases])).toEqual([["llama", ["chat"]]])
       expect(pool.poolRoles).toEqual(["aggregated"])
 
-      yield* awaitFilter(relay, ROUTER, "the tree-dumped blocks", early)
+      // The filter holds canonical addresses (PROTOCOL §3.3): what a router computes from tokens.
+      const A = addressesBy(worker.publisher)
+      yield* awaitFilter(relay, ROUTER, "the tree-dumped blocks", A(early))
       const live = hashes(0x2222_0000_0000n, 4)
       yield* worker.publisher.store(live)
-      yield* awaitFilter(relay, ROUTER, "the live blocks", [...early, ...live])
+      yield* awaitFilter(relay, ROUTER, "the live blocks", A([...early, ...live]))
 
       // A pool stream starts with the snapshot and follows with deltas.
       const mirror = yield* openMirror(relay, pool.producer).pipe(Effect.orDie)
-      yield* eventually(mirrorHolds(mirror, pool.producer.format, [...early, ...live]), "the stream snapshot")
+      yield* eventually(
+        mirrorHolds(mirror, pool.producer.format, A([...early, ...live])),
+        "the stream snapshot"
+      )
       const streamed = hashes(0x3333_0000_0000n, 2)
       yield* worker.publisher.store(streamed)
       yield* relay.flush.pipe(Effect.orDie)
-      yield* eventually(mirrorHolds(mirror, pool.producer.format, streamed), "the stream delta")
+      yield* eventually(mirrorHolds(mirror, pool.producer.format, A(streamed)), "the stream delta")
 
       // Removed blocks leave the filter (and the stream's mirror).
       yield* worker.publisher.remove([live[0]!, live[1]!])
       const kept = [...early, live[2]!, live[3]!, ...streamed]
-      const snapshot = yield* awaitFilter(relay, ROUTER, "the removal", kept, [live[0]!, live[1]!])
+      const snapshot = yield* awaitFilter(relay, ROUTER, "the removal", A(kept), A([live[0]!, live[1]!]))
       yield* eventually(
         Effect.sync(() => {
           const words = mirror.words()!
-          return !contains(words, pool.producer.format, live[0]!) && mirror.sequence() >= snapshot.sequence
+          return (
+            !contains(words, pool.producer.format, A([live[0]!])[0]!) &&
+            mirror.sequence() >= snapshot.sequence
+          )
         }),
         "the removal on the stream"
       )
@@ -172,7 +181,7 @@ describe("relay host over file discovery and ZeroMQ", () => {
       yield* worker.publisher.dropNext(1)
       yield* worker.publisher.store(lost)
       yield* worker.publisher.store(after)
-      yield* awaitFilter(relay, ROUTER, "the recovered gap", [...kept, ...lost, ...after], [live[0]!])
+      yield* awaitFilter(relay, ROUTER, "the recovered gap", A([...kept, ...lost, ...after]), A([live[0]!]))
 
       const stats = yield* endpointStats(relay, ROUTER)
       expect(stats?.lifecycle).toBe("active")
@@ -189,7 +198,8 @@ describe("relay host over file discovery and ZeroMQ", () => {
         activeEndpointCount: 1,
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
-        sourcesDegraded: 0
+        sourcesDegraded: 0,
+        discovery: { state: "live", since: expect.any(Date) }
       })
     }).pipe(Effect.provide(quiet))
   )
@@ -211,10 +221,12 @@ describe("relay host over file discovery and ZeroMQ", () => {
         expect(pool.querySemantics.kvBlockSize).toBe(16)
         expect(pool.registrations.map((r) => r.model)).toEqual(["mistral"])
 
-        yield* awaitFilter(relay, VLLM, "the replayed history", first0)
+        const R0 = addressesBy(rank0)
+        const R1 = addressesBy(rank1)
+        yield* awaitFilter(relay, VLLM, "the replayed history", R0(first0))
         const first1 = hashes(0x6200_0000_0000n, 3)
         yield* rank1.store(first1)
-        yield* awaitFilter(relay, VLLM, "rank 1's blocks", [...first0, ...first1])
+        yield* awaitFilter(relay, VLLM, "rank 1's blocks", [...R0(first0), ...R1(first1)])
 
         // A batch lost on the wire is replayed from the engine's replay endpoint.
         const lost = hashes(0x6300_0000_0000n, 2)
@@ -222,10 +234,13 @@ describe("relay host over file discovery and ZeroMQ", () => {
         yield* rank0.dropNext(1)
         yield* rank0.store(lost)
         yield* rank0.store(next)
-        yield* awaitFilter(relay, VLLM, "the replayed batch", [...first0, ...lost, ...next, ...first1])
+        yield* awaitFilter(relay, VLLM, "the replayed batch", [
+          ...R0([...first0, ...lost, ...next]),
+          ...R1(first1)
+        ])
 
         yield* rank1.clear
-        yield* awaitFilter(relay, VLLM, "rank 1 cleared", [...first0, ...lost, ...next], first1)
+        yield* awaitFilter(relay, VLLM, "rank 1 cleared", R0([...first0, ...lost, ...next]), R1(first1))
         const stats = yield* endpointStats(relay, VLLM)
         expect(memberBlocks(stats, "8001", 0)).toBe(first0.length + lost.length + next.length)
         expect(memberBlocks(stats, "8001", 1) ?? 0).toBe(0)
@@ -244,12 +259,14 @@ describe("relay host over file discovery and ZeroMQ", () => {
         const pool = yield* poolOf(relay, ROUTER, "the router pool")
         const blocksA = hashes(0x7100_0000_0000n, 3)
         yield* a.publisher.store(blocksA)
-        yield* awaitFilter(relay, ROUTER, "worker A's blocks", blocksA)
+        const A = addressesBy(a.publisher)
+        const B = addressesBy(b.publisher)
+        yield* awaitFilter(relay, ROUTER, "worker A's blocks", A(blocksA))
 
         const blocksB = hashes(0x7200_0000_0000n, 3)
         yield* b.publisher.store(blocksB)
         yield* file.write([routerCard("7001"), routerCard("7002")], [yield* a.source, yield* b.source])
-        yield* awaitFilter(relay, ROUTER, "the joining worker's blocks", [...blocksA, ...blocksB])
+        yield* awaitFilter(relay, ROUTER, "the joining worker's blocks", [...A(blocksA), ...B(blocksB)])
         const joined = yield* endpointStats(relay, ROUTER)
         expect(memberBlocks(joined, "7002")).toBe(blocksB.length)
         // Same generation: a joining worker does not replace the producer.
@@ -258,11 +275,11 @@ describe("relay host over file discovery and ZeroMQ", () => {
         )
 
         yield* b.publisher.clear
-        yield* awaitFilter(relay, ROUTER, "worker B cleared", blocksA, blocksB)
+        yield* awaitFilter(relay, ROUTER, "worker B cleared", A(blocksA), B(blocksB))
         expect(memberBlocks(yield* endpointStats(relay, ROUTER), "7001")).toBe(blocksA.length)
 
         const mirror = yield* openMirror(relay, pool.producer).pipe(Effect.orDie)
-        yield* eventually(mirrorHolds(mirror, pool.producer.format, blocksA), "the stream snapshot")
+        yield* eventually(mirrorHolds(mirror, pool.producer.format, A(blocksA)), "the stream snapshot")
         yield* file.write([], [])
         yield* awaitCatalog(
           relay.catalogRef,
@@ -293,7 +310,8 @@ describe("relay host over file discovery and ZeroMQ", () => {
       yield* poolOf(relay, VLLM, "the vllm pool")
       const before = hashes(0x8100_0000_0000n, 2)
       yield* noisy.publisher.store(before)
-      yield* awaitFilter(relay, ROUTER, "the first blocks", before)
+      const N = addressesBy(noisy.publisher)
+      yield* awaitFilter(relay, ROUTER, "the first blocks", N(before))
 
       const garbage: ReadonlyArray<ReadonlyArray<Uint8Array | string>> = [
         ["kv-events", Buffer.from([1, 2, 3])],
@@ -315,8 +333,8 @@ describe("relay host over file discovery and ZeroMQ", () => {
       yield* noisy.publisher.store(afterNoise)
       const engineBlocks = hashes(0x8300_0000_0000n, 2)
       yield* quietWorker.store(engineBlocks)
-      yield* awaitFilter(relay, ROUTER, "blocks after the garbage", [...before, ...afterNoise])
-      yield* awaitFilter(relay, VLLM, "the neighbour's blocks", engineBlocks)
+      yield* awaitFilter(relay, ROUTER, "blocks after the garbage", N([...before, ...afterNoise]))
+      yield* awaitFilter(relay, VLLM, "the neighbour's blocks", addressesBy(quietWorker)(engineBlocks))
       expect((yield* endpointStats(relay, VLLM))?.ingest.malformed).toBe(0)
       expect((yield* relay.health).healthy).toBe(true)
     }).pipe(Effect.provide(quiet))

@@ -80,6 +80,15 @@ const bucketHas = (words: Uint32Array, bucket: number, fingerprint: number): boo
   )
 }
 
+/**
+ * The canonical addresses of blocks a simulated worker stored: what a filter holding them must
+ * contain (PROTOCOL §3.3), computed from the tokens the worker sent, not asked of the relay.
+ */
+export const addressesBy =
+  (worker: { readonly addressOf: (hash: bigint) => bigint }) =>
+  (hashes: ReadonlyArray<bigint>): Array<bigint> =>
+    hashes.map((hash) => worker.addressOf(hash))
+
 export const contains = (words: Uint32Array, format: DcCkfFormatIdentity, hash: bigint): boolean => {
   const { fingerprint, bucketA, bucketB } = prepare(hash, format.bucketCount, format.seed)
   return bucketHas(words, bucketA, fingerprint) || bucketHas(words, bucketB, fingerprint)

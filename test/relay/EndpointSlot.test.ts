@@ -21,7 +21,7 @@ import type { ModelCardInstance } from "../../src/domain/json.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import * as EndpointSlot from "../../src/relay/EndpointSlot.js"
 import { type ActorFault, type MakePoolActor, make as makePoolActor } from "../../src/relay/PoolActor.js"
-import { defaultCkfBuilder, type PoolRegistryOptions } from "../../src/relay/PoolRegistry.js"
+import { externalCkfBuilder, type PoolRegistryOptions } from "../../src/relay/PoolRegistry.js"
 import { foldTreeDump } from "../../src/relay/TreeDump.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
 import { card, endpoint, source } from "../discovery/fixtures.js"
@@ -109,7 +109,7 @@ describe("EndpointSlot", () => {
               attempts.push(now)
               return now < 650
                 ? Effect.fail(new CkfBuildError("AllocationFailed", "no memory today"))
-                : defaultCkfBuilder(config)
+                : externalCkfBuilder(config)
             })
         }
       })

@@ -19,7 +19,7 @@ import {
 } from "../../src/domain/model.js"
 import {
   type CkfBuilder,
-  defaultCkfBuilder,
+  externalCkfBuilder,
   make as makeRegistry,
   type PoolActorConfig,
   type PoolAttachRequest,
@@ -86,9 +86,9 @@ export const gatedBuilder = Effect.gen(function* () {
   let calls = 0
   const builder: CkfBuilder = (ckf) =>
     calls++ > 0
-      ? defaultCkfBuilder(ckf)
+      ? externalCkfBuilder(ckf)
       : Effect.zipRight(Deferred.succeed(started, undefined), Deferred.await(release)).pipe(
-          Effect.zipRight(defaultCkfBuilder(ckf)),
+          Effect.zipRight(externalCkfBuilder(ckf)),
           Effect.ensuring(Deferred.succeed(finished, undefined))
         )
   return { builder, started, release, finished }

@@ -1,6 +1,7 @@
 /**
  * The global consumer's HTTP API (PROTOCOL.md §7): `GET /healthz`, `GET /metrics`,
- * `GET /v1/domains` and `POST /v1/overlap`.
+ * `GET /v1/domains`, `POST /v1/overlap` and `POST /v1/overlap/batch`; `GET /metrics`,
+ * `GET /v1/health` and `GET /v1/stats` are `GlobalDiagnostics`.
  *
  * Every JSON input is decoded through `effect/Schema` with unknown fields rejected; u64 values go
  * out as decimal strings. Errors are `{reason, message}`: 400 `INVALID_REQUEST` for a malformed
@@ -21,7 +22,7 @@ import {
 import { NodeHttpServer } from "@effect/platform-node"
 import { Data, Effect, Either, Layer, Option } from "effect"
 import {
-  GlobalConsumer,
+  type GlobalConsumer,
   type GlobalConsumerConfig,
   type GlobalConsumerConfigError,
   layer as globalConsumerLayer,
@@ -30,16 +31,21 @@ import {
 import { GlobalView, layer as globalViewLayer, type OverlapRequest } from "../../consumer/GlobalView.js"
 import type { RelayClientOptions } from "../../consumer/RelayClient.js"
 import {
-  DomainOverlapRequestJson,
+  DomainLocalOverlapJson,
   DomainsResponseJson,
+  DomainTokensOverlapJson,
   decodeJson,
+  decodeJsonText,
   type ErrorReason,
   encodeJson,
-  ModelOverlapRequestJson,
+  ModelLocalOverlapJson,
+  ModelTokensOverlapJson,
+  OverlapBatchJson,
+  OverlapBatchResponseJson,
   OverlapResponseJson
 } from "../../domain/json.js"
-import { prometheusText } from "../../observability/Prometheus.js"
 import * as BearerAuth from "./BearerAuth.js"
+import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
 import { type ClientTlsOptions, httpClientLayer, type ServerTlsOptions } from "./Tls.js"
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
@@ -107,12 +113,51 @@ const readBody = (
     )
   })
 
-const decodeModelRequest = decodeJson(ModelOverlapRequestJson)
-const decodeDomainRequest = decodeJson(DomainOverlapRequestJson)
+const decodeModelTokens = decodeJson(ModelTokensOverlapJson)
+const decodeModelLocal = decodeJson(ModelLocalOverlapJson)
+const decodeDomainTokens = decodeJson(DomainTokensOverlapJson)
+const decodeDomainLocal = decodeJson(DomainLocalOverlapJson)
+const decodeBatch = decodeJsonText(OverlapBatchJson)
 const encodeOverlap = encodeJson(OverlapResponseJson)
+const encodeBatch = encodeJson(OverlapBatchResponseJson)
 const encodeDomains = encodeJson(DomainsResponseJson)
 
-/** `{namespace, model, blockHashes}` or `{poolDomain, blockHashes}`; the presence of `poolDomain` decides. */
+const QUERY_FORMS =
+  "{namespace, model, tokens, loraName?} or {namespace, model, localBlockHashes} (poolDomain in place of namespace and model)"
+
+/**
+ * One overlap body, already parsed from JSON: by model or by `poolDomain` (its presence
+ * decides), by `tokens` or by `localBlockHashes`. The engines' own block hashes are no query
+ * form: filters are addressed canonically (PROTOCOL §3.3), so they would never match.
+ */
+export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string => {
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    return `expected a JSON object ${QUERY_FORMS}`
+  }
+  if ("blockHashes" in parsed) {
+    return `blockHashes (engine block hashes) is not a query form: relays address blocks by canonical hashes of their tokens; give ${QUERY_FORMS}`
+  }
+  const byTokens = "tokens" in parsed
+  if (byTokens === "localBlockHashes" in parsed) {
+    return byTokens
+      ? "give tokens or localBlockHashes, not both"
+      : `the query has neither tokens nor localBlockHashes; give ${QUERY_FORMS}`
+  }
+  const decoded =
+    "poolDomain" in parsed
+      ? byTokens
+        ? decodeDomainTokens(parsed)
+        : decodeDomainLocal(parsed)
+      : byTokens
+        ? decodeModelTokens(parsed)
+        : decodeModelLocal(parsed)
+  return Either.match(decoded as Either.Either<OverlapRequest, { readonly message: string }>, {
+    onLeft: (error) => error.message,
+    onRight: (request) => request
+  })
+}
+
+/** `decodeOverlapRequest` of a body's text. */
 export const parseOverlapRequest = (text: string): OverlapRequest | string => {
   let parsed: unknown
   try {
@@ -120,26 +165,20 @@ export const parseOverlapRequest = (text: string): OverlapRequest | string => {
   } catch (cause) {
     return `invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`
   }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    return "expected a JSON object {namespace, model, blockHashes} or {poolDomain, blockHashes}"
+  return decodeOverlapRequest(parsed)
+}
+
+/** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
+export const parseOverlapBatch = (text: string): ReadonlyArray<OverlapRequest> | string => {
+  const batch = decodeBatch(text)
+  if (Either.isLeft(batch)) return batch.left.message
+  const requests: Array<OverlapRequest> = []
+  for (let i = 0; i < batch.right.queries.length; i++) {
+    const request = decodeOverlapRequest(batch.right.queries[i])
+    if (typeof request === "string") return `queries[${i}]: ${request}`
+    requests.push(request)
   }
-  if ("poolDomain" in parsed) {
-    return Either.match(decodeDomainRequest(parsed), {
-      onLeft: (error) => error.message,
-      onRight: (request): OverlapRequest => ({
-        poolDomain: request.poolDomain,
-        blockHashes: request.blockHashes
-      })
-    })
-  }
-  return Either.match(decodeModelRequest(parsed), {
-    onLeft: (error) => error.message,
-    onRight: (request): OverlapRequest => ({
-      namespace: request.namespace,
-      model: request.model,
-      blockHashes: request.blockHashes
-    })
-  })
+  return requests
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -169,12 +208,7 @@ const only = <E, R>(
 
 const healthz = Effect.succeed(HttpServerResponse.text("ok", { contentType: "text/plain; charset=utf-8" }))
 
-const metrics = Effect.gen(function* () {
-  const consumer = yield* GlobalConsumer
-  yield* consumer.refreshGauges
-  const text = yield* prometheusText
-  return HttpServerResponse.text(text, { contentType: "text/plain; version=0.0.4; charset=utf-8" })
-})
+const metrics = GlobalDiagnostics.metrics
 
 const domains = Effect.gen(function* () {
   const view = yield* GlobalView
@@ -219,6 +253,27 @@ const overlap = (maxBodyBytes: number) =>
       : errorResponse(500, "INTERNAL", `overlap answer could not be encoded: ${json.left.message}`)
   }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
 
+/**
+ * Each query answered as `/v1/overlap` would; a query that no domain (or no ready lane)
+ * answers gets an empty list rather than failing its neighbours.
+ */
+const overlapBatch = (maxBodyBytes: number) =>
+  Effect.gen(function* () {
+    const view = yield* GlobalView
+    const text = yield* readBody(maxBodyBytes)
+    const requests = parseOverlapBatch(text)
+    if (typeof requests === "string") return errorResponse(400, "INVALID_REQUEST", requests)
+    const results = requests.map((request) => {
+      const answer = view.overlapNow(request)
+      return Array.isArray(answer) ? answer : []
+    })
+    yield* Effect.annotateCurrentSpan("overlap.queries", requests.length)
+    const json = encodeBatch({ results })
+    return Either.isRight(json)
+      ? jsonResponse(200, json.right)
+      : errorResponse(500, "INTERNAL", `overlap answers could not be encoded: ${json.left.message}`)
+  }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
+
 const traced =
   (route: string) =>
   <E, R>(
@@ -241,7 +296,18 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
     HttpRouter.all("/healthz", traced("/healthz")(only("GET", healthz))),
     HttpRouter.all("/metrics", traced("/metrics")(only("GET", metrics))),
     HttpRouter.all("/v1/domains", traced("/v1/domains")(only("GET", domains))),
-    HttpRouter.all("/v1/overlap", traced("/v1/overlap")(only("POST", overlap(maxBodyBytes)))),
+    HttpRouter.all(
+      "/v1/overlap",
+      traced("/v1/overlap")(GlobalDiagnostics.timedQuery("/v1/overlap")(only("POST", overlap(maxBodyBytes))))
+    ),
+    HttpRouter.all(
+      "/v1/overlap/batch",
+      traced("/v1/overlap/batch")(
+        GlobalDiagnostics.timedQuery("/v1/overlap/batch")(only("POST", overlapBatch(maxBodyBytes)))
+      )
+    ),
+    HttpRouter.all("/v1/health", traced("/v1/health")(only("GET", GlobalDiagnostics.health))),
+    HttpRouter.all("/v1/stats", traced("/v1/stats")(only("GET", GlobalDiagnostics.stats))),
     Effect.catchTag("RouteNotFound", (error) =>
       Effect.succeed(
         errorResponse(404, "INVALID_REQUEST", `no route for ${error.request.method} ${error.request.url}`)
@@ -254,7 +320,9 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
 export const serve = (
   options: GlobalHttpServerOptions = {}
 ): Layer.Layer<never, never, HttpServer.HttpServer | GlobalView | GlobalConsumer> =>
-  HttpServer.serve(BearerAuth.guard(options.auth)(makeRouter(options)))
+  HttpServer.serve(BearerAuth.guard(options.auth)(makeRouter(options))).pipe(
+    Layer.provide(GlobalDiagnostics.layer)
+  )
 
 /**
  * The API on a Node HTTP server bound to `host:port` (default 127.0.0.1:8090). The layer also

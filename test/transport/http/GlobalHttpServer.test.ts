@@ -6,6 +6,7 @@
 import { HttpServer } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Logger, LogLevel, type Scope } from "effect"
+import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
 import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
 import { GlobalView, make as makeView } from "../../../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../../../src/transport/http/GlobalHttpServer.js"
@@ -35,16 +36,19 @@ const call = (url: string, path: string, init?: RequestInit): Effect.Effect<Repl
     return { status: response.status, headers: response.headers, text, json }
   })
 
-const post = (url: string, body: unknown) =>
-  call(url, "/v1/overlap", {
+const post = (url: string, body: unknown, path = "/v1/overlap") =>
+  call(url, path, {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: typeof body === "string" ? body : JSON.stringify(body)
   })
 
-const hashes = [0x1111_2222_3333n, 0x4444_5555_6666n, 0x7777_8888_9999n]
+/** A 3-block prompt (the fake domain's blocks are 16 tokens) and how relays address it. */
+const TOKENS = Array.from({ length: 3 * 16 }, (_, i) => 1000 + i)
+const LOCAL = localBlockHashes(TOKENS, 16)
+const hashes = sequenceHashes(LOCAL)
 
-/** Relay "a" with one pool holding the first two hashes; optionally a second, never-ready relay. */
+/** Relay "a" with one pool holding the prompt's first two blocks; optionally never ready. */
 const setup = (options: { readonly unreachablePool?: boolean } = {}) =>
   Effect.gen(function* () {
     const a = yield* FakeRelay.make("a", 1n)
@@ -81,7 +85,15 @@ const setup = (options: { readonly unreachablePool?: boolean } = {}) =>
 const readyOf = (consumer: Effect.Effect.Success<ReturnType<typeof makeConsumer>>) =>
   consumer.domains().some((d) => [...d.lanes.values()].some((l) => l.ready))
 
-const request = (blockHashes: ReadonlyArray<unknown>) => ({ namespace: "prod", model: "llama", blockHashes })
+const request = (tokens: ReadonlyArray<unknown>) => ({ namespace: "prod", model: "llama", tokens })
+const byLocal = (localBlockHashes: ReadonlyArray<unknown>) => ({
+  namespace: "prod",
+  model: "llama",
+  localBlockHashes
+})
+const BATCH = "/v1/overlap/batch"
+const depthOf = (json: unknown): number =>
+  (json as { results: Array<{ prefixDepth: number }> }).results[0]!.prefixDepth
 
 describe("GlobalHttpServer", () => {
   live("binds an ephemeral port and serves /healthz and /metrics", () =>
@@ -109,7 +121,7 @@ describe("GlobalHttpServer", () => {
         {
           cacheSemantics: { digest: "01".repeat(16), source: "explicit" },
           routingScope: { digest: "02".repeat(16), source: "explicit" },
-          querySemantics: { kvBlockSize: 16, hashFormat: "dynamo_standard_v1" },
+          querySemantics: { kvBlockSize: 16, hashFormat: "dynamo_standard_v1", addressing: "canonical_v1" },
           lanes: [
             {
               lane: 0,
@@ -142,10 +154,10 @@ describe("GlobalHttpServer", () => {
     })
   )
 
-  live("POST /v1/overlap answers by model and by pool domain; u64 as text or a number ≤ 2^53", () =>
+  live("POST /v1/overlap answers by tokens and by local hashes, by model and by pool domain", () =>
     Effect.gen(function* () {
       const { url } = yield* setup()
-      const byModel = yield* post(url, request([String(hashes[0]), Number(hashes[1]), String(hashes[2])]))
+      const byModel = yield* post(url, request(TOKENS))
       expect(byModel.status).toBe(200)
       expect(byModel.json).toEqual({
         results: [
@@ -159,40 +171,93 @@ describe("GlobalHttpServer", () => {
           }
         ]
       })
+      // A partial last block does not count; an adapter's blocks are addressed apart.
+      expect(depthOf((yield* post(url, request(TOKENS.slice(0, 16 + 15)))).json)).toBe(1)
+      expect(depthOf((yield* post(url, { ...request(TOKENS), loraName: "tenant-a" })).json)).toBe(0)
+      expect(depthOf((yield* post(url, { ...request(TOKENS), loraName: null })).json)).toBe(2)
+      expect(depthOf((yield* post(url, byLocal(LOCAL.map(String)))).json)).toBe(2)
+      // Sequence hashes are no local hashes: probed as such, only the first block (whose
+      // sequence hash is its local hash) matches.
+      expect(depthOf((yield* post(url, byLocal(hashes.map(String)))).json)).toBe(1)
       const byDomain = yield* post(url, {
         poolDomain: {
           cacheSemantics: { digest: "01".repeat(16), source: "explicit" },
           routingScope: { digest: "02".repeat(16), source: "explicit" }
         },
-        blockHashes: [String(hashes[0])]
+        tokens: TOKENS.slice(0, 16)
       })
       expect(byDomain.status).toBe(200)
-      expect((byDomain.json as { results: Array<{ prefixDepth: number }> }).results[0]!.prefixDepth).toBe(1)
+      expect(depthOf(byDomain.json)).toBe(1)
       const empty = yield* post(url, request([]))
       expect(empty.status).toBe(200)
-      expect((empty.json as { results: Array<{ prefixDepth: number }> }).results[0]!.prefixDepth).toBe(0)
-      expect((yield* post(url, request([2 ** 53]))).status).toBe(200)
+      expect(depthOf(empty.json)).toBe(0)
+      expect((yield* post(url, byLocal([2 ** 53, "18446744073709551615"]))).status).toBe(200)
     })
   )
 
-  live("malformed bodies, unknown fields and bad hashes are 400 INVALID_REQUEST", () =>
+  live("POST /v1/overlap/batch answers each query in order; one bad query fails it naming its index", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const reply = yield* post(
+        url,
+        {
+          queries: [
+            request(TOKENS),
+            byLocal(LOCAL.slice(0, 1).map(String)),
+            { ...request(TOKENS), model: "mistral" }
+          ]
+        },
+        BATCH
+      )
+      expect(reply.status, JSON.stringify(reply.json)).toBe(200)
+      const results = (reply.json as { results: Array<Array<{ prefixDepth: number }>> }).results
+      expect(results.map((r) => r.map((m) => m.prefixDepth))).toEqual([[2], [1], []])
+      const bad = yield* post(
+        url,
+        { queries: [request(TOKENS), { ...request(TOKENS), tokens: [1, -1] }] },
+        BATCH
+      )
+      expect(bad.status).toBe(400)
+      expect(bad.json).toEqual({
+        reason: "INVALID_REQUEST",
+        message: expect.stringMatching(/^queries\[1\]: .*tokens\[1\]/)
+      })
+      const none = yield* post(url, { queries: [] }, BATCH)
+      expect(none.status).toBe(400)
+      expect(none.json).toMatchObject({ message: expect.stringMatching(/1 to 256/) })
+      // 257 queries exceed this server's small body limit; the bound is the parser's.
+      const many = (n: number) => JSON.stringify({ queries: Array.from({ length: n }, () => request([])) })
+      expect(GlobalHttpServer.parseOverlapBatch(many(257))).toMatch(/1 to 256 overlap bodies, got 257/)
+      expect(GlobalHttpServer.parseOverlapBatch(many(256))).toHaveLength(256)
+    })
+  )
+
+  live("malformed bodies, unknown fields, engine block hashes and bad tokens are 400 INVALID_REQUEST", () =>
     Effect.gen(function* () {
       const { url } = yield* setup()
       const bad: Array<[unknown, RegExp]> = [
         ["{", /invalid JSON/],
         ["[]", /JSON object/],
-        [{ namespace: "prod", model: "llama" }, /missing field "blockHashes"/],
-        [{ ...request(["1"]), extra: true }, /unknown field "extra"/],
-        [request(["-1"]), /blockHashes\[0\]/],
-        [request(["0123"]), /canonical decimal/],
-        [request(["18446744073709551616"]), /u64/],
-        [request([2 ** 53 + 2]), /2\^53/],
-        [request([1.5]), /integer/],
-        [request([null]), /blockHashes\[0\]/],
-        [{ namespace: "", model: "llama", blockHashes: [] }, /namespace/],
-        [{ namespace: "prod", model: " llama", blockHashes: [] }, /model/],
+        [{ namespace: "prod", model: "llama" }, /neither tokens nor localBlockHashes/],
+        [{ namespace: "prod", model: "llama", blockHashes: ["1"] }, /blockHashes.*tokens.*localBlockHashes/],
+        [{ ...request([1]), localBlockHashes: [] }, /not both/],
+        [{ ...request([1]), extra: true }, /unknown field "extra"/],
+        [{ ...byLocal([]), loraName: "a" }, /unknown field "loraName"/],
+        [request([1, -1]), /tokens\[1\]/],
+        [request([2 ** 32]), /tokens\[0\]/],
+        [request([1.5]), /tokens\[0\]/],
+        [request(["7"]), /tokens\[0\]/],
+        [{ namespace: "prod", model: "llama", tokens: "1 2" }, /array of u32/],
+        [{ ...request([1]), loraName: 7 }, /loraName/],
+        [byLocal(["-1"]), /localBlockHashes\[0\]/],
+        [byLocal(["0123"]), /canonical decimal/],
+        [byLocal(["18446744073709551616"]), /u64/],
+        [byLocal([2 ** 53 + 2]), /2\^53/],
+        [byLocal([null]), /localBlockHashes\[0\]/],
+        [{ namespace: "", model: "llama", tokens: [] }, /namespace/],
+        [{ namespace: "prod", model: " llama", tokens: [] }, /model/],
         [
-          { poolDomain: { cacheSemantics: { digest: "zz", source: "explicit" } }, blockHashes: [] },
+          { poolDomain: { cacheSemantics: { digest: "zz", source: "explicit" } }, tokens: [] },
           /digest|routingScope/
         ],
         [
@@ -201,7 +266,7 @@ describe("GlobalHttpServer", () => {
               cacheSemantics: { digest: "01".repeat(16), source: "explicit", x: 1 },
               routingScope: { digest: "02".repeat(16), source: "explicit" }
             },
-            blockHashes: []
+            localBlockHashes: []
           },
           /unknown field "poolDomain.cacheSemantics.x"/
         ]
@@ -209,7 +274,10 @@ describe("GlobalHttpServer", () => {
       for (const [body, message] of bad) {
         const reply = yield* post(url, body)
         expect(reply.status, JSON.stringify(body)).toBe(400)
-        expect(reply.json).toEqual({ reason: "INVALID_REQUEST", message: expect.stringMatching(message) })
+        expect(reply.json, JSON.stringify(body)).toEqual({
+          reason: "INVALID_REQUEST",
+          message: expect.stringMatching(message)
+        })
       }
     })
   )
@@ -219,7 +287,7 @@ describe("GlobalHttpServer", () => {
       const { url } = yield* setup()
       const large = yield* post(
         url,
-        request(Array.from({ length: 400 }, (_, i) => String(10n ** 18n + BigInt(i))))
+        byLocal(Array.from({ length: 400 }, (_, i) => String(10n ** 18n + BigInt(i))))
       )
       expect(large.status).toBe(413)
       expect(large.json).toMatchObject({ reason: "INVALID_REQUEST" })
@@ -236,22 +304,22 @@ describe("GlobalHttpServer", () => {
   live("no matching domain is 404; matching domains without a ready lane are 503", () =>
     Effect.gen(function* () {
       const { url } = yield* setup()
-      const otherModel = yield* post(url, { namespace: "prod", model: "mistral", blockHashes: ["1"] })
+      const otherModel = yield* post(url, { namespace: "prod", model: "mistral", tokens: [1] })
       expect(otherModel.status).toBe(404)
       expect(otherModel.json).toMatchObject({ reason: "POOL_NOT_FOUND" })
-      const otherNamespace = yield* post(url, { namespace: "dev", model: "llama", blockHashes: ["1"] })
+      const otherNamespace = yield* post(url, { namespace: "dev", model: "llama", tokens: [1] })
       expect(otherNamespace.status).toBe(404)
       const otherDomain = yield* post(url, {
         poolDomain: {
           cacheSemantics: { digest: "01".repeat(16), source: "default_derived" },
           routingScope: { digest: "02".repeat(16), source: "explicit" }
         },
-        blockHashes: ["1"]
+        tokens: [1]
       })
       expect(otherDomain.status).toBe(404)
 
       const down = yield* setup({ unreachablePool: true })
-      const unavailable = yield* post(down.url, request(["1"]))
+      const unavailable = yield* post(down.url, request([1]))
       expect(unavailable.status).toBe(503)
       expect(unavailable.json).toMatchObject({ reason: "PUBLICATION_UNAVAILABLE" })
     })

@@ -9,6 +9,7 @@ import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../../src/ckf/cbi1.js"
 import { DcId, PoolId } from "../../../src/ckf/identity.js"
 import { WATCH_ALL } from "../../../src/discovery/DiscoveryConfig.js"
 import { projectMembership } from "../../../src/discovery/MembershipProjection.js"
+import { DROP_REASONS } from "../../../src/domain/ingest.js"
 import {
   CatalogSnapshotJson,
   DiagnosticSnapshotJson,
@@ -30,7 +31,15 @@ import {
   POOL_STREAM_CONTENT_TYPE
 } from "../../../src/transport/http/PoolStreamFrame.js"
 import * as RelayHttpServer from "../../../src/transport/http/RelayHttpServer.js"
+import { VERSION } from "../../../src/version.js"
 import { card } from "../../discovery/fixtures.js"
+import {
+  familyOf,
+  namingProblems,
+  PROCESS_FAMILIES,
+  parseExposition,
+  sampleValue
+} from "../../observability/exposition.js"
 import { runtimeConfig, storedEventN } from "../../relay/registryFixtures.js"
 import { eventually, get, postJson, request, type SseClient, subscribePool, watch } from "./httpClient.js"
 import { makeTestRelay, producerJson } from "./relayFixture.js"
@@ -83,7 +92,8 @@ describe("RelayHttpServer: plain routes", () => {
         activeEndpointCount: 0,
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
-        sourcesDegraded: 0
+        sourcesDegraded: 0,
+        discovery: { state: "live", since: "1970-01-01T00:00:00.000Z" }
       })
       decoded(HealthJson, healthy.json)
       yield* Ref.update(healthRef, (h) => ({
@@ -136,7 +146,7 @@ describe("RelayHttpServer: plain routes", () => {
         registrations: [
           { model: "mistral", target: { base: { baseModel: "mistral" } }, aliases: ["mistral-alias"] }
         ],
-        querySemantics: { kvBlockSize: 64, hashFormat: "dynamo_standard_v1" },
+        querySemantics: { kvBlockSize: 64, hashFormat: "dynamo_standard_v1", addressing: "canonical_v1" },
         poolRoles: ["aggregated"]
       })
       expect(first.producer.producerIncarnation).toBe("7")
@@ -278,7 +288,12 @@ describe("RelayHttpServer: plain routes", () => {
         "kv_dc_relay_serving_topology_count",
         "kv_dc_relay_degraded_load_coverage_pool_count",
         "kv_dc_relay_catalog_revision",
-        "kv_dc_relay_ingest_events",
+        "kv_dc_relay_ingest_events_total",
+        "kv_dc_relay_ingest_blocks_total",
+        "kv_dc_relay_ingest_malformed_total",
+        "kv_dc_relay_ingest_gaps_total",
+        "kv_dc_relay_ingest_recoveries_total",
+        "kv_dc_relay_ingest_dropped_batches_total",
         "kv_dc_relay_actor_mailbox_depth",
         "kv_dc_relay_publication_sequence"
       ]) {
@@ -287,7 +302,29 @@ describe("RelayHttpServer: plain routes", () => {
       expect(reply.text).toMatch(/kv_dc_relay_subscribers\{stream="pool"\} \d+/)
       expect(reply.text).toMatch(/kv_dc_relay_serving_topology_count\{state="ready"\} 0/)
       expect(reply.text).toMatch(/kv_dc_relay_catalog_pool_count 1\b/)
-      expect(reply.text).toMatch(/kv_dc_relay_ingest_events\{endpoint="prod.backend.generate"\} 0/)
+      expect(reply.text).toMatch(/kv_dc_relay_ingest_events_total\{endpoint="prod.backend.generate"\} 0/)
+    })
+  )
+
+  live("GET /metrics parses; counters are *_total counters; process, runtime and build metrics", () =>
+    Effect.gen(function* () {
+      const { base } = yield* setup()
+      const families = parseExposition((yield* get(base, "/metrics")).text)
+      expect(namingProblems(families)).toEqual([])
+      for (const [name, type] of PROCESS_FAMILIES) expect(familyOf(families, name)?.type, name).toBe(type)
+      expect(sampleValue(families, "kvrelay_build_info", { version: VERSION })).toBe(1)
+      for (const name of ["events", "blocks", "malformed", "gaps", "recoveries"]) {
+        expect(familyOf(families, `kv_dc_relay_ingest_${name}_total`)?.type).toBe("COUNTER")
+        expect(familyOf(families, `kv_dc_relay_ingest_${name}`)).toBeUndefined()
+      }
+      for (const reason of DROP_REASONS) {
+        expect(
+          sampleValue(families, "kv_dc_relay_ingest_dropped_batches_total", { reason }),
+          reason
+        ).toBeTypeOf("number")
+      }
+      // Only the relay's own Effect metrics: the consumer's are not mixed in.
+      expect(families.filter((f) => f.name.startsWith("kvrelay_global_"))).toEqual([])
     })
   )
 })
