@@ -13,7 +13,7 @@
  */
 
 import { Effect, Exit, Fiber, Option, Queue } from "effect"
-import type { CkfFailureAction } from "../ckf/failure.js"
+import { type CkfFailureAction, failureDisposition } from "../ckf/failure.js"
 import type { PoolId } from "../ckf/identity.js"
 import type { ActorFault } from "./PoolActor.js"
 import { DEFAULT_FAULT_CAPACITY } from "./PoolActor.js"
@@ -121,16 +121,140 @@ export class PendingActorFaults {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Waiting for a fault or for the guarded effect, without ever losing a fault
+
+/**
+ * Effect's `Queue.take` is not cancel-safe the way tokio's `recv` is: an offer hands its item to
+ * a waiting taker's Deferred at once, and a taker interrupted before it resumes drops that item.
+ * A fault offered in the same scheduler turn that the guarded effect ended was lost that way when
+ * the two were raced. So no take here is ever raced: the collector parks in `Queue.take` itself,
+ * and the guarded effect's end wakes it by offering a wake-up to the same queue.
+ *
+ * The wake-up is an `ActorFault` with the capacity-omission disposition, on which no reader acts
+ * (`push` drops it), so the queue keeps its element type; the collector removes its own wake-up
+ * before it returns. Another reader of the same queue that meets a wake-up (a retirement drain
+ * running beside a collector) hands it back to its collector.
+ */
+const WAKE_DISPOSITION = failureDisposition("BoundedRelocationFailure")
+
+/** Every wake-up object, with the collector that offered it. */
+const wakeOwners = new WeakMap<ActorFault, FaultWaiter>()
+
+type WakeableFaults = Queue.Dequeue<ActorFault> & Queue.Enqueue<unknown>
+
+class FaultWaiter {
+  /** In `Queue.take`, or about to enter it: the end of the guarded effect must wake it. */
+  private parked = false
+  /** The wake-up is in the queue (or on its way to a taker) and not yet taken back. */
+  private wakeQueued = false
+  /** The guarded effect ended. */
+  private done = false
+  private readonly wake: ActorFault
+
+  constructor(private readonly faults: WakeableFaults) {
+    this.wake = {
+      workerId: "",
+      dpRank: 0,
+      sourceEpoch: 0,
+      eventId: undefined,
+      category: "Resource",
+      disposition: WAKE_DISPOSITION,
+      message: "wake-up of a pending-fault collector (never a fault)"
+    }
+    wakeOwners.set(this.wake, this)
+  }
+
+  /** Runs in the guarded effect's fiber as it ends (success, failure or interruption). */
+  finished(): void {
+    this.done = true
+    if (this.parked) this.offerWake()
+  }
+
+  /** Another reader took this collector's wake-up. */
+  handBack(): void {
+    this.wakeQueued = false
+    if (this.parked) this.offerWake()
+  }
+
+  private offerWake(): void {
+    // A full queue needs no wake-up: the parked take returns one of its faults, and the
+    // collector sees `done` before it parks again.
+    this.wakeQueued = Queue.unsafeOffer(this.faults, this.wake)
+  }
+
+  /** The next fault, or `undefined` once the guarded effect ended or the queue was shut down. */
+  next(): Effect.Effect<ActorFault | undefined> {
+    return Effect.gen(this, function* () {
+      for (;;) {
+        if (this.done) return undefined
+        this.parked = true
+        const taken = yield* Effect.exit(Queue.take(this.faults)).pipe(
+          Effect.ensuring(
+            Effect.sync(() => {
+              this.parked = false
+            })
+          )
+        )
+        // A take on a shut-down queue interrupts itself: nothing more will arrive.
+        if (Exit.isFailure(taken)) return undefined
+        const item = taken.value
+        const owner = wakeOwners.get(item)
+        if (owner === undefined) return item
+        if (owner === this) this.wakeQueued = false
+        else owner.handBack()
+      }
+    })
+  }
+
+  /**
+   * Takes back a wake-up still in the queue. The faults queued ahead of it go to `keep`; the
+   * ones behind it stay queued, as they would have without the wake-up.
+   */
+  close(keep: (fault: ActorFault) => void): Effect.Effect<void> {
+    return Effect.gen(this, function* () {
+      this.parked = false
+      // Our wake-up, if queued, is among the items queued now; a handed-back one goes to the back.
+      let budget = queuedNow(this.faults)
+      while (this.wakeQueued && budget-- > 0) {
+        const polled = yield* Queue.poll(this.faults)
+        if (Option.isNone(polled)) break
+        const owner = wakeOwners.get(polled.value)
+        if (owner === undefined) keep(polled.value)
+        else if (owner === this) this.wakeQueued = false
+        else owner.handBack()
+      }
+      // Not found: another reader holds it and hands it back to a collector that no longer waits.
+      this.wakeQueued = false
+    })
+  }
+}
+
+/** Items queued now; 0 once the queue is shut down (its `size` and `poll` would interrupt). */
+const queuedNow = (faults: Queue.Dequeue<ActorFault>): number =>
+  Math.max(
+    0,
+    Option.getOrElse(faults.unsafeSize(), () => 0)
+  )
+
+/** `undefined` for a queue nobody can offer to (no such queue exists; the caller then just waits). */
+const makeWaiter = (faults: Queue.Dequeue<ActorFault>): FaultWaiter | undefined =>
+  Queue.isEnqueue(faults) ? new FaultWaiter(faults) : undefined
+
 /** Moves every fault already queued into `pending` without waiting (the seed's `drain_ready`). */
 export const drainReadyFaults = (
   faults: Queue.Dequeue<ActorFault>,
   pending: PendingActorFaults
 ): Effect.Effect<void> =>
   Effect.gen(function* () {
-    while (!pending.hasProducerFence()) {
+    // Bounded by what is queued now, so a wake-up handed back to the queue is not polled again.
+    let budget = queuedNow(faults)
+    while (!pending.hasProducerFence() && budget-- > 0) {
       const fault = yield* Queue.poll(faults)
       if (Option.isNone(fault)) return
-      pending.push(fault.value)
+      const owner = wakeOwners.get(fault.value)
+      if (owner === undefined) pending.push(fault.value)
+      else owner.handBack()
     }
   })
 
@@ -139,44 +263,11 @@ export type FaultCollection<A> =
   /** The effect was interrupted; the caller must retire the producer generation. */
   | { readonly _tag: "ProducerFence"; readonly trigger: ProducerFenceTrigger }
 
-type NextFault =
-  | { readonly _tag: "Fault"; readonly fault: ActorFault }
-  | { readonly _tag: "Done"; readonly late: ActorFault | undefined }
-
-/**
- * Waits for one fault or for `fiber` to finish, whichever comes first. A fault that reached the
- * taker in the same instant the fiber finished is kept when the interrupted take reports it.
- *
- * Residual window: Effect may interrupt a take whose item was handed over but not yet resumed;
- * that fault is then lost (tokio's `recv` is cancel-safe). It needs a fault and the effect's
- * completion in the same scheduler tick, and affects only the fault raced against completion.
- */
-const nextFaultOrDone = <A, E>(
-  faults: Queue.Dequeue<ActorFault>,
-  fiber: Fiber.Fiber<A, E>
-): Effect.Effect<NextFault> =>
-  // Both racers are made interruptible explicitly: retirement runs this inside scope finalizers,
-  // which are uninterruptible, and the losing racer must still be interruptible there.
-  Effect.raceWith(Effect.interruptible(Fiber.await(fiber)), Effect.interruptible(Queue.take(faults)), {
-    onSelfDone: (_, take): Effect.Effect<NextFault> =>
-      Effect.map(Fiber.interrupt(take), (exit) => ({
-        _tag: "Done",
-        late: Exit.isSuccess(exit) ? exit.value : undefined
-      })),
-    onOtherDone: (exit, waiter): Effect.Effect<NextFault> =>
-      Effect.zipRight(
-        Fiber.interrupt(waiter),
-        Exit.isSuccess(exit)
-          ? Effect.succeed<NextFault>({ _tag: "Fault", fault: exit.value })
-          : // `take` only fails when the queue is shut down: nothing more will arrive.
-            Effect.as(Fiber.await(fiber), { _tag: "Done", late: undefined } as NextFault)
-      )
-  })
-
 /**
  * Runs `effect` while collecting faults into `pending` (seed `collect_pending_while`). A fault that
  * installs a producer fence interrupts the effect (the source-local recovery is abandoned) and
- * returns `ProducerFence`; otherwise the effect's result is returned once it completes.
+ * returns `ProducerFence`; otherwise the effect's result is returned once it completes. Faults
+ * still queued then stay queued (the caller's `drainReadyFaults` takes them).
  */
 export const collectPendingWhile = <A, E, R>(
   faults: Queue.Dequeue<ActorFault>,
@@ -184,23 +275,36 @@ export const collectPendingWhile = <A, E, R>(
   effect: Effect.Effect<A, E, R>
 ): Effect.Effect<FaultCollection<A>, E, R> =>
   Effect.gen(function* () {
-    const fiber = yield* Effect.fork(effect)
-    for (;;) {
-      const next = yield* nextFaultOrDone(faults, fiber).pipe(
-        Effect.onInterrupt(() => Fiber.interrupt(fiber))
+    const waiter = makeWaiter(faults)
+    if (waiter === undefined) return { _tag: "Completed", value: yield* effect } as const
+    const keep = (fault: ActorFault) => pending.push(fault)
+    const fiber = yield* Effect.fork(
+      Effect.ensuring(
+        effect,
+        Effect.sync(() => waiter.finished())
       )
-      if (next._tag === "Done") {
-        if (next.late !== undefined) pending.push(next.late)
-        const value = yield* Fiber.join(fiber)
-        return { _tag: "Completed", value } as const
+    )
+    const collect = Effect.gen(function* () {
+      for (;;) {
+        const fault = yield* waiter.next()
+        if (fault === undefined) {
+          yield* waiter.close(keep)
+          const value = yield* Fiber.join(fiber)
+          return { _tag: "Completed", value } as const
+        }
+        pending.push(fault)
+        if (pending.hasProducerFence()) {
+          yield* Fiber.interrupt(fiber)
+          // With the fence pending, whatever `close` moves is moot (`push` ignores it).
+          yield* waiter.close(keep)
+          const trigger = pending.takeProducerFence()!
+          return { _tag: "ProducerFence", trigger } as const
+        }
       }
-      pending.push(next.fault)
-      const trigger = pending.takeProducerFence()
-      if (trigger !== undefined) {
-        yield* Fiber.interrupt(fiber)
-        return { _tag: "ProducerFence", trigger } as const
-      }
-    }
+    })
+    return yield* collect.pipe(
+      Effect.onInterrupt(() => Effect.zipRight(Fiber.interrupt(fiber), waiter.close(keep)))
+    )
   })
 
 /**
@@ -213,7 +317,8 @@ export const drainFaultsWhile = <A, E, R>(
   effect: Effect.Effect<A, E, R>
 ): Effect.Effect<A, E, R> =>
   Effect.gen(function* () {
-    const fiber = yield* Effect.fork(effect)
+    const waiter = makeWaiter(faults)
+    if (waiter === undefined) return yield* effect
     const logFault = (fault: ActorFault) =>
       Effect.logDebug("Draining KV DC Relay actor fault while retiring its pool").pipe(
         Effect.annotateLogs({
@@ -224,14 +329,24 @@ export const drainFaultsWhile = <A, E, R>(
           error: fault.message
         })
       )
-    for (;;) {
-      const next = yield* nextFaultOrDone(faults, fiber).pipe(
-        Effect.onInterrupt(() => Fiber.interrupt(fiber))
+    const closeAndLog = Effect.suspend(() => {
+      const left: Array<ActorFault> = []
+      return waiter
+        .close((fault) => left.push(fault))
+        .pipe(Effect.zipRight(Effect.forEach(left, logFault, { discard: true })))
+    })
+    const fiber = yield* Effect.fork(
+      Effect.ensuring(
+        effect,
+        Effect.sync(() => waiter.finished())
       )
-      if (next._tag === "Done") {
-        if (next.late !== undefined) yield* logFault(next.late)
-        return yield* Fiber.join(fiber)
+    )
+    const drain = Effect.gen(function* () {
+      for (let fault = yield* waiter.next(); fault !== undefined; fault = yield* waiter.next()) {
+        yield* logFault(fault)
       }
-      yield* logFault(next.fault)
-    }
+      yield* closeAndLog
+      return yield* Fiber.join(fiber)
+    })
+    return yield* drain.pipe(Effect.onInterrupt(() => Effect.zipRight(Fiber.interrupt(fiber), closeAndLog)))
   })

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber, Queue, TestClock } from "effect"
+import { Deferred, Effect, Fiber, HashMap, Logger, LogLevel, Option, Queue, TestClock } from "effect"
 import fc from "fast-check"
 import { type CkfFailurePoint, failureDisposition } from "../../src/ckf/failure.js"
 import { CacheSemanticsId, DcId, IndexerDomainId, PoolId, RoutingScopeId } from "../../src/ckf/identity.js"
@@ -224,6 +224,111 @@ describe("fault collection helpers", () => {
       ).pipe(Effect.as("retired"))
       const result = yield* drainFaultsWhile(poolId, faults, teardown)
       expect(result).toBe("retired")
+    })
+  )
+
+  // Effect hands an offered item straight to a waiting taker; interrupting that taker before it
+  // resumes drops the item. The guarded effect ends here, and `turns` scheduler turns later (still
+  // before the collector runs again, for some of them) a fault is offered: a collector that
+  // raced a take against the effect lost it. Every turn count must keep the fault.
+  const sameTurnFault = (turns: number) =>
+    Effect.gen(function* () {
+      const faults = yield* Queue.bounded<ActorFault>(16)
+      const done = yield* Deferred.make<number>()
+      const late = fault({ worker: 1, rank: 0, epoch: 1, kind: "Resource" })
+      const finish = Effect.gen(function* () {
+        yield* Deferred.succeed(done, turns)
+        for (let i = 0; i < turns; i++) yield* Effect.yieldNow()
+        yield* Queue.offer(faults, late)
+      })
+      return { faults, done, late, finish }
+    })
+
+  /** Joins `fiber` once it is done, failing instead of hanging if a few hundred turns do not end it. */
+  const joinSoon = <A, E>(fiber: Fiber.Fiber<A, E>, what: string) =>
+    Effect.gen(function* () {
+      for (let i = 0; i < 500; i++) {
+        const exit = yield* Fiber.poll(fiber)
+        if (Option.isSome(exit)) return yield* exit.value
+        yield* Effect.yieldNow()
+      }
+      return yield* Effect.dieMessage(`${what} did not finish`)
+    })
+
+  /** What the queue still holds, without waiting. */
+  const queued = (faults: Queue.Queue<ActorFault>) =>
+    Queue.takeAll(faults).pipe(Effect.map((chunk) => [...chunk]))
+
+  it.effect("collectPendingWhile keeps a fault offered in the same turn the guarded effect ends", () =>
+    Effect.gen(function* () {
+      for (let turns = 0; turns <= 30; turns++) {
+        const { faults, done, late, finish } = yield* sameTurnFault(turns)
+        const pending = new PendingActorFaults()
+        const collection = yield* Effect.fork(collectPendingWhile(faults, pending, Deferred.await(done)))
+        yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+        yield* Effect.fork(finish)
+        expect(yield* joinSoon(collection, `collection (${turns} turns)`)).toEqual({
+          _tag: "Completed",
+          value: turns
+        })
+        yield* Effect.yieldNow().pipe(Effect.repeatN(50))
+        // Either collected or still queued for the owner, and the queue holds nothing else.
+        const left = yield* queued(faults)
+        const collected = drain(pending).map((a) => (a._tag === "Fault" ? a.fault : undefined))
+        expect({ turns, faults: [...collected, ...left] }).toEqual({ turns, faults: [late] })
+      }
+    })
+  )
+
+  it.effect("drainFaultsWhile logs a fault offered in the same turn the guarded effect ends", () =>
+    Effect.gen(function* () {
+      const logged: Array<string> = []
+      const logger = Logger.make(({ annotations }) => {
+        const error = HashMap.get(annotations, "error")
+        if (Option.isSome(error)) logged.push(String(error.value))
+      })
+      for (let turns = 0; turns <= 30; turns++) {
+        const { faults, done, late, finish } = yield* sameTurnFault(turns)
+        logged.length = 0
+        const drained = yield* Effect.fork(
+          drainFaultsWhile(poolId, faults, Deferred.await(done)).pipe(
+            Effect.provide(Logger.replace(Logger.defaultLogger, logger)),
+            Logger.withMinimumLogLevel(LogLevel.Debug)
+          )
+        )
+        yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+        yield* Effect.fork(finish)
+        expect(yield* joinSoon(drained, `drain (${turns} turns)`)).toBe(turns)
+        yield* Effect.yieldNow().pipe(Effect.repeatN(50))
+        const left = (yield* queued(faults)).map((f) => f.message)
+        expect({ turns, faults: [...logged, ...left] }).toEqual({ turns, faults: [late.message] })
+      }
+    })
+  )
+
+  it.effect("two readers of one queue: a wake-up taken by the other goes back to its collector", () =>
+    Effect.gen(function* () {
+      const faults = yield* Queue.bounded<ActorFault>(16)
+      const pending = new PendingActorFaults()
+      const retireDone = yield* Deferred.make<string>()
+      const recoveryDone = yield* Deferred.make<string>()
+      // The retirement drain parks first, so it is first in line for whatever is offered next.
+      const retiring = yield* Effect.fork(drainFaultsWhile(poolId, faults, Deferred.await(retireDone)))
+      yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+      const collecting = yield* Effect.fork(
+        collectPendingWhile(faults, pending, Deferred.await(recoveryDone))
+      )
+      yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+      yield* Deferred.succeed(recoveryDone, "recovered")
+      expect(yield* joinSoon(collecting, "the collection")).toEqual({ _tag: "Completed", value: "recovered" })
+      // The drain still follows the queue: a real fault reaches it, not a stale wake-up.
+      const real = fault({ worker: 2, rank: 0, epoch: 1, kind: "Resource" })
+      yield* Queue.offer(faults, real)
+      yield* Effect.yieldNow().pipe(Effect.repeatN(20))
+      yield* Deferred.succeed(retireDone, "retired")
+      expect(yield* joinSoon(retiring, "the drain")).toBe("retired")
+      expect(yield* queued(faults)).toEqual([])
+      expect(pending.size).toBe(0)
     })
   )
 })
