@@ -189,7 +189,7 @@ export const benchMemoryPerEdgeCanonical = (ctx: BenchContext): void => {
   const baseline = modelFootprint(workloads)
   const stats = canonicalStats(edges, workloads)
   const tracked = stats.aggregation.contributionCount
-  const ours = (stats.memory.ownershipBytes + stats.memory.filterBytes) / tracked
+  const ours = (stats.memory.ownershipBytes + stats.memory.lineageBytes + stats.memory.filterBytes) / tracked
   record(
     ctx,
     "memory_per_edge_canonical",

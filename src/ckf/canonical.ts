@@ -315,9 +315,10 @@ export class CanonicalCkfState extends DcCkfState {
       ...stats,
       aggregation: {
         ...stats.aggregation,
-        unknownRemovals: stats.aggregation.unknownRemovals + this.lineageUnknownRemovals
+        unknownRemovals: stats.aggregation.unknownRemovals + this.lineageUnknownRemovals,
+        parentNotFound: this.parentNotFound
       },
-      memory: { ...stats.memory, ownershipBytes: stats.memory.ownershipBytes + this.lineage.bytes }
+      memory: { ...stats.memory, lineageEntries: this.lineage.size, lineageBytes: this.lineage.bytes }
     }
   }
 }

@@ -74,6 +74,8 @@ export interface DcCkfAggregationStats {
   readonly uniqueBlockCount: number
   readonly unknownRemovals: number
   readonly capacityFailures: number
+  /** Stored batches whose parent was not in the member's lineage (canonical pools only). */
+  readonly parentNotFound: number
   /** Full scan of nonzero words: diagnostic only. */
   readonly occupiedBucketCount: number
   readonly occupiedSlotCount: number
@@ -95,6 +97,9 @@ export interface DcCkfMemoryStats {
   readonly insertionScratchCapacity: number
   /** Bytes of every exact-ownership table (member sets and refcounts). */
   readonly ownershipBytes: number
+  /** External → canonical lineage of a canonical pool (0 otherwise): entries and bytes. */
+  readonly lineageEntries: number
+  readonly lineageBytes: number
 }
 
 export interface DcCkfStats {
@@ -980,6 +985,7 @@ export class DcCkfState {
         uniqueBlockCount: owners.size,
         unknownRemovals: this.unknownRemovals,
         capacityFailures: this.capacityFailures,
+        parentNotFound: 0,
         occupiedBucketCount: occupied,
         occupiedSlotCount: owners.size
       },
@@ -997,7 +1003,9 @@ export class DcCkfState {
         dirtyTrackingBytes:
           this.dirtyBits.byteLength + this.dirtyBuckets.byteLength + this.dirtyOriginals.byteLength,
         insertionScratchCapacity: this.log.length / 3,
-        ownershipBytes: owners.byteSize
+        ownershipBytes: owners.byteSize,
+        lineageEntries: 0,
+        lineageBytes: 0
       }
     }
   }

@@ -1117,6 +1117,7 @@ export const EndpointStatsJson = Schema.Struct({
       uniqueBlockCount: Count,
       unknownRemovals: Count,
       capacityFailures: Count,
+      parentNotFound: Count,
       occupiedBucketCount: Count,
       occupiedSlotCount: Count
     })
@@ -1138,6 +1139,8 @@ export const EndpointStatsJson = Schema.Struct({
       filterBytes: Count,
       dirtyTrackingBytes: Count,
       ownershipBytes: Count,
+      lineageEntries: Count,
+      lineageBytes: Count,
       memberSetCapacity: Count,
       refcountCapacity: Count,
       insertionScratchCapacity: Count

@@ -38,7 +38,7 @@ import {
   SubscriptionRef
 } from "effect"
 import { type DcId, PoolId } from "../ckf/identity.js"
-import { Discovery } from "../discovery/Discovery.js"
+import { Discovery, type DiscoveryStatus } from "../discovery/Discovery.js"
 import {
   type ConfigProblem,
   type DiscoveryScope,
@@ -206,11 +206,18 @@ export const rejectDuplicateLivePools = (
   return endpoints === undefined ? view : { endpoints }
 }
 
-/** `KvDcRelay::health` over the slots' statuses. */
+/** Discovery that has been live since the epoch: the seed's health has no discovery state. */
+const ALWAYS_LIVE: DiscoveryStatus = { state: "live", since: new Date(0) }
+
+/**
+ * `KvDcRelay::health` over the slots' statuses. Discovery is reported, not judged: a stale or
+ * connecting backend leaves the relay healthy (PROTOCOL §2), since the last membership serves.
+ */
 export const relayHealth = (
   statuses: Iterable<EndpointSlot.EndpointSlotStatus>,
   shuttingDown: boolean,
-  sources: { readonly recovering: number; readonly degraded: number } = { recovering: 0, degraded: 0 }
+  sources: { readonly recovering: number; readonly degraded: number } = { recovering: 0, degraded: 0 },
+  discovery: DiscoveryStatus = ALWAYS_LIVE
 ): RelayHealth => {
   let endpointCount = 0
   let activeEndpointCount = 0
@@ -227,7 +234,8 @@ export const relayHealth = (
     activeEndpointCount,
     fencedEndpointCount,
     sourcesRecovering: sources.recovering,
-    sourcesDegraded: sources.degraded
+    sourcesDegraded: sources.degraded,
+    discovery
   }
 }
 
@@ -467,6 +475,7 @@ export const make = (
                   uniqueBlockCount: stats.aggregation.uniqueBlockCount,
                   unknownRemovals: stats.aggregation.unknownRemovals,
                   capacityFailures: stats.aggregation.capacityFailures,
+                  parentNotFound: stats.aggregation.parentNotFound,
                   occupiedBucketCount: stats.aggregation.occupiedBucketCount,
                   occupiedSlotCount: stats.aggregation.occupiedSlotCount
                 },
@@ -583,7 +592,7 @@ export const make = (
           sources.recovering += health.sourcesRecovering
           sources.degraded += health.sourcesDegraded
         }
-        return relayHealth(statuses, shuttingDown, sources)
+        return relayHealth(statuses, shuttingDown, sources, yield* discovery.status)
       }),
       stats,
       diagnosticSnapshot,

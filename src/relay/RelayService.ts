@@ -8,6 +8,7 @@
 
 import { Context, type Deferred, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
+import type { DiscoveryStatus } from "../discovery/Discovery.js"
 import type { DcMembershipView } from "../discovery/MembershipProjection.js"
 import type { DpRank, WorkerId } from "../domain/events.js"
 import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
@@ -30,6 +31,8 @@ export interface RelayHealth {
   readonly sourcesRecovering: number
   /** Active sources serving without history they could not recover, or fenced pending a reset. */
   readonly sourcesDegraded: number
+  /** The discovery backend's state; `stale` and `connecting` leave the relay healthy (PROTOCOL §2). */
+  readonly discovery: DiscoveryStatus
 }
 
 export interface EndpointAggregationStats {
@@ -42,6 +45,7 @@ export interface EndpointAggregationStats {
   readonly uniqueBlockCount: number
   readonly unknownRemovals: number
   readonly capacityFailures: number
+  readonly parentNotFound: number
   readonly occupiedBucketCount: number
   readonly occupiedSlotCount: number
 }
@@ -76,6 +80,8 @@ export interface EndpointMemoryStats {
   readonly filterBytes: number
   readonly dirtyTrackingBytes: number
   readonly ownershipBytes: number
+  readonly lineageEntries: number
+  readonly lineageBytes: number
   readonly memberSetCapacity: number
   readonly refcountCapacity: number
   readonly insertionScratchCapacity: number
