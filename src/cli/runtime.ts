@@ -4,6 +4,7 @@
  */
 
 import { Cause, Data, Effect, Layer, Logger, LogLevel } from "effect"
+import * as FiberFailures from "../observability/FiberFailures.js"
 import { tracingLayer } from "../observability/Tracing.js"
 
 export type LogLevelName = "trace" | "debug" | "info" | "warning" | "error" | "fatal" | "none"
@@ -34,6 +35,8 @@ export const observabilityLayer = (options: {
 }): Layer.Layer<never> =>
   Layer.mergeAll(
     loggingLayer(options.logLevel),
+    // Every fiber of the command counts towards `effect_fiber_failures_total` on `/metrics`.
+    FiberFailures.layer(),
     tracingLayer({
       endpoint: options.otlp ?? options.env["OTEL_EXPORTER_OTLP_ENDPOINT"],
       serviceName: options.env["OTEL_SERVICE_NAME"] ?? options.defaultServiceName,

@@ -255,7 +255,14 @@ export interface LaneStatus {
   /** The sequence of the newest state admitted into the lane; defined while ready. */
   readonly installedSequence: bigint | undefined
   readonly faults: number
+  /** Faults by kind (`Relay`, `Assign`, `Install`, `Ingestion`, `Closed`, a relay client error's tag, `Defect`). */
+  readonly faultsByKind: Readonly<Record<string, number>>
   readonly lastFault: string | undefined
+  /** Snapshots installed and deltas admitted since the lane started (a new producer starts a new lane). */
+  readonly snapshotsInstalled: number
+  readonly deltasApplied: number
+  /** Subscriptions after the lane's first one (each follows a fault and its backoff). */
+  readonly resubscribes: number
 }
 
 /** One indexer domain: its indexer (for queries) and its lanes. */
@@ -349,7 +356,11 @@ interface LaneState {
   signal: Deferred.Deferred<never, LaneFault> | undefined
   fiber: Fiber.RuntimeFiber<never, never> | undefined
   faults: number
+  readonly faultsByKind: Record<string, number>
   lastFault: string | undefined
+  snapshotsInstalled: number
+  deltasApplied: number
+  resubscribes: number
 }
 
 /** Also the public `DomainStatus`. */
@@ -511,6 +522,7 @@ export const make = (
               }
               lane.ready = true
               lane.installedSequence = outcome.sequence
+              lane.snapshotsInstalled++
               return Effect.logInfo("global lane ready").pipe(
                 Effect.annotateLogs("sequence", String(outcome.sequence)),
                 Effect.zipRight(Metric.increment(Metric.tagged(snapshotsInstalledTotal, "relay", lane.relay)))
@@ -542,6 +554,7 @@ export const make = (
                 Effect.zipRight(
                   Effect.suspend(() => {
                     lane.installedSequence = event.sequence
+                    lane.deltasApplied++
                     const relay = lane.relay
                     return Metric.increment(Metric.tagged(deltasTotal, "relay", relay)).pipe(
                       Effect.zipRight(
@@ -623,6 +636,7 @@ export const make = (
         let attempt = 0
         for (;;) {
           const started = nowMs()
+          if (attempt > 0) lane.resubscribes++
           const exit = yield* Effect.exit(laneAttempt(domain, lane))
           if (Exit.isFailure(exit)) {
             const failure = Cause.failureOption(exit.cause)
@@ -632,6 +646,7 @@ export const make = (
                 : Cause.pretty(exit.cause)
             const kind = failure._tag === "Some" ? failure.value.kind : "Defect"
             lane.faults += 1
+            lane.faultsByKind[kind] = (lane.faultsByKind[kind] ?? 0) + 1
             lane.lastFault = text
             yield* Metric.increment(
               Metric.tagged(Metric.tagged(laneFaultsTotal, "relay", lane.relay), "kind", kind)
@@ -662,7 +677,11 @@ export const make = (
           signal: undefined,
           fiber: undefined,
           faults: 0,
-          lastFault: undefined
+          faultsByKind: {},
+          lastFault: undefined,
+          snapshotsInstalled: 0,
+          deltasApplied: 0,
+          resubscribes: 0
         }
         domain.lanes.set(lane.lane, lane)
         lane.fiber = yield* Effect.forkIn(laneLoop(domain, lane), domain.scope)

@@ -47,3 +47,33 @@ export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
 export type SkipReason = "medium" | "locality" | "ownership" | "group"
 export const SKIP_REASONS: ReadonlyArray<SkipReason> = ["medium", "locality", "ownership", "group"]
 export type SkipCounts = Readonly<Record<SkipReason, number>>
+
+/**
+ * Why a message or batch was dropped whole (`kv_dc_relay_ingest_dropped_batches_total{reason}`):
+ * - `stale`: an engine seq below the source's last accepted one (not a restart at 0);
+ * - `malformed`: rejected by the decoder (`kv_dc_relay_ingest_malformed_messages_total` says why);
+ * - `unknown-publisher`: its publisher id is bound to no active source (a Dynamo envelope from a
+ *   publisher discovery does not list, or a source that was just retired);
+ * - `foreign-payload`: its events name another worker or rank than the source advertises;
+ * - `backwards`: a commit group whose event id is at or below the rank's last admitted one;
+ * - `fenced`: it reached a rank that waits for a reset, or a binding that was replaced;
+ * - `handler-failed`: the relay failed while handling it (logged with the cause).
+ */
+export type DropReason =
+  | "stale"
+  | "malformed"
+  | "unknown-publisher"
+  | "foreign-payload"
+  | "backwards"
+  | "fenced"
+  | "handler-failed"
+
+export const DROP_REASONS: ReadonlyArray<DropReason> = [
+  "stale",
+  "malformed",
+  "unknown-publisher",
+  "foreign-payload",
+  "backwards",
+  "fenced",
+  "handler-failed"
+]

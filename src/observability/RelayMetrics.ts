@@ -1,6 +1,7 @@
 /**
- * The relay's `kv_dc_relay_*` metrics (relay-service §7) plus per-endpoint ingest and actor
- * gauges, as Effect `Metric`s rendered by `prometheusText`.
+ * The relay's `kv_dc_relay_*` metrics (relay-service §7): Effect `Metric`s that the exposition
+ * (`Prometheus.make`) reads at scrape time, plus per-endpoint ingest counters and actor gauges
+ * that `registerEndpointMetrics` reads from the relay's stats through collect callbacks.
  *
  * Metrics other modules already update keep the exact key (name, description, counter options)
  * those modules use, so both refer to one series: `PublicationHub` counts pool-stream lag and the
@@ -10,7 +11,15 @@
  */
 
 import { Effect, Metric } from "effect"
-import { MALFORMED_REASONS, type MalformedReason, SKIP_REASONS, type SkipCounts } from "../domain/ingest.js"
+import { Counter, Gauge, type Registry } from "prom-client"
+import {
+  DROP_REASONS,
+  type DropReason,
+  MALFORMED_REASONS,
+  type MalformedReason,
+  SKIP_REASONS,
+  type SkipCounts
+} from "../domain/ingest.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
 export const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
@@ -78,30 +87,6 @@ const degradedLoadCoverage = Metric.gauge("kv_dc_relay_degraded_load_coverage_po
   description: "pools with any observed < expected"
 })
 
-// Per serving endpoint (`endpoint="ns.component.endpoint"`). The ingest values are cumulative
-// totals owned by the endpoint's sources; they are gauges because they are set from snapshots.
-const ingestEvents = Metric.gauge("kv_dc_relay_ingest_events", {
-  description: "KV events ingested by the endpoint's sources (cumulative)"
-})
-const ingestBlocks = Metric.gauge("kv_dc_relay_ingest_blocks", {
-  description: "KV blocks carried by ingested events (cumulative)"
-})
-const ingestMalformed = Metric.gauge("kv_dc_relay_ingest_malformed", {
-  description: "malformed KV event messages (cumulative)"
-})
-const ingestGaps = Metric.gauge("kv_dc_relay_ingest_gaps", {
-  description: "event-id gaps detected on the endpoint's ranks (cumulative)"
-})
-const ingestRecoveries = Metric.gauge("kv_dc_relay_ingest_recoveries", {
-  description: "recoveries run for the endpoint's ranks (cumulative)"
-})
-const actorMailboxDepth = Metric.gauge("kv_dc_relay_actor_mailbox_depth", {
-  description: "commands queued in the endpoint's pool actor mailbox"
-})
-const publicationSequence = Metric.gauge("kv_dc_relay_publication_sequence", {
-  description: "last publication sequence of the endpoint's pool generation"
-})
-
 // Ingest drops, by reason, across every endpoint (PROTOCOL §3.2).
 const ingestSkippedEvents = Metric.counter("kv_dc_relay_ingest_skipped_events_total", {
   description: "engine KV events skipped because they are not the worker's device cache, by reason",
@@ -111,8 +96,9 @@ const ingestMalformedMessages = Metric.counter("kv_dc_relay_ingest_malformed_mes
   description: "KV event messages rejected as malformed (nothing of them applied), by reason",
   incremental: true
 })
+// The supervisor counts its drops under the same key (SourceSupervisor.ts).
 const ingestDroppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_total", {
-  description: "well-formed KV event batches dropped, by reason (stale: seq below the last accepted one)",
+  description: "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)",
   incremental: true
 })
 
@@ -180,43 +166,6 @@ export const setServingTopologyCounts = (
 export const setDegradedLoadCoverage = (pools: number): Effect.Effect<void> =>
   Metric.set(degradedLoadCoverage, pools)
 
-export interface EndpointGauges {
-  readonly events: number
-  readonly blocks: number
-  readonly malformed: number
-  readonly gaps: number
-  readonly recoveries: number
-  readonly mailboxDepth: number
-  readonly publicationSequence: bigint
-}
-
-export const ZERO_ENDPOINT_GAUGES: EndpointGauges = {
-  events: 0,
-  blocks: 0,
-  malformed: 0,
-  gaps: 0,
-  recoveries: 0,
-  mailboxDepth: 0,
-  publicationSequence: 0n
-}
-
-/** `endpoint` is the `ns.component.endpoint` text. */
-export const setEndpointGauges = (endpoint: string, gauges: EndpointGauges): Effect.Effect<void> => {
-  const at = (metric: Metric.Metric.Gauge<number>) => Metric.tagged(metric, "endpoint", endpoint)
-  return Effect.all(
-    [
-      Metric.set(at(ingestEvents), gauges.events),
-      Metric.set(at(ingestBlocks), gauges.blocks),
-      Metric.set(at(ingestMalformed), gauges.malformed),
-      Metric.set(at(ingestGaps), gauges.gaps),
-      Metric.set(at(ingestRecoveries), gauges.recoveries),
-      Metric.set(at(actorMailboxDepth), gauges.mailboxDepth),
-      Metric.set(at(publicationSequence), Number(gauges.publicationSequence))
-    ],
-    { discard: true }
-  )
-}
-
 export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
   Effect.forEach(
     SKIP_REASONS,
@@ -230,7 +179,7 @@ export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
 export const ingestMalformedMessage = (reason: MalformedReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestMalformedMessages, "reason", reason))
 
-export const ingestDropped = (reason: "stale"): Effect.Effect<void> =>
+export const ingestDropped = (reason: DropReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestDroppedBatches, "reason", reason))
 
 /** One finished rank recovery; `outcome` e.g. `events`, `tree_dump`, `degraded`, `failed`. */
@@ -277,7 +226,82 @@ export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(
     ...MALFORMED_REASONS.map((reason) =>
       Metric.incrementBy(Metric.tagged(ingestMalformedMessages, "reason", reason), 0)
     ),
-    Metric.incrementBy(Metric.tagged(ingestDroppedBatches, "reason", "stale"), 0)
+    ...DROP_REASONS.map((reason) =>
+      Metric.incrementBy(Metric.tagged(ingestDroppedBatches, "reason", reason), 0)
+    )
   ],
   { discard: true }
 )
+
+// ---------------------------------------------------------------------------------------------
+// Per serving endpoint, from the relay's stats at scrape time
+
+/** One endpoint's values in the relay's stats; `endpoint` is the `ns.component.endpoint` text. */
+export interface EndpointSample {
+  readonly endpoint: string
+  /** Cumulative counts of the endpoint's sources (they restart with a new pool generation). */
+  readonly events: number
+  readonly blocks: number
+  readonly malformed: number
+  readonly gaps: number
+  readonly recoveries: number
+  readonly mailboxDepth: number
+  readonly publicationSequence: bigint
+}
+
+type SampleField = Exclude<keyof EndpointSample, "endpoint">
+
+const ENDPOINT_COUNTERS: ReadonlyArray<readonly [string, string, SampleField]> = [
+  ["kv_dc_relay_ingest_events_total", "KV events ingested by the endpoint's sources", "events"],
+  ["kv_dc_relay_ingest_blocks_total", "KV blocks carried by ingested events", "blocks"],
+  [
+    "kv_dc_relay_ingest_malformed_total",
+    "malformed KV event messages of the endpoint's sources",
+    "malformed"
+  ],
+  ["kv_dc_relay_ingest_gaps_total", "event-id gaps detected on the endpoint's ranks", "gaps"],
+  ["kv_dc_relay_ingest_recoveries_total", "recoveries run for the endpoint's ranks", "recoveries"]
+]
+
+const ENDPOINT_GAUGES: ReadonlyArray<readonly [string, string, SampleField]> = [
+  ["kv_dc_relay_actor_mailbox_depth", "commands queued in the endpoint's pool actor mailbox", "mailboxDepth"],
+  [
+    "kv_dc_relay_publication_sequence",
+    "last publication sequence of the endpoint's pool generation",
+    "publicationSequence"
+  ]
+]
+
+/**
+ * Registers the per-endpoint families; each collect callback copies `samples()` (the stats the
+ * scrape fetched), so an endpoint that is gone has no series.
+ */
+export const registerEndpointMetrics = (
+  registry: Registry,
+  samples: () => ReadonlyArray<EndpointSample>
+): void => {
+  for (const [name, help, field] of ENDPOINT_COUNTERS) {
+    new Counter({
+      name,
+      help,
+      labelNames: ["endpoint"],
+      registers: [registry],
+      collect(this: Counter<"endpoint">) {
+        this.reset()
+        for (const sample of samples()) this.inc({ endpoint: sample.endpoint }, Number(sample[field]))
+      }
+    })
+  }
+  for (const [name, help, field] of ENDPOINT_GAUGES) {
+    new Gauge({
+      name,
+      help,
+      labelNames: ["endpoint"],
+      registers: [registry],
+      collect(this: Gauge<"endpoint">) {
+        this.reset()
+        for (const sample of samples()) this.set({ endpoint: sample.endpoint }, Number(sample[field]))
+      }
+    })
+  }
+}

@@ -25,12 +25,15 @@ import {
   Equal,
   FiberMap,
   FiberSet,
+  Metric,
+  MetricLabel,
   Option,
   Random,
   Schedule,
   type Scope
 } from "effect"
 import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
+import type { DropReason } from "../domain/ingest.js"
 import {
   activeSource,
   isRecoverableSource,
@@ -56,6 +59,22 @@ import {
 } from "./WorkerQuery.js"
 
 export const RECOVERY_MAX_RETRIES = 8
+
+// The key of `RelayMetrics`' drop counter (recovery does not import observability): one series.
+const droppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_total", {
+  description: "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)",
+  incremental: true
+})
+const dropLabels = new Map<DropReason, ReadonlyArray<MetricLabel.MetricLabel>>()
+/** Synchronous, so that the live path counts a drop without running an effect. */
+const countDrop = (reason: DropReason): void => {
+  let labels = dropLabels.get(reason)
+  if (labels === undefined) {
+    labels = [MetricLabel.make("reason", reason)]
+    dropLabels.set(reason, labels)
+  }
+  droppedBatches.unsafeUpdate(1, labels)
+}
 export const RECOVERY_INITIAL_BACKOFF_MS = 200
 export const RECOVERY_CONCURRENCY_LIMIT = 16
 export const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT: Duration.Duration = Duration.seconds(30)
@@ -957,6 +976,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       Effect.suspend(() => {
         const active = publisherBindings.get(publisherId)
         if (active === undefined) {
+          countDrop("unknown-publisher")
           return Effect.logDebug("Dropping KV event batch from an inactive or ambiguous source").pipe(
             Effect.annotateLogs({ publisherId: publisherId.toString() })
           )
@@ -967,6 +987,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           (event) => event.workerId !== expected.workerId || event.dpRank !== expected.dpRank
         )
         if (foreign !== undefined) {
+          countDrop("foreign-payload")
           return Effect.logError(
             "Dropping KV event batch whose payload disagrees with its source advertisement"
           ).pipe(
@@ -1020,9 +1041,11 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       binding: MutableBinding,
       groups: ReadonlyArray<CommitGroup>
     ): Effect.Effect<void> =>
-      Effect.suspend(() =>
-        slot.active !== binding || slot.resetPending ? Effect.void : liveGroupsFrom(slot, binding, groups, 0)
-      )
+      Effect.suspend(() => {
+        if (slot.active === binding && !slot.resetPending) return liveGroupsFrom(slot, binding, groups, 0)
+        countDrop("fenced")
+        return Effect.void
+      })
 
     /** Handles `groups` from `start` on, in order; stops at the first action that says so. */
     const liveGroupsFrom = (
@@ -1038,7 +1061,13 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           binding.incrementalGaps,
           binding.restartsAtFirstId
         )
-        if (action._tag === "Ignore") continue
+        if (action._tag === "Ignore") {
+          // Ignored at or below the cursor: a duplicate or a group going backwards. Above it, the
+          // group was buffered for a recovery in flight.
+          const cursor = slot.rank.cursor
+          if (cursor !== undefined && groups[i]!.eventId <= cursor) countDrop("backwards")
+          continue
+        }
         // After a restart the same group is observed again by the fresh rank state.
         const next = action._tag === "Restart" ? i : i + 1
         if (action._tag === "Apply") {

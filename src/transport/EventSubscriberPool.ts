@@ -206,6 +206,7 @@ export const makeEventSubscriberPool = (
       handler(publisherId, events).pipe(
         Effect.catchAllCause((cause) =>
           Effect.logError("KV event batch handler failed; the batch is dropped").pipe(
+            Effect.zipRight(RelayMetrics.ingestDropped("handler-failed")),
             Effect.annotateLogs({
               endpoint: subscription.endpoint,
               publisherId: String(publisherId),
@@ -282,6 +283,7 @@ export const makeEventSubscriberPool = (
           else subscription.unattributed[message.reason]++
           return logDrop(subscription, message.reason, "dropping a malformed KV event message").pipe(
             Effect.zipRight(RelayMetrics.ingestMalformedMessage(message.reason)),
+            Effect.zipRight(RelayMetrics.ingestDropped("malformed")),
             Effect.annotateLogs({
               endpoint: subscription.endpoint,
               reason: message.reason,

@@ -58,7 +58,7 @@ import {
   unsupportedProducerFeature
 } from "../../domain/json.js"
 import { EndpointId } from "../../domain/model.js"
-import { prometheusText } from "../../observability/Prometheus.js"
+import * as Prometheus from "../../observability/Prometheus.js"
 import * as RelayMetrics from "../../observability/RelayMetrics.js"
 import type { KvDcRelayError } from "../../relay/errors.js"
 import * as LoadWindows from "../../relay/LoadWindows.js"
@@ -180,7 +180,6 @@ const invalidRequest = (message: string) =>
 const internal = (message: string) => new HttpFailure({ status: 500, reason: "INTERNAL", message })
 
 const JSON_CONTENT_TYPE = "application/json"
-const PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 const SSE_HEADERS = { "cache-control": "no-cache", "x-accel-buffering": "no" } as const
 
 const encodeErrorBody = encodeJsonText(ErrorBodyJson)
@@ -381,8 +380,10 @@ interface ServerContext {
   readonly loadWatchers: WatchLimit
   /** Completed when the server begins to shut down. */
   readonly shutdown: Deferred.Deferred<void>
-  /** Endpoints whose gauges a previous scrape set. */
-  readonly reportedEndpoints: Set<string>
+  /** The `/metrics` registry; its per-endpoint collect callbacks read `endpointSamples`. */
+  readonly exposition: Prometheus.PrometheusExposition
+  /** The endpoints of the latest scrape's stats (kept when a scrape could not get them). */
+  endpointSamples: ReadonlyArray<RelayMetrics.EndpointSample>
   /** Requests whose response is not completely written yet (streams included). */
   inFlight: number
 }
@@ -997,33 +998,24 @@ const refreshGauges = (ctx: ServerContext): Effect.Effect<void> =>
     // Stats go through the actors; a busy relay must not stall the scrape.
     const relayStats = yield* ctx.relay.stats.pipe(Effect.timeoutOption("2 seconds"), Effect.option)
     if (Option.isNone(relayStats) || Option.isNone(relayStats.value)) return
-    const seen = new Set<string>()
-    for (const endpoint of relayStats.value.value.endpoints) {
-      const key = endpoint.servingEndpoint.toString()
-      seen.add(key)
-      yield* RelayMetrics.setEndpointGauges(key, {
-        events: endpoint.ingest.events,
-        blocks: endpoint.ingest.blocks,
-        malformed: endpoint.ingest.malformed,
-        gaps: endpoint.ingest.gaps,
-        recoveries: endpoint.ingest.recoveries,
-        mailboxDepth: endpoint.actor?.mailboxDepth ?? 0,
-        publicationSequence: endpoint.publication?.sequence ?? 0n
-      })
-    }
-    // Effect cannot unregister a series; a vanished endpoint's gauges drop to zero instead.
-    for (const key of ctx.reportedEndpoints) {
-      if (!seen.has(key)) yield* RelayMetrics.setEndpointGauges(key, RelayMetrics.ZERO_ENDPOINT_GAUGES)
-    }
-    ctx.reportedEndpoints.clear()
-    for (const key of seen) ctx.reportedEndpoints.add(key)
+    ctx.endpointSamples = relayStats.value.value.endpoints.map((endpoint) => ({
+      endpoint: endpoint.servingEndpoint.toString(),
+      events: endpoint.ingest.events,
+      blocks: endpoint.ingest.blocks,
+      malformed: endpoint.ingest.malformed,
+      gaps: endpoint.ingest.gaps,
+      recoveries: endpoint.ingest.recoveries,
+      mailboxDepth: endpoint.actor?.mailboxDepth ?? 0,
+      publicationSequence: endpoint.publication?.sequence ?? 0n
+    }))
   })
 
 const metrics: Handler = (ctx) =>
   Effect.zipRight(
     refreshGauges(ctx),
-    Effect.map(prometheusText, (text) =>
-      HttpServerResponse.text(text, { contentType: PROMETHEUS_CONTENT_TYPE })
+    ctx.exposition.text.pipe(
+      Effect.map((text) => HttpServerResponse.text(text, { contentType: ctx.exposition.contentType })),
+      Effect.mapError((error) => internal(`metrics could not be rendered: ${error.message}`))
     )
   )
 
@@ -1190,6 +1182,7 @@ export const makeApp = (
         fanoutCapacity: options.loadFanoutCapacity,
         onWindow: () => RelayMetrics.loadWindowEmitted
       }))
+    const exposition = yield* Prometheus.make({ effectMetricPrefixes: ["kv_dc_relay_"] })
     const shutdown = yield* Deferred.make<void>()
     const ctx: ServerContext = {
       relay,
@@ -1204,9 +1197,11 @@ export const makeApp = (
       readinessWatchers: new WatchLimit("readiness", "readiness stream", limits.maxReadinessWatchers),
       loadWatchers: new WatchLimit("load", "load stream", limits.maxLoadWatchers),
       shutdown,
-      reportedEndpoints: new Set(),
+      exposition,
+      endpointSamples: [],
       inFlight: 0
     }
+    RelayMetrics.registerEndpointMetrics(exposition.registry, () => ctx.endpointSamples)
     return {
       app: dispatch(ctx),
       beginShutdown: Deferred.succeed(shutdown, undefined),
