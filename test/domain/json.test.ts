@@ -71,7 +71,7 @@ const descriptorJson = (routingDigest?: string) => ({
     { model: "llama", target: { base: { baseModel: "llama" } }, aliases: ["chat", "llama-3"] },
     { model: "tenant-a", target: { lora: { baseModel: "llama", adapter: "tenant-a-v1" } }, aliases: [] }
   ],
-  querySemantics: { kvBlockSize: 512, hashFormat: "dynamo_standard_v1" },
+  querySemantics: { kvBlockSize: 512, hashFormat: "dynamo_standard_v1", addressing: "canonical_v1" },
   poolRoles: ["prefill", "decode"]
 })
 
@@ -392,8 +392,35 @@ describe("descriptors", () => {
     expect(roundTrips(ModelTargetJson, { lora: { baseModel: "llama", adapter: "t" } })._tag).toBe("Lora")
     roundTrips(RegistrationJson, descriptorJson().registrations[0])
     expect(
-      roundTrips(QuerySemanticsJson, { kvBlockSize: 16, hashFormat: "dynamo_eagle_v1" }).identityVersion
+      roundTrips(QuerySemanticsJson, {
+        kvBlockSize: 16,
+        hashFormat: "dynamo_eagle_v1",
+        addressing: "canonical_v1"
+      }).identityVersion
     ).toBe(2)
+  })
+
+  it("marks query semantics as canonically addressed, and refuses any other addressing", () => {
+    // Absent is canonical (PROTOCOL revision 2 has no other addressing); encoding always says so.
+    const plain = decoded(QuerySemanticsJson, { kvBlockSize: 16, hashFormat: "dynamo_standard_v1" })
+    expect(encoded(QuerySemanticsJson, plain)).toEqual({
+      kvBlockSize: 16,
+      hashFormat: "dynamo_standard_v1",
+      addressing: "canonical_v1"
+    })
+    expect(
+      rejection(QuerySemanticsJson, {
+        kvBlockSize: 16,
+        hashFormat: "dynamo_standard_v1",
+        addressing: "engine"
+      })
+    ).toMatch(/addressing "engine" is not "canonical_v1".*token queries/)
+    expect(
+      rejection(
+        PoolDescriptorJson,
+        withField(["querySemantics", "addressing"], "engine_v1", descriptorJson())
+      )
+    ).toContain("querySemantics.addressing")
   })
 
   it("normalizes registration aliases on decode", () => {
@@ -500,7 +527,8 @@ describe("relay documents", () => {
       activeEndpointCount: 1,
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
-      sourcesDegraded: 0
+      sourcesDegraded: 0,
+      discovery: { state: "stale", since: "2026-05-01T12:34:56.789Z" }
     })
     const request = roundTrips(SubscribeRequestJson, {
       subscriberId: "global-1",
