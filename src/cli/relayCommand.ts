@@ -78,14 +78,15 @@ export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig
         }
       }).pipe(Layer.provide(discoveryLayer(discovery)), Layer.provide(NodeFileSystem.layer))
     ),
-    // A file that cannot be read or holds an invalid document is a bad --discovery value; an etcd
-    // that does not answer is an outage (exit 1), still reported against the flag.
+    // A file that cannot be read or holds an invalid document is a bad --discovery value. An etcd
+    // that does not answer is no startup failure: the relay serves, reports discovery
+    // `connecting`, and keeps retrying (PROTOCOL §1).
     Effect.catchTag("DiscoveryStartupError", (error) =>
       Effect.fail(
         new StartupProblem({
           flag: "--discovery",
           reason: `${error.backend}: ${error.reason}`,
-          status: discovery.backend._tag === "File" ? 2 : 1
+          status: 2
         })
       )
     ),

@@ -7,7 +7,7 @@
  * one snapshot to the next, so consumers can detect unchanged records by reference.
  */
 
-import { Context, Data, Effect, Layer, Stream, SubscriptionRef } from "effect"
+import { Clock, Context, Data, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
 import type { ModelCardInstance } from "../domain/json.js"
 import type { KvEventSource } from "../domain/sources.js"
 
@@ -29,9 +29,11 @@ export interface RejectedSource {
 }
 
 /**
- * The state of the backend's source stream. A failed stream may have missed changes, so a source
- * coordinator resets its source membership whenever `epoch` changes (§2.7 "a discovery stream
- * error resets membership and rebinds") and treats sources as missing while `bound` is false.
+ * The state of the backend's source stream. A source coordinator resets its source membership
+ * whenever `epoch` changes (relay-service §2.7 "a discovery stream error resets membership and
+ * rebinds") and treats sources as missing while `bound` is false. Neither built-in backend moves
+ * it since PROTOCOL revision 2: an outage keeps the last membership in force, and the listing
+ * that rebinds the stream is diffed against it like any other change.
  */
 export interface SourceStreamState {
   /** Number of stream failures so far. */
@@ -49,9 +51,24 @@ export interface DiscoverySnapshot {
   readonly sourceStream: SourceStreamState
 }
 
+/**
+ * How current the records are (PROTOCOL §2, `/v1/health` `discovery.state`): `live` while the
+ * backend follows its source, `stale` while it cannot (the last records stay in force),
+ * `connecting` before the first successful read.
+ */
+export type DiscoveryStateName = "live" | "stale" | "connecting"
+
+export interface DiscoveryStatus {
+  readonly state: DiscoveryStateName
+  /** When the state last changed (the backend's start for the first state). */
+  readonly since: Date
+}
+
 export interface DiscoveryShape {
   /** `file:PATH` or `etcd:URL,…`, for logs and health. */
   readonly backend: string
+  /** The backend's current state. */
+  readonly status: Effect.Effect<DiscoveryStatus>
   /** The latest snapshot. */
   readonly current: Effect.Effect<DiscoverySnapshot>
   /**
@@ -66,7 +83,10 @@ export interface DiscoveryShape {
 
 export class Discovery extends Context.Tag("kvrelay/Discovery")<Discovery, DiscoveryShape>() {}
 
-/** Startup failures: an unreadable or invalid initial file document, an unreachable etcd. */
+/**
+ * Startup failures: an unreadable or invalid initial file document. (An etcd that cannot be
+ * reached at start is not one: the backend starts `connecting` and keeps retrying.)
+ */
 export class DiscoveryStartupError extends Data.TaggedError("DiscoveryStartupError")<{
   readonly backend: string
   readonly reason: string
@@ -116,12 +136,32 @@ export const makeSnapshotCell = (initial: DiscoverySnapshot) =>
     }
   })
 
+/** The backend's state; `set` moves `since` only when the state changes and says whether it did. */
+export const makeStatusCell = (initial: DiscoveryStateName) =>
+  Effect.gen(function* () {
+    const ref = yield* Ref.make<DiscoveryStatus>({
+      state: initial,
+      since: new Date(yield* Clock.currentTimeMillis)
+    })
+    return {
+      get: Ref.get(ref),
+      set: (state: DiscoveryStateName): Effect.Effect<boolean> =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          Ref.modify(ref, (current) =>
+            current.state === state ? [false, current] : [true, { state, since: new Date(now) }]
+          )
+        )
+    }
+  })
+
 /** A discovery service over a fixed record set (tests and the demo's in-memory mode). */
 export const makeStaticDiscovery = (snapshot: DiscoverySnapshot) =>
   Effect.gen(function* () {
     const cell = yield* makeSnapshotCell(snapshot)
+    const status = yield* makeStatusCell("live")
     const service: DiscoveryShape & { readonly publish: (next: DiscoverySnapshot) => Effect.Effect<void> } = {
       backend: "memory",
+      status: status.get,
       current: cell.current,
       changes: cell.changes,
       close: cell.closed.open,

@@ -5,7 +5,12 @@
  * `PREFIX/sources/{kvStateEndpoint}/{workerId}/{dpRank}/{publisherId}`, values the JSON records.
  * The relay lists the prefix, watches from the listed revision, re-lists every 30 s, and after a
  * failure rebinds (re-list, new watch) with backoff 100 ms doubling to 5 s, reset on success.
- * A record whose value is invalid or disagrees with its key is logged and ignored.
+ * A record whose value is invalid or disagrees with its key is logged once and ignored.
+ *
+ * Outages (PROTOCOL §2 ◆): while etcd cannot be reached the last listed records stay in force
+ * (state `stale`); only a listing or a watch event removes a record. An etcd that cannot be
+ * reached at start is not fatal: the backend starts with no records (state `connecting`) and
+ * keeps retrying with the same backoff. The loop is supervised: a defect restarts it.
  */
 
 import { Data, Duration, Effect, Either, FiberSet, Layer, Queue, Runtime, Schedule, type Scope } from "effect"
@@ -18,12 +23,13 @@ import {
   ModelCardInstanceJson
 } from "../domain/json.js"
 import type { KvEventSource } from "../domain/sources.js"
+import { loopStep, supervised } from "../domain/supervised.js"
 import {
   Discovery,
   type DiscoveryShape,
   type DiscoverySnapshot,
-  DiscoveryStartupError,
   makeSnapshotCell,
+  makeStatusCell,
   type RejectedSource,
   type SourceStreamState
 } from "./Discovery.js"
@@ -266,7 +272,7 @@ interface Listing {
 
 export const makeEtcdDiscovery = (
   options: EtcdDiscoveryOptions
-): Effect.Effect<DiscoveryShape, DiscoveryStartupError, Scope.Scope> =>
+): Effect.Effect<DiscoveryShape, never, Scope.Scope> =>
   Effect.gen(function* () {
     const prefix = options.prefix ?? DEFAULT_ETCD_PREFIX
     const endpoints = options.endpoints.join(",")
@@ -289,20 +295,28 @@ export const makeEtcdDiscovery = (
     )
 
     const records = new RecordSet(prefix)
-    let stream: SourceStreamState = { epoch: 0, bound: true }
+    // Constant since PROTOCOL revision 2: an outage no longer resets source membership.
+    const stream: SourceStreamState = { epoch: 0, bound: true }
     const logWarnings = (warnings: ReadonlyArray<string>) =>
       Effect.forEach(warnings, (warning) => Effect.logWarning(warning), { discard: true })
 
-    const initial = yield* list.pipe(
-      Effect.mapError(
-        (error) => new DiscoveryStartupError({ backend, reason: `cannot list ${prefix}/: ${error.reason}` })
+    const status = yield* makeStatusCell("connecting")
+    const first = yield* Effect.either(list)
+    /** A listing the next session applies instead of listing again (the one made at start). */
+    let pendingListing: Listing | undefined
+    if (Either.isRight(first)) {
+      const initialWarnings: Array<string> = []
+      records.replaceAll(first.right.kvs, initialWarnings)
+      records.appliedRevision = first.right.revision
+      yield* logWarnings(initialWarnings)
+      yield* status.set("live")
+      pendingListing = first.right
+    } else {
+      yield* Effect.logWarning(
+        `etcd cannot be reached at start; serving an empty membership and retrying: ${first.left.reason}`
       )
-    )
-    const initialWarnings: Array<string> = []
-    records.replaceAll(initial.kvs, initialWarnings)
-    records.appliedRevision = initial.revision
-    yield* logWarnings(initialWarnings)
-    const cell = yield* makeSnapshotCell(records.snapshot(initial.revision, stream))
+    }
+    const cell = yield* makeSnapshotCell(records.snapshot(records.appliedRevision, stream))
 
     /**
      * Replaces the record set with a listing. A periodic re-list yields to a watch that already
@@ -315,12 +329,8 @@ export const makeEtcdDiscovery = (
         const warnings: Array<string> = []
         const changed = records.replaceAll(listing.kvs, warnings)
         records.appliedRevision = listing.revision
-        const rebound = !stream.bound
-        if (rebound) stream = { epoch: stream.epoch, bound: true }
         return logWarnings(warnings).pipe(
-          Effect.zipRight(
-            changed || rebound ? cell.publish(records.snapshot(listing.revision, stream)) : Effect.void
-          )
+          Effect.zipRight(changed ? cell.publish(records.snapshot(listing.revision, stream)) : Effect.void)
         )
       })
 
@@ -379,12 +389,30 @@ export const makeEtcdDiscovery = (
         Effect.withSpan("discovery.etcd.watch", { attributes: { "etcd.revision": String(fromRevision) } })
       )
 
-    /** One bound session: (list,) watch, apply until the watch fails. Never succeeds. */
-    const session = (driver: Schedule.ScheduleDriver<unknown, unknown>, listing: Listing | undefined) =>
+    /** Rebind failures since the backend was last live, so only the first is logged loudly. */
+    let failures = 0
+    const becameLive = status.set("live").pipe(
+      Effect.tap(() => {
+        failures = 0
+      }),
+      Effect.flatMap((changed) =>
+        changed
+          ? Effect.logInfo("etcd discovery is live").pipe(
+              Effect.annotateLogs({ revision: String(records.appliedRevision) })
+            )
+          : Effect.void
+      )
+    )
+
+    /** One bound session: (list,) watch, apply until the watch or a re-list fails. Never succeeds. */
+    const session = (driver: Schedule.ScheduleDriver<unknown, unknown>) =>
       Effect.scoped(
         Effect.gen(function* () {
-          const current = listing ?? (yield* list)
+          const listed = pendingListing
+          pendingListing = undefined
+          const current = listed ?? (yield* list)
           yield* applyListing(current, true)
+          yield* becameLive
           yield* driver.reset
           const signals = yield* Queue.unbounded<WatchSignal>()
           yield* openWatch(current.revision + 1n, signals)
@@ -393,17 +421,17 @@ export const makeEtcdDiscovery = (
           ).pipe(Effect.forkScoped)
           while (true) {
             const signal = yield* Queue.take(signals)
+            yield* loopStep("discovery.etcd")
             if (signal._tag === "Failed") {
               return yield* new EtcdError({ operation: "watch", endpoints, reason: signal.reason })
             }
             if (signal._tag === "Connected") yield* driver.reset
             else if (signal._tag === "Data") yield* applyWatch(signal.response)
             else {
+              // A re-list that fails means etcd stopped answering even if the watch has not
+              // noticed (a silent partition): rebind rather than trust the watch.
               yield* list.pipe(
                 Effect.flatMap((listing) => applyListing(listing, false)),
-                Effect.catchAll((error) =>
-                  Effect.logWarning(`periodic etcd re-list failed; the watch continues: ${error.reason}`)
-                ),
                 Effect.withSpan("discovery.etcd.relist")
               )
             }
@@ -413,22 +441,24 @@ export const makeEtcdDiscovery = (
 
     const loop = Effect.gen(function* () {
       const driver = yield* Schedule.driver(backoff)
-      let failures = 0
-      let listing: Listing | undefined = initial
       while (true) {
-        const result = yield* Effect.either(session(driver, listing))
-        listing = undefined
+        const result = yield* Effect.either(session(driver))
         if (Either.isRight(result)) continue
         failures += 1
         const error = result.left
-        if (stream.bound) {
-          // The watch may have missed changes: source coordinators reset and rebind (§2.7).
-          stream = { epoch: stream.epoch + 1, bound: false }
-          yield* cell.publish(records.snapshot(records.appliedRevision, stream))
-          yield* Effect.logError(`etcd discovery stream failed; rebinding: ${error.message}`)
+        const { state } = yield* status.get
+        if (state === "live") {
+          yield* status.set("stale")
+          yield* Effect.logError(
+            `etcd discovery stream failed; the last membership stays in force while rebinding: ${error.message}`
+          )
+        } else if (failures === 1) {
+          yield* Effect.logWarning(`etcd discovery still cannot reach etcd; retrying: ${error.message}`).pipe(
+            Effect.annotateLogs({ state })
+          )
         } else {
           yield* Effect.logDebug(`etcd discovery rebind failed again: ${error.message}`).pipe(
-            Effect.annotateLogs("failures", failures)
+            Effect.annotateLogs({ failures, state })
           )
         }
         yield* driver.next(error).pipe(Effect.ignore, Effect.withSpan("discovery.etcd.rebind"))
@@ -436,21 +466,25 @@ export const makeEtcdDiscovery = (
     })
 
     const fibers = yield* FiberSet.make()
-    yield* FiberSet.run(fibers, loop)
+    // After a defect the supervisor starts a fresh session (list, watch) over the kept records.
+    yield* FiberSet.run(fibers, supervised("discovery.etcd", loop))
     const close = FiberSet.clear(fibers).pipe(
       Effect.zipRight(cell.closed.open),
       Effect.zipRight(Effect.sync(() => client.close()))
     )
     yield* Effect.addFinalizer(() => cell.closed.open)
     yield* Effect.logInfo("etcd discovery started").pipe(
-      Effect.annotateLogs({ revision: String(initial.revision), keys: initial.kvs.length })
+      Effect.annotateLogs({
+        revision: String(records.appliedRevision),
+        keys: Either.isRight(first) ? first.right.kvs.length : 0,
+        state: (yield* status.get).state
+      })
     )
-    return { backend, current: cell.current, changes: cell.changes, close }
+    return { backend, status: status.get, current: cell.current, changes: cell.changes, close }
   }).pipe(Effect.annotateLogs({ component: "discovery", backend: `etcd:${options.endpoints.join(",")}` }))
 
-export const etcdDiscoveryLayer = (
-  options: EtcdDiscoveryOptions
-): Layer.Layer<Discovery, DiscoveryStartupError> => Layer.scoped(Discovery, makeEtcdDiscovery(options))
+export const etcdDiscoveryLayer = (options: EtcdDiscoveryOptions): Layer.Layer<Discovery> =>
+  Layer.scoped(Discovery, makeEtcdDiscovery(options))
 
 // ---------------------------------------------------------------------------------------------
 // Registrar (workers, tests, the demo)

@@ -3,6 +3,9 @@
  * sources}`, re-read when it changes (a watch on its directory plus a 1 s poll of its stat; the poll
  * and the settle delay go through `Clock`). An invalid update is logged, naming every bad record, and the last valid
  * document stays in force; an unreadable or invalid initial document fails startup.
+ *
+ * State (`/v1/health` `discovery`): `live` after a good read, `stale` while the file is unreadable
+ * or invalid (the last valid document stays in force). Both loops are supervised.
  */
 
 import { watch } from "node:fs"
@@ -17,12 +20,14 @@ import {
   ModelCardInstanceJson
 } from "../domain/json.js"
 import type { KvEventSource } from "../domain/sources.js"
+import { loopStep, supervised } from "../domain/supervised.js"
 import {
   Discovery,
   type DiscoveryShape,
   type DiscoverySnapshot,
   DiscoveryStartupError,
-  makeSnapshotCell
+  makeSnapshotCell,
+  makeStatusCell
 } from "./Discovery.js"
 import { cardPath, sourceRecordKey } from "./DiscoveryRecords.js"
 
@@ -219,13 +224,28 @@ export const makeFileDiscovery = (
     let document = initial.right
     let revision = 1n
     let lastText = initialText
+    /** Whether `lastText` decoded: an unchanged invalid text stays stale, an unchanged valid one is live. */
+    let lastTextValid = true
     let lastSignature = initialSignature
     let lastReadError: string | undefined
     const cell = yield* makeSnapshotCell(toSnapshot(revision, document))
+    const status = yield* makeStatusCell("live")
+    const setState = (state: "live" | "stale") =>
+      status
+        .set(state)
+        .pipe(
+          Effect.flatMap((changed) =>
+            changed && state === "live"
+              ? Effect.logInfo("discovery file is valid again; following it")
+              : Effect.void
+          )
+        )
 
     const reload = Effect.gen(function* () {
+      yield* loopStep("discovery.file")
       const read = yield* Effect.either(fs.readFileString(path))
       if (Either.isLeft(read)) {
+        yield* setState("stale")
         if (lastReadError !== read.left.message) {
           lastReadError = read.left.message
           yield* Effect.logWarning(
@@ -236,15 +256,18 @@ export const makeFileDiscovery = (
       }
       lastReadError = undefined
       const text = read.right
-      if (text === lastText) return
+      if (text === lastText) return yield* setState(lastTextValid ? "live" : "stale")
       lastText = text
       const decoded = decodeDiscoveryDocument(text, document)
+      lastTextValid = Either.isRight(decoded)
       if (Either.isLeft(decoded)) {
+        yield* setState("stale")
         yield* Effect.logWarning(
           `invalid discovery file update ignored; the last valid document stays in force: ${decoded.left.message}`
         )
         return
       }
+      yield* setState("live")
       // Unchanged record arrays keep their identity, so consumers skip them by reference.
       const cardsSame = sameArray(decoded.right.cards, document.cards)
       const sourcesSame = sameArray(decoded.right.sources, document.sources)
@@ -270,25 +293,37 @@ export const makeFileDiscovery = (
     const run = FiberSet.run(fibers)
 
     // Signals coalesce in the sliding queue; after the quiet time one read sees the settled file.
+    // A restart reads once first: the step that died may have taken the only signal of a change.
+    let readerRuns = 0
     yield* run(
-      Effect.forever(
-        Queue.take(signals).pipe(
-          Effect.zipRight(Effect.sleep(settle)),
-          Effect.zipRight(Queue.takeAll(signals)),
-          Effect.zipRight(reload)
+      supervised(
+        "discovery.file",
+        Effect.suspend(() => (readerRuns++ === 0 ? Effect.void : Queue.offer(signals, undefined))).pipe(
+          Effect.zipRight(
+            Effect.forever(
+              Queue.take(signals).pipe(
+                Effect.zipRight(Effect.sleep(settle)),
+                Effect.zipRight(Queue.takeAll(signals)),
+                Effect.zipRight(reload)
+              )
+            )
+          )
         )
       )
     )
 
     yield* run(
-      Effect.forever(
-        Effect.sleep(pollInterval).pipe(
-          Effect.zipRight(signature),
-          Effect.flatMap((current) => {
-            if (current === lastSignature) return Effect.void
-            lastSignature = current
-            return Queue.offer(signals, undefined)
-          })
+      supervised(
+        "discovery.file-poll",
+        Effect.forever(
+          Effect.sleep(pollInterval).pipe(
+            Effect.zipRight(signature),
+            Effect.flatMap((current) => {
+              if (current === lastSignature) return Effect.void
+              lastSignature = current
+              return Queue.offer(signals, undefined)
+            })
+          )
         )
       )
     )
@@ -298,7 +333,7 @@ export const makeFileDiscovery = (
     yield* Effect.logInfo("file discovery started").pipe(
       Effect.annotateLogs({ cards: document.cards.length, sources: document.sources.length })
     )
-    return { backend, current: cell.current, changes: cell.changes, close }
+    return { backend, status: status.get, current: cell.current, changes: cell.changes, close }
   }).pipe(Effect.annotateLogs({ component: "discovery", backend: `file:${options.path}` }))
 
 export const fileDiscoveryLayer = (

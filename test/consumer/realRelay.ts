@@ -114,7 +114,8 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       activeEndpointCount: 0,
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
-      sourcesDegraded: 0
+      sourcesDegraded: 0,
+      discovery: { state: "live", since: new Date(0) }
     })
     const service: KvDcRelayService = {
       dcName,

@@ -4,12 +4,13 @@ import { join } from "node:path"
 import { NodeFileSystem } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Exit, Logger, Stream, TestClock } from "effect"
-import type { DiscoveryShape, DiscoverySnapshot } from "../../src/discovery/Discovery.js"
+import type { DiscoveryShape, DiscoverySnapshot, DiscoveryStateName } from "../../src/discovery/Discovery.js"
 import {
   decodeDiscoveryDocument,
   type FileDiscoveryOptions,
   makeFileDiscovery
 } from "../../src/discovery/FileDiscovery.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
 import { rawCard, rawSource } from "./fixtures.js"
 
 const document = (cards: ReadonlyArray<unknown>, sources: ReadonlyArray<unknown> = [], extra: object = {}) =>
@@ -60,6 +61,17 @@ const driveUntil = (discovery: DiscoveryShape, done: (snapshot: DiscoverySnapsho
       yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 5)))
     }
     return yield* Effect.die(new Error("discovery never reached the expected snapshot"))
+  })
+
+const driveUntilStatus = (discovery: DiscoveryShape, state: DiscoveryStateName) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < 200; i++) {
+      const status = yield* discovery.status
+      if (status.state === state) return status
+      yield* TestClock.adjust("250 millis")
+      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 5)))
+    }
+    return yield* Effect.die(new Error(`discovery never became ${state}`))
   })
 
 /** With the live clock: wait for a snapshot, polling with a bounded real deadline. */
@@ -268,6 +280,59 @@ describe("FileDiscovery", () => {
           const next = yield* driveUntil(discovery, (s) => s.revision === 2n)
           expect(next.cards.map((c) => c.instanceId)).toEqual(["1", "4"])
         }).pipe(Effect.provide(logs.layer)),
+      document([rawCard({ worker: 1 })])
+    )
+  })
+
+  it.scoped(
+    "state: live after a good read, stale while invalid or unreadable, live again after a good read",
+    () =>
+      withTempDir(
+        ({ path }) =>
+          Effect.gen(function* () {
+            const discovery = yield* start({ path, watch: false })
+            const initial = yield* discovery.current
+            // The test clock starts at 0: the first state dates from the start.
+            expect(yield* discovery.status).toEqual({ state: "live", since: new Date(0) })
+            yield* TestClock.adjust("10 seconds")
+            replaceFile(path, "{")
+            const stale = yield* driveUntilStatus(discovery, "stale")
+            expect(stale.since.getTime()).toBeGreaterThanOrEqual(10_000)
+            // Unreadable is stale too, and not a new change of state.
+            rmSync(path)
+            yield* TestClock.adjust("5 seconds")
+            yield* driveUntilStatus(discovery, "stale")
+            replaceFile(path, "{ still not json")
+            yield* TestClock.adjust("5 seconds")
+            expect((yield* driveUntilStatus(discovery, "stale")).since).toEqual(stale.since)
+            expect(yield* discovery.current).toBe(initial)
+            // The last valid text again: live, and nothing new to publish.
+            replaceFile(path, document([rawCard({ worker: 1 })]))
+            const live = yield* driveUntilStatus(discovery, "live")
+            expect(live.since.getTime()).toBeGreaterThan(stale.since.getTime())
+            expect(yield* discovery.current).toBe(initial)
+          }),
+        document([rawCard({ worker: 1 })])
+      )
+  )
+
+  it.scoped("a defect in the reload step is logged and counted; the restarted loop reads the change", () => {
+    const logs = collectLogs()
+    const faults = makeLoopFaults()
+    return withTempDir(
+      ({ path }) =>
+        Effect.gen(function* () {
+          const discovery = yield* start({ path, watch: false })
+          const restarts = supervisedRestarts("discovery.file")
+          faults.arm("discovery.file")
+          replaceFile(path, document([rawCard({ worker: 1 }), rawCard({ worker: 5 })]))
+          const next = yield* driveUntil(discovery, (s) => s.revision === 2n)
+          expect(next.cards.map((c) => c.instanceId)).toEqual(["1", "5"])
+          expect(faults.armed("discovery.file")).toBe(0)
+          expect(supervisedRestarts("discovery.file")).toBe(restarts + 1)
+          expect(logs.lines).toContain("supervised loop discovery.file failed; restarting it")
+          expect((yield* discovery.status).state).toBe("live")
+        }).pipe(Effect.provide(logs.layer), Effect.provideService(LoopFaults, faults)),
       document([rawCard({ worker: 1 })])
     )
   })

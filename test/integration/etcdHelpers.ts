@@ -46,59 +46,66 @@ export interface EtcdServer {
   readonly start: Effect.Effect<void>
 }
 
-/** An etcd member on loopback; `stop` kills it (SIGKILL), `start` restarts it on the same ports and data dir. */
-export const etcdServer: Effect.Effect<EtcdServer, never, Scope.Scope> = Effect.gen(function* () {
-  const dataDir = mkdtempSync(join(tmpdir(), "kvrelay-etcd-"))
-  const clientPort = yield* Effect.promise(freePort)
-  const peerPort = yield* Effect.promise(freePort)
-  const url = `http://127.0.0.1:${clientPort}`
-  const peer = `http://127.0.0.1:${peerPort}`
-  const args = [
-    "--name=kvrelay-test",
-    `--data-dir=${dataDir}`,
-    `--listen-client-urls=${url}`,
-    `--advertise-client-urls=${url}`,
-    `--listen-peer-urls=${peer}`,
-    `--initial-advertise-peer-urls=${peer}`,
-    `--initial-cluster=kvrelay-test=${peer}`,
-    "--log-level=error",
-    "--logger=zap"
-  ]
-  let child: ChildProcess | undefined
-  let stderr = ""
-  const stop = Effect.promise(
-    () =>
-      new Promise<void>((resolve) => {
-        const running = child
-        child = undefined
-        if (running === undefined || running.exitCode !== null) return resolve()
-        running.once("exit", () => resolve())
-        running.kill("SIGKILL")
+/**
+ * An etcd member on loopback; `stop` kills it (SIGKILL), `start` (re)starts it on the same ports
+ * and data dir. `etcdServerNotStarted` reserves the ports and data dir without starting it.
+ */
+const makeEtcdServer = (startNow: boolean): Effect.Effect<EtcdServer, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const dataDir = mkdtempSync(join(tmpdir(), "kvrelay-etcd-"))
+    const clientPort = yield* Effect.promise(freePort)
+    const peerPort = yield* Effect.promise(freePort)
+    const url = `http://127.0.0.1:${clientPort}`
+    const peer = `http://127.0.0.1:${peerPort}`
+    const args = [
+      "--name=kvrelay-test",
+      `--data-dir=${dataDir}`,
+      `--listen-client-urls=${url}`,
+      `--advertise-client-urls=${url}`,
+      `--listen-peer-urls=${peer}`,
+      `--initial-advertise-peer-urls=${peer}`,
+      `--initial-cluster=kvrelay-test=${peer}`,
+      "--log-level=error",
+      "--logger=zap"
+    ]
+    let child: ChildProcess | undefined
+    let stderr = ""
+    const stop = Effect.promise(
+      () =>
+        new Promise<void>((resolve) => {
+          const running = child
+          child = undefined
+          if (running === undefined || running.exitCode !== null) return resolve()
+          running.once("exit", () => resolve())
+          running.kill("SIGKILL")
+        })
+    )
+    const start = Effect.promise(async () => {
+      stderr = ""
+      const spawned = spawn(etcdBinary!, args, { stdio: ["ignore", "ignore", "pipe"] })
+      spawned.stderr?.on("data", (chunk: Buffer) => {
+        stderr += chunk.toString()
       })
-  )
-  const start = Effect.promise(async () => {
-    stderr = ""
-    const spawned = spawn(etcdBinary!, args, { stdio: ["ignore", "ignore", "pipe"] })
-    spawned.stderr?.on("data", (chunk: Buffer) => {
-      stderr += chunk.toString()
-    })
-    child = spawned
-    const deadline = Date.now() + 10_000
-    while (Date.now() < deadline) {
-      try {
-        const response = await fetch(`${url}/health`)
-        if (response.ok && (await response.text()).includes("true")) return
-      } catch {
-        // not listening yet
+      child = spawned
+      const deadline = Date.now() + 10_000
+      while (Date.now() < deadline) {
+        try {
+          const response = await fetch(`${url}/health`)
+          if (response.ok && (await response.text()).includes("true")) return
+        } catch {
+          // not listening yet
+        }
+        if (spawned.exitCode !== null) throw new Error(`etcd exited with ${spawned.exitCode}: ${stderr}`)
+        await new Promise((resolve) => setTimeout(resolve, 50))
       }
-      if (spawned.exitCode !== null) throw new Error(`etcd exited with ${spawned.exitCode}: ${stderr}`)
-      await new Promise((resolve) => setTimeout(resolve, 50))
-    }
-    throw new Error(`etcd did not become healthy within 10 s: ${stderr}`)
+      throw new Error(`etcd did not become healthy within 10 s: ${stderr}`)
+    })
+    yield* Effect.addFinalizer(() =>
+      stop.pipe(Effect.zipRight(Effect.sync(() => rmSync(dataDir, { recursive: true, force: true }))))
+    )
+    if (startNow) yield* start
+    return { url, stop, start }
   })
-  yield* Effect.addFinalizer(() =>
-    stop.pipe(Effect.zipRight(Effect.sync(() => rmSync(dataDir, { recursive: true, force: true }))))
-  )
-  yield* start
-  return { url, stop, start }
-})
+
+export const etcdServer: Effect.Effect<EtcdServer, never, Scope.Scope> = makeEtcdServer(true)
+export const etcdServerNotStarted: Effect.Effect<EtcdServer, never, Scope.Scope> = makeEtcdServer(false)

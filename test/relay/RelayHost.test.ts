@@ -185,7 +185,8 @@ describe("RelayHost", () => {
         activeEndpointCount: 1,
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
-        sourcesDegraded: 0
+        sourcesDegraded: 0,
+        discovery: { state: "live", since: expect.any(Date) }
       })
       const catalog = yield* catalogOf(relay)
       expect(catalog.pools.map((d) => d.servingEndpoint.toString())).toEqual([fast])

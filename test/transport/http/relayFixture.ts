@@ -40,7 +40,8 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
       activeEndpointCount: 0,
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
-      sourcesDegraded: 0
+      sourcesDegraded: 0,
+      discovery: { state: "live", since: new Date(0) }
     })
 
     const attachmentOf = (endpoint: EndpointId) => attachments.get(endpoint.toString())
