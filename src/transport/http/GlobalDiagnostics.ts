@@ -171,7 +171,9 @@ export class GlobalDiagnostics extends Context.Tag("kvrelay/GlobalDiagnostics")<
 export const layer: Layer.Layer<GlobalDiagnostics> = Layer.scoped(
   GlobalDiagnostics,
   Effect.gen(function* () {
-    const exposition = yield* Prometheus.make({ effectMetricPrefixes: ["kvrelay_global_"] })
+    const exposition = yield* Prometheus.make({
+      effectMetricPrefixes: ["kvrelay_global_", "kvrelay_supervised_"]
+    })
     return { exposition, queries: new QueryStats(exposition.registry, QUERY_ROUTES) }
   })
 )

@@ -1182,7 +1182,9 @@ export const makeApp = (
         fanoutCapacity: options.loadFanoutCapacity,
         onWindow: () => RelayMetrics.loadWindowEmitted
       }))
-    const exposition = yield* Prometheus.make({ effectMetricPrefixes: ["kv_dc_relay_"] })
+    const exposition = yield* Prometheus.make({
+      effectMetricPrefixes: ["kv_dc_relay_", "kvrelay_supervised_"]
+    })
     const shutdown = yield* Deferred.make<void>()
     const ctx: ServerContext = {
       relay,
