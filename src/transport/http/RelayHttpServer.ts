@@ -12,7 +12,8 @@
  *   `writeStallTimeout`: a client that never reads again cannot hold its stream slot forever;
  * - server shutdown ends every stream (a pool stream with a terminal frame first).
  * A client that disconnects interrupts its request fiber at once, which closes the request
- * scope and frees its stream or watcher slot.
+ * scope and frees its stream or watcher slot. The diagnostic snapshot is streamed too
+ * (`SnapshotBody`), at most 2 at once.
  */
 
 import * as Http from "node:http"
@@ -42,7 +43,6 @@ import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
 import type { ProducerIdentity } from "../../ckf/identity.js"
 import {
   CatalogSnapshotJson,
-  DiagnosticSnapshotJson,
   decodeJson,
   ErrorBodyJson,
   type ErrorReason,
@@ -82,6 +82,7 @@ import {
   type PoolFrameKind
 } from "./PoolStreamFrame.js"
 import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
+import { InProgressLimit, MAX_SNAPSHOTS_IN_PROGRESS, snapshotBody, yieldToEventLoop } from "./SnapshotBody.js"
 import type { ServerTlsOptions } from "./Tls.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -212,7 +213,6 @@ const respondRelayInfo = jsonResponder(RelayInfoJson)
 const respondCatalog = jsonResponder(CatalogSnapshotJson)
 const respondReadiness = jsonResponder(ReadinessJson)
 const respondStats = jsonResponder(RelayStatsJson)
-const respondSnapshot = jsonResponder(DiagnosticSnapshotJson)
 
 const encodeCatalogText = encodeJsonText(CatalogSnapshotJson)
 const encodeReadinessText = encodeJsonText(ReadinessJson)
@@ -378,6 +378,8 @@ interface ServerContext {
   readonly catalogWatchers: WatchLimit
   readonly readinessWatchers: WatchLimit
   readonly loadWatchers: WatchLimit
+  /** Snapshot responses being written (at most 2). */
+  readonly snapshots: InProgressLimit
   /** Completed when the server begins to shut down. */
   readonly shutdown: Deferred.Deferred<void>
   /** The `/metrics` registry; its per-endpoint collect callbacks read `endpointSamples`. */
@@ -955,7 +957,28 @@ const poolSubscribe: Handler = (ctx, request) =>
 const stats: Handler = (ctx) =>
   Effect.flatMap(Effect.mapError(ctx.relay.stats, relayFailure), (value) => respondStats(value))
 
-const endpointSnapshot: Handler = (ctx, _request, _query, params) =>
+/** A snapshot place for the rest of the request (until its body was handed to Node), or 429. */
+const admitSnapshot = (limit: InProgressLimit): Effect.Effect<void, HttpFailure, Scope.Scope> =>
+  Effect.uninterruptible(
+    Effect.suspend(() => {
+      if (!limit.tryAcquire()) {
+        return Effect.fail(
+          new HttpFailure({
+            status: 429,
+            reason: "RESOURCE_LIMIT",
+            message: `Relay snapshot limit ${limit.max} reached; retry once a snapshot in progress is done`
+          })
+        )
+      }
+      return Effect.addFinalizer(() => Effect.sync(() => limit.release()))
+    })
+  )
+
+/**
+ * The barrier snapshot, streamed (PROTOCOL §5 ◆): the actor's barrier hands out its own copy of
+ * the words, and the body is base64-encoded a slice at a time, one event-loop turn per slice.
+ */
+const endpointSnapshot: Handler = (ctx, request, _query, params) =>
   Effect.gen(function* () {
     let text: string
     try {
@@ -965,14 +988,34 @@ const endpointSnapshot: Handler = (ctx, _request, _query, params) =>
     }
     const endpoint = EndpointId.parse(text)
     if (Either.isLeft(endpoint)) return yield* Effect.fail(invalidRequest(endpoint.left.message))
+    // Admitted before the barrier: at most two copies of the words exist because of this route.
+    yield* admitSnapshot(ctx.snapshots)
     const snapshot = yield* Effect.mapError(ctx.relay.diagnosticSnapshot(endpoint.right), relayFailure)
-    return yield* respondSnapshot({
-      layoutGeneration: snapshot.layoutGeneration,
-      sequence: snapshot.sequence,
-      memberCount: snapshot.memberCount,
-      uniqueBlockCount: snapshot.uniqueBlockCount,
-      format: snapshot.producer.format,
-      buckets: snapshot.words
+    const body = snapshotBody(
+      {
+        layoutGeneration: snapshot.layoutGeneration,
+        sequence: snapshot.sequence,
+        memberCount: snapshot.memberCount,
+        uniqueBlockCount: snapshot.uniqueBlockCount,
+        format: snapshot.producer.format
+      },
+      snapshot.words
+    )
+    if (Either.isLeft(body)) {
+      return yield* Effect.fail(internal(`response could not be encoded: ${body.left.message}`))
+    }
+    let first = true
+    const step: Effect.Effect<Option.Option<Uint8Array>> = Effect.suspend(() => {
+      const slice = () => Effect.sync(() => Option.fromNullable(body.right.next()))
+      if (first) {
+        first = false
+        return slice()
+      }
+      return Effect.zipRight(yieldToEventLoop, slice())
+    })
+    return HttpServerResponse.stream(yield* guardedBody(ctx, request, "snapshot", step), {
+      contentType: JSON_CONTENT_TYPE,
+      contentLength: body.right.byteLength
     })
   })
 
@@ -1198,6 +1241,7 @@ export const makeApp = (
       catalogWatchers: new WatchLimit("catalog", "catalog stream", limits.maxCatalogWatchers),
       readinessWatchers: new WatchLimit("readiness", "readiness stream", limits.maxReadinessWatchers),
       loadWatchers: new WatchLimit("load", "load stream", limits.maxLoadWatchers),
+      snapshots: new InProgressLimit(MAX_SNAPSHOTS_IN_PROGRESS),
       shutdown,
       exposition,
       endpointSamples: [],
