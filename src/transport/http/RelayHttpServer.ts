@@ -12,8 +12,10 @@
  *   `writeStallTimeout`: a client that never reads again cannot hold its stream slot forever;
  * - server shutdown ends every stream (a pool stream with a terminal frame first).
  * A client that disconnects interrupts its request fiber at once, which closes the request
- * scope and frees its stream or watcher slot. The diagnostic snapshot is streamed too
- * (`SnapshotBody`), at most 2 at once.
+ * scope and frees its stream or watcher slot. A pool stream that becomes terminal (lagged,
+ * retired) frees its slot at that moment, before its writer gets to the terminal frame, and its
+ * connection is cut if it has not taken that end 5 s later (PROTOCOL §5 ◆, `TerminalDelivery`).
+ * The diagnostic snapshot is streamed too (`SnapshotBody`), at most 2 at once.
  */
 
 import * as Http from "node:http"
@@ -83,6 +85,7 @@ import {
 } from "./PoolStreamFrame.js"
 import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
 import { InProgressLimit, MAX_SNAPSHOTS_IN_PROGRESS, snapshotBody, yieldToEventLoop } from "./SnapshotBody.js"
+import * as TerminalDelivery from "./TerminalDelivery.js"
 import type { ServerTlsOptions } from "./Tls.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -380,6 +383,8 @@ interface ServerContext {
   readonly loadWatchers: WatchLimit
   /** Snapshot responses being written (at most 2). */
   readonly snapshots: InProgressLimit
+  /** The server's scope: work that must outlive a request (a terminal frame's delivery). */
+  readonly scope: Scope.Scope
   /** Completed when the server begins to shut down. */
   readonly shutdown: Deferred.Deferred<void>
   /** The `/metrics` registry; its per-endpoint collect callbacks read `endpointSamples`. */
@@ -833,7 +838,10 @@ const poolSubscribe: Handler = (ctx, request) =>
       "kvrelay.pool": expected.poolId.toString(),
       "kvrelay.layout_generation": String(expected.layoutGeneration)
     })
-    const frames = yield* ctx.relay.subscribePool(expected, subscriberId).pipe(
+    // Completes the moment the stream is terminal (lagged, retired, stalled), which for a client
+    // that stopped reading is long before the writer reaches the terminal frame.
+    const ended = yield* Deferred.make<PublicationError>()
+    const frames = yield* ctx.relay.subscribePool(expected, subscriberId, ended).pipe(
       Effect.tapError((error) =>
         error.kind === "ResourceExhausted" && error.message.startsWith(TOTAL_POOL_STREAM_LIMIT)
           ? RelayMetrics.limitRejected("pool", "total")
@@ -841,8 +849,31 @@ const poolSubscribe: Handler = (ctx, request) =>
       ),
       Effect.mapError(preStreamFailure)
     )
-    yield* Effect.acquireRelease(RelayMetrics.subscriberOpened("pool"), () =>
-      RelayMetrics.subscriberClosed("pool")
+    // The subscriber leaves the gauge when its stream is terminal or its request ends, once.
+    let counted = false
+    const uncount = Effect.suspend(() => {
+      if (!counted) return Effect.void
+      counted = false
+      return RelayMetrics.subscriberClosed("pool")
+    })
+    yield* Effect.acquireRelease(
+      Effect.zipRight(
+        RelayMetrics.subscriberOpened("pool"),
+        Effect.sync(() => {
+          counted = true
+        })
+      ),
+      () => uncount
+    )
+    // The publication source gave the stream slot back when `ended` completed; the connection
+    // then has 5 s to take the end of the stream. That wait outlives the request scope, which
+    // closes once the last frame was handed to Node, not once Node could send it.
+    const response = NodeHttpServerRequest.toServerResponse(request)
+    yield* Deferred.await(ended).pipe(
+      Effect.zipRight(uncount),
+      Effect.zipRight(Effect.forkIn(TerminalDelivery.deliverOrCut(response, "pool"), ctx.scope)),
+      Effect.interruptible,
+      Effect.forkScoped
     )
     const log = (message: string) =>
       Effect.annotateLogs(Effect.logInfo(message), {
@@ -1242,6 +1273,7 @@ export const makeApp = (
       readinessWatchers: new WatchLimit("readiness", "readiness stream", limits.maxReadinessWatchers),
       loadWatchers: new WatchLimit("load", "load stream", limits.maxLoadWatchers),
       snapshots: new InProgressLimit(MAX_SNAPSHOTS_IN_PROGRESS),
+      scope: yield* Effect.scope,
       shutdown,
       exposition,
       endpointSamples: [],
