@@ -24,6 +24,7 @@ import {
   type RankKey,
   rankKey
 } from "../domain/sources.js"
+import { loopStep, supervised } from "../domain/supervised.js"
 import { compareUtf8 } from "../domain/text.js"
 import { Discovery, type DiscoverySnapshot, type RejectedSource } from "./Discovery.js"
 import { recordEquals, sourceLogicalKey, sourceRecordKey } from "./DiscoveryRecords.js"
@@ -587,13 +588,15 @@ export const makeKvSourceCoordinator = (
       endpoint: String(servingEndpoint)
     })
     yield* logWarnings(first.warnings).pipe(annotate)
+    // Supervised: after a defect it resubscribes, and the latest snapshot comes first.
     yield* discovery.changes.pipe(
       Stream.runForEach((next) =>
         Effect.suspend(() => {
           snapshot = next
-          return recompute
+          return loopStep("discovery.sources").pipe(Effect.zipRight(recompute))
         })
       ),
+      (loop) => supervised("discovery.sources", loop),
       annotate,
       Effect.forkScoped
     )

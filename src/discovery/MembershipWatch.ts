@@ -1,10 +1,12 @@
 /**
  * The membership watch loop (relay-service.md §2.6): follows `Discovery` snapshots, projects
  * them incrementally and publishes a new `DcMembershipView` only when some endpoint's membership
- * changed. Soft discovery errors are logged once while they persist.
+ * changed. Soft discovery errors are logged once while they persist. The loop is supervised: after
+ * a defect it resubscribes, and the latest snapshot comes first.
  */
 
 import { Context, Effect, Layer, type Scope, Stream, SubscriptionRef } from "effect"
+import { loopStep, supervised } from "../domain/supervised.js"
 import { Discovery, type DiscoverySnapshot } from "./Discovery.js"
 import type { DiscoveryScope } from "./DiscoveryConfig.js"
 import { type DcMembershipView, MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"
@@ -65,12 +67,14 @@ export const makeMembershipWatch = (
     const ref = yield* SubscriptionRef.make(initial.view)
     yield* discovery.changes.pipe(
       Stream.runForEach((snapshot) =>
-        project(projector, snapshot).pipe(
+        loopStep("discovery.membership").pipe(
+          Effect.zipRight(project(projector, snapshot)),
           Effect.flatMap((update) =>
             update.viewChanged ? SubscriptionRef.set(ref, update.view) : Effect.void
           )
         )
       ),
+      (loop) => supervised("discovery.membership", loop),
       Effect.forkScoped
     )
     return { current: SubscriptionRef.get(ref), changes: ref.changes }

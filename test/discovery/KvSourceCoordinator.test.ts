@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Either, Stream } from "effect"
+import { Chunk, Effect, Either, Logger, Stream, TestClock } from "effect"
 import {
   Discovery,
   type DiscoverySnapshot,
@@ -18,6 +18,7 @@ import {
 } from "../../src/discovery/KvSourceCoordinator.js"
 import { DEFAULT_RUNTIME_CONFIG, type RuntimeConfig } from "../../src/domain/json.js"
 import type { KvEventSource, KvSourceStatus } from "../../src/domain/sources.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
 import { endpoint, type SourceSpec, source } from "./fixtures.js"
 
 const SERVING = endpoint("ns.worker.generate")
@@ -406,5 +407,41 @@ describe("coordinator views", () => {
       })
       yield* program.pipe(Effect.provideService(Discovery, discovery), Effect.scoped)
     })
+  )
+
+  it.effect(
+    "a defect in one reconciliation step restarts the coordinator's loop, which applies the latest snapshot",
+    () =>
+      Effect.gen(function* () {
+        const faults = makeLoopFaults()
+        const discovery = yield* makeStaticDiscovery(snapshot([]))
+        const restarts = supervisedRestarts("discovery.sources")
+        const program = Effect.gen(function* () {
+          const coord = yield* makeKvSourceCoordinator(SERVING, configs({ "42": config() }))
+          const settle = Effect.yieldNow().pipe(Effect.repeatN(50))
+          const state = Effect.map(coord.current, (view) => tagOf(rank(view).status))
+          yield* settle
+          expect(yield* state).toBe("Missing")
+          faults.arm("discovery.sources")
+          yield* discovery.publish(snapshot([src({ publisher: 100 })]))
+          yield* settle
+          // The step that took the snapshot died before reconciling it.
+          expect(yield* state).toBe("Missing")
+          expect(faults.armed("discovery.sources")).toBe(0)
+          yield* TestClock.adjust("100 millis")
+          yield* settle
+          expect(yield* state).toBe("ActiveLiveOnly")
+          expect(supervisedRestarts("discovery.sources")).toBe(restarts + 1)
+          // And it keeps following later snapshots.
+          yield* discovery.publish(snapshot([]))
+          yield* settle
+          expect(yield* state).toBe("Missing")
+        })
+        yield* program.pipe(
+          Effect.provideService(Discovery, discovery),
+          Effect.provideService(LoopFaults, faults),
+          Effect.scoped
+        )
+      }).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
   )
 })
