@@ -187,6 +187,54 @@ export const demoCommand: CommandSpec = {
   ]
 }
 
+export const simulateCommand: CommandSpec = {
+  name: "simulate",
+  summary: "simulated vLLM, SGLang and Dynamo-format workers that register themselves in etcd",
+  flags: [
+    {
+      name: "etcd",
+      help: "etcd client URLs the workers register with (required)",
+      placeholder: "URL[,URL…]"
+    },
+    { name: "etcd-prefix", help: "etcd key prefix (default /kvrelay/v1)", placeholder: "PREFIX" },
+    {
+      name: "namespace",
+      help: "namespace of the serving endpoint NS.backend.generate (default demo)",
+      placeholder: "NS"
+    },
+    { name: "model", help: "model name on the workers' cards (default llama-3-8b)", placeholder: "NAME" },
+    { name: "block-size", help: "tokens per KV block (default 16)", placeholder: "N" },
+    {
+      name: "workers",
+      help: "simulated workers, half dynamo-zmq, half engine-zmq (default 4)",
+      placeholder: "N"
+    },
+    {
+      name: "worker-id-base",
+      help: "the first worker's id; the others follow (default 7000)",
+      placeholder: "N"
+    },
+    {
+      name: "bind-host",
+      help: "address the workers' ZeroMQ sockets bind (default 127.0.0.1); 0.0.0.0 in a container",
+      placeholder: "HOST"
+    },
+    {
+      name: "advertise-host",
+      help: "host the relays connect to, written in the source records (default: --bind-host)",
+      placeholder: "HOST"
+    },
+    { name: "requests-per-second", help: "requests per worker per second (default 20)", placeholder: "N" },
+    {
+      name: "duration-s",
+      help: "stop after this many seconds (default: run until stopped)",
+      placeholder: "N"
+    },
+    common.otlp,
+    common.logLevel
+  ]
+}
+
 export const benchCommand: CommandSpec = {
   name: "bench",
   summary: "run the benchmarks; every figure is printed as a ratio against a same-run baseline",
@@ -338,6 +386,35 @@ export const BenchSettings = Schema.Struct({
   only: Schema.optional(StringList)
 })
 export type BenchSettings = typeof BenchSettings.Type
+
+export const SimulateSettings = Schema.Struct({
+  etcd: StringList.pipe(
+    Schema.filter((urls) => urls.length > 0 || "at least one etcd URL is required"),
+    Schema.filter((urls) => {
+      const bad = urls.find((u) => {
+        try {
+          return !["http:", "https:"].includes(new URL(u).protocol)
+        } catch {
+          return true
+        }
+      })
+      return bad === undefined || `expected http(s) URLs, got ${JSON.stringify(bad)}`
+    })
+  ),
+  etcdPrefix: withDefault(EtcdPrefixText, () => "/kvrelay/v1"),
+  namespace: withDefault(NonBlank, () => "demo"),
+  model: withDefault(NonBlank, () => "llama-3-8b"),
+  blockSize: withDefault(PositiveInt, () => 16),
+  workers: withDefault(PositiveInt, () => 4),
+  workerIdBase: withDefault(PositiveInt, () => 7000),
+  bindHost: withDefault(NonBlank, () => "127.0.0.1"),
+  advertiseHost: Schema.optional(NonBlank),
+  requestsPerSecond: withDefault(PositiveInt, () => 20),
+  durationS: Schema.optional(PositiveInt),
+  otlp: Schema.optional(Url),
+  logLevel: withDefault(LogLevel, () => "info" as const)
+})
+export type SimulateSettings = typeof SimulateSettings.Type
 
 // ---------------------------------------------------------------------------------------------
 // Loading

@@ -3,6 +3,8 @@
  * wire formats, `EventSubscriberPool` feeds the real `SourceSupervisor`, whose recovery queries go
  * through `WorkerQueryClient` to a `WorkerQueryServer` (or an engine's replay ROUTER, or a
  * scripted peer), and a recording `RecoveryTarget` keeps each rank's device-tier block set.
+ * The seed-003 multi-node test runs the seed's pipeline instead: discovery records, the KV source
+ * coordinator and the `SourceSubscriber` in front of the supervisor.
  */
 
 import { it } from "@effect/vitest"
@@ -10,6 +12,10 @@ import { Deferred, Duration, Effect, FiberSet, SubscriptionRef, TestClock } from
 import { describe, expect } from "vitest"
 import * as zmq from "zeromq"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
+import { Discovery, type DiscoverySnapshot, makeStaticDiscovery } from "../../src/discovery/Discovery.js"
+import { WATCH_ALL } from "../../src/discovery/DiscoveryConfig.js"
+import { makeKvSourceCoordinator } from "../../src/discovery/KvSourceCoordinator.js"
+import { projectMembership } from "../../src/discovery/MembershipProjection.js"
 import {
   clearedEvent,
   type DpRank,
@@ -17,6 +23,7 @@ import {
   storedEvent,
   type WorkerId
 } from "../../src/domain/events.js"
+import type { ModelCardInstance } from "../../src/domain/json.js"
 import { EndpointId } from "../../src/domain/model.js"
 import {
   type ExpectedRank,
@@ -30,6 +37,7 @@ import {
 import type { RecoveryResetReason, RecoveryTarget, SourceEpoch } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../../src/recovery/SourceSupervisor.js"
 import type { WorkerKvQueryResponse } from "../../src/recovery/WorkerQuery.js"
+import * as SourceSubscriber from "../../src/relay/SourceSubscriber.js"
 import { encodeDynamoMessage } from "../../src/transport/DynamoZmq.js"
 import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
 import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
@@ -37,7 +45,9 @@ import { type EventSubscriberPool, makeEventSubscriberPool } from "../../src/tra
 import { decodeWorkerQueryRequest, encodeWorkerQueryResponse } from "../../src/transport/msgpack.js"
 import { makeWorkerQueryClient } from "../../src/transport/WorkerQueryClient.js"
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
+import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
 import { acquireSocket, bindSocket, receiveFrames, sendFrames } from "../../src/transport/ZmqSocket.js"
+import { card } from "../discovery/fixtures.js"
 import { eventually, KV_ENDPOINT } from "./zmqHelpers.js"
 
 const SERVING = new EndpointId({ namespace: "test", component: "backend", endpoint: "generate" })
@@ -515,33 +525,101 @@ const makeControlledRecoveryEngine = (workerId: WorkerId, dpRank: DpRank) =>
     return { endpoint, release, finished, calls: () => calls }
   })
 
+/** A discovery snapshot of the model card and these source advertisements (the memory backend). */
+const discoverySnapshot = (
+  revision: bigint,
+  cards: ReadonlyArray<ModelCardInstance>,
+  sources: ReadonlyArray<KvEventSource>
+): DiscoverySnapshot => ({
+  revision,
+  cards,
+  sources,
+  rejectedSources: [],
+  sourceStream: { epoch: 0, bound: true }
+})
+
+const isActive = (status: KvSourceStatus | undefined) =>
+  status?._tag === "ActiveRecoverable" || status?._tag === "ActiveLiveOnly"
+
 describe("seed 003 over real ZeroMQ sockets", () => {
+  // The seed's whole pipeline: a discovery registry holding the model card (8 data-parallel ranks
+  // of one logical worker, KV state on another endpoint) and the source advertisements; the KV
+  // source coordinator computing the membership view from both; the subscriber (live SUB sockets,
+  // the source supervisor, worker queries over DEALER) feeding an indexer; and twelve real PUB
+  // publishers: node 0 (ranks 0-3), old node 1 (ranks 4-7, rank 4 recoverable through a ROUTER
+  // that holds its second query) and the replacement node 1 (ranks 4-7).
   it.scopedLive("direct_zmq_multi_node_replacement_isolated_by_global_rank", () =>
     Effect.gen(function* () {
+      const namespace = "test-direct-zmq-multi-node"
+      const serving = new EndpointId({ namespace, component: "frontend", endpoint: "generate" })
+      const kvEndpoint = new EndpointId({ namespace, component: "router", endpoint: "kv-state" })
       const logical = "1311768467294899695"
-      const ranks = Array.from({ length: 8 }, (_, dpRank) => ({ workerId: logical, dpRank }))
-      const h = yield* makeHarness({ expected: ranks })
+      const key = (dpRank: number) => rankKey(logical, dpRank)
+      const modelCard = card({
+        endpoint: serving.toString(),
+        worker: logical,
+        name: "test-model",
+        runtime: {
+          dataParallelStartRank: 0,
+          dataParallelSize: 8,
+          enableLocalIndexer: true,
+          kvStateEndpoint: kvEndpoint.toString()
+        }
+      })
+      // The runtime-config watch: the configs the membership projection derives from the card.
+      const configs = projectMembership([modelCard], { scope: WATCH_ALL }).view.endpoints.get(
+        serving.toString()
+      )!.runtimeConfigs
+      expect([...configs.keys()]).toEqual([logical])
+
       const delayedRank = 4
       const engine = yield* makeControlledRecoveryEngine(logical, delayedRank)
-
       const publisherFor = (dpRank: number) => makeDynamoZmqPublisher({ workerId: logical, dpRank })
       const node0 = yield* Effect.all([0, 1, 2, 3].map(publisherFor))
       const oldNode1 = yield* Effect.all([4, 5, 6, 7].map(publisherFor))
       const replacementNode1 = yield* Effect.all([4, 5, 6, 7].map(publisherFor))
-      const adOf = (publisher: DynamoZmqPublisher) =>
+      const adOf = (publisher: DynamoZmqPublisher, recoveryTarget: string | undefined) =>
         publisher
-          .source(KV_ENDPOINT, { recoverable: false })
+          .source(kvEndpoint, { recoverable: false })
           .pipe(
             Effect.map(
               (source): KvEventSource =>
-                publisher.dpRank === delayedRank && oldNode1.includes(publisher)
-                  ? { ...source, recoveryTarget: { endpoint: engine.endpoint } }
-                  : source
+                recoveryTarget === undefined
+                  ? source
+                  : { ...source, recoveryTarget: { endpoint: recoveryTarget } }
             )
           )
-      const node0Ads = yield* Effect.all(node0.map(adOf))
-      const oldAds = yield* Effect.all(oldNode1.map(adOf))
-      const replacementAds = yield* Effect.all(replacementNode1.map(adOf))
+      const node0Ads = yield* Effect.all(node0.map((p) => adOf(p, undefined)))
+      const oldAds = yield* Effect.all(
+        oldNode1.map((p) => adOf(p, p.dpRank === delayedRank ? engine.endpoint : undefined))
+      )
+      const replacementAds = yield* Effect.all(replacementNode1.map((p) => adOf(p, undefined)))
+      const publisherIds = [...node0Ads, ...oldAds, ...replacementAds].map((ad) => ad.publisherId)
+      expect(new Set(publisherIds).size).toBe(12)
+
+      let revision = 1n
+      const discovery = yield* makeStaticDiscovery(
+        discoverySnapshot(revision, [modelCard], [...node0Ads, ...oldAds])
+      )
+      const advertise = (ads: ReadonlyArray<KvEventSource>) =>
+        Effect.suspend(() => discovery.publish(discoverySnapshot(++revision, [modelCard], [...ads])))
+      const coordinator = yield* makeKvSourceCoordinator(serving, configs).pipe(
+        Effect.provideService(Discovery, discovery)
+      )
+      const statusOf = (dpRank: number) =>
+        coordinator.current.pipe(Effect.map((view) => view.ranks.get(key(dpRank))?.status))
+      const viewShows = (check: (status: (dpRank: number) => KvSourceStatus | undefined) => boolean) =>
+        coordinator.current.pipe(Effect.map((view) => check((dpRank) => view.ranks.get(key(dpRank))?.status)))
+
+      const target = new RecordingTarget()
+      const subscription = yield* SourceSubscriber.make({
+        servingEndpoint: serving,
+        target,
+        sources: { current: coordinator.current, changes: coordinator.changes },
+        recoverySemaphore: yield* Effect.makeSemaphore(16),
+        recoveryAttemptTimeout: "30 seconds",
+        eventTransport: makeZmqEventTransport()
+      })
 
       const publishBlocks = (publishers: ReadonlyArray<DynamoZmqPublisher>, eventId: number, base: bigint) =>
         Effect.forEach(
@@ -553,29 +631,29 @@ describe("seed 003 over real ZeroMQ sockets", () => {
         Effect.forEach(publishers, (p) => p.publish([clearedEvent(logical, p.dpRank, eventId)]), {
           discard: true
         })
-      const has = (dpRank: number, block: bigint) => h.target.has(logical, dpRank, block)
+      const has = (dpRank: number, block: bigint) => target.has(logical, dpRank, block)
+      const ranks = [0, 1, 2, 3, 4, 5, 6, 7]
 
-      yield* h.advertise([...node0Ads, ...oldAds])
       yield* eventually(
-        Effect.sync(() => ranks.every((r) => h.slot(logical, r.dpRank)?.active !== undefined)),
+        viewShows((status) => ranks.every((r) => isActive(status(r)))),
         "all eight logical ranks to become active"
       )
       yield* eventually(
         Effect.gen(function* () {
           yield* publishBlocks(node0, 1, 100n)
           yield* publishBlocks(oldNode1, 1, 100n)
-          return ranks.every((r) => has(r.dpRank, 100n + BigInt(r.dpRank)))
+          return ranks.every((r) => has(r, 100n + BigInt(r)))
         }),
         "distinct state for all eight global ranks to be indexed"
       )
-      expect(h.target.ranksWithBlocks()).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+      expect(target.ranksWithBlocks()).toEqual(ranks)
 
       yield* publishClears(oldNode1, 2)
       yield* eventually(
         Effect.sync(
           () =>
             [0, 1, 2, 3].every((r) => has(r, 100n + BigInt(r))) &&
-            h.target.ranksWithBlocks().every((r) => r < 4)
+            target.ranksWithBlocks().every((r) => r < 4)
         ),
         "clearing node-1 ranks without disturbing the node-0 rank slice"
       )
@@ -594,14 +672,22 @@ describe("seed 003 over real ZeroMQ sockets", () => {
         "the old node-1 recovery to become in flight"
       )
 
-      // The replacement node advertises the same logical ranks: each becomes ambiguous.
-      yield* h.advertise([...node0Ads, ...oldAds, ...replacementAds])
+      // The replacement node advertises the same logical ranks, one at a time: each overlaps.
+      const advertised = [...node0Ads, ...oldAds]
+      for (const ad of replacementAds) {
+        advertised.push(ad)
+        yield* advertise(advertised)
+        yield* eventually(
+          statusOf(ad.dpRank).pipe(Effect.map((status) => status?._tag === "Ambiguous")),
+          `rank ${ad.dpRank} to observe the source overlap`
+        )
+      }
       expect(oldAds.every((old) => replacementAds.every((r) => r.publisherId !== old.publisherId))).toBe(true)
       yield* eventually(
-        Effect.sync(
-          () =>
-            [4, 5, 6, 7].every((r) => h.slot(logical, r)?.active === undefined) &&
-            [0, 1, 2, 3].every((r) => h.slot(logical, r)?.active !== undefined)
+        viewShows(
+          (status) =>
+            [0, 1, 2, 3].every((r) => isActive(status(r))) &&
+            [4, 5, 6, 7].every((r) => status(r)?._tag === "Ambiguous")
         ),
         "node-1 publisher overlap to become rank-local ambiguity"
       )
@@ -609,16 +695,17 @@ describe("seed 003 over real ZeroMQ sockets", () => {
         Effect.sync(
           () =>
             [0, 1, 2, 3].every((r) => has(r, 100n + BigInt(r))) &&
-            h.target.ranksWithBlocks().every((r) => r < 4)
+            target.ranksWithBlocks().every((r) => r < 4)
         ),
         "only the overlapping node-1 rank slice to fail KV closed"
       )
-      expect(h.target.ranksWithBlocks()).toEqual([0, 1, 2, 3])
+      expect(target.ranksWithBlocks()).toEqual([0, 1, 2, 3])
+      expect((yield* coordinator.current).runtimeConfigs.has(logical)).toBe(true)
 
       // The old node-1 advertisements go away: the replacement slice becomes selectable.
-      yield* h.advertise([...node0Ads, ...replacementAds])
+      yield* advertise([...node0Ads, ...replacementAds])
       yield* eventually(
-        Effect.sync(() => ranks.every((r) => h.slot(logical, r.dpRank)?.active !== undefined)),
+        viewShows((status) => ranks.every((r) => isActive(status(r)))),
         "the replacement node-1 rank slice to become selectable"
       )
       yield* eventually(
@@ -652,8 +739,10 @@ describe("seed 003 over real ZeroMQ sockets", () => {
         expect(has(r, 400n + BigInt(r))).toBe(false)
       }
       expect(has(delayedRank, 2n)).toBe(false)
-      // Not ported: the seed's runtime-config watch and the `kv_event_source_mismatch_workers`
-      // gauge belong to the discovery coordinator and metrics, which this test does not run.
+      expect((yield* coordinator.current).runtimeConfigs.has(logical)).toBe(true)
+      yield* subscription.shutdown
+      // Not ported: the seed's `kv_event_source_mismatch_workers` gauge, a router metric that
+      // kvrelay does not have.
     })
   )
 })

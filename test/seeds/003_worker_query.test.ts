@@ -758,8 +758,10 @@ describe("seed 003: worker_query.rs", () => {
 
   // The seed builds four distributed runtimes, real discovery and ZeroMQ publishers. This port
   // keeps its supervisor-level script (membership generations as the coordinator computes them,
-  // batches routed by publisher id, the delayed recovery of global rank 4); the sockets,
-  // discovery coordinator and mismatch metric are covered by test/integration/zmq-recovery.test.ts.
+  // batches routed by publisher id, the delayed recovery of global rank 4); the same name in
+  // test/integration/zmq-recovery.test.ts runs the seed's whole pipeline over twelve real PUB
+  // sockets, discovery and the KV source coordinator (the seed's router mismatch gauge has no
+  // kvrelay counterpart).
   it.scoped(
     "direct_zmq_multi_node_replacement_isolated_by_global_rank (supervisor level; sockets and discovery in test/integration/zmq-recovery.test.ts)",
     () =>
