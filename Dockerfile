@@ -16,4 +16,7 @@ COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
 COPY --from=build /app/bin ./bin
 EXPOSE 8080 8090
+# node itself is PID 1, not npm or a shell: SIGTERM from `docker stop` reaches kvrelay, which
+# drains and exits 0 (npm would not forward it; see README).
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["node", "bin/kvrelay.js"]

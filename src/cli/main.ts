@@ -1,7 +1,7 @@
 /**
- * `kvrelay relay | global | demo | bench`. Invalid settings exit with status 2 and one line per
- * problem on stderr, each naming its flag; SIGINT/SIGTERM stop the long-running commands cleanly
- * (exit 0).
+ * `kvrelay relay | global | demo | simulate | bench`. Invalid settings exit with status 2 and one
+ * line per problem on stderr, each naming its flag; SIGINT/SIGTERM stop the long-running commands
+ * cleanly (exit 0).
  */
 
 import { readFileSync } from "node:fs"
@@ -18,10 +18,18 @@ import {
   loadSettings,
   RelaySettings,
   relayCommand,
-  relayDiscoveryConfig
+  relayDiscoveryConfig,
+  SimulateSettings,
+  simulateCommand
 } from "./settings.js"
 
-const commands: ReadonlyArray<CommandSpec> = [relayCommand, globalCommand, demoCommand, benchCommand]
+const commands: ReadonlyArray<CommandSpec> = [
+  relayCommand,
+  globalCommand,
+  demoCommand,
+  simulateCommand,
+  benchCommand
+]
 
 const usage = `kvrelay <command> [options]
 
@@ -81,6 +89,14 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
       const { globalProgram } = await import("./globalCommand.js")
       const { runCommand } = await import("./runtime.js")
       runCommand("global", globalProgram(settings.right))
+      return "running"
+    }
+    case "simulate": {
+      const settings = loadSettings(simulateCommand, SimulateSettings, sources(rest))
+      if (Either.isLeft(settings)) return fail(settings.left, "simulate")
+      const { simulateProgram } = await import("./simulate.js")
+      const { runCommand } = await import("./runtime.js")
+      runCommand("simulate", simulateProgram(settings.right))
       return "running"
     }
     case "demo": {

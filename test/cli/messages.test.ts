@@ -18,7 +18,9 @@ import {
   loadSettings,
   RelaySettings,
   relayCommand,
-  relayDiscoveryConfig
+  relayDiscoveryConfig,
+  SimulateSettings,
+  simulateCommand
 } from "../../src/cli/settings.js"
 import { parseOverlapRequest } from "../../src/transport/http/GlobalHttpServer.js"
 import { CLI_TEST_TIMEOUT_MS, runKvrelay } from "../e2e/relayProcessHarness.js"
@@ -168,6 +170,16 @@ describe("help texts", () => {
     [
       demoCommand,
       Either.getOrThrow(loadSettings(demoCommand, DemoSettings, { argv: [], env: {}, readFile: () => "" }))
+    ],
+    [
+      simulateCommand,
+      Either.getOrThrow(
+        loadSettings(simulateCommand, SimulateSettings, {
+          argv: ["--etcd", "http://etcd:2379"],
+          env: {},
+          readFile: () => ""
+        })
+      )
     ],
     [
       benchCommand,

@@ -1,0 +1,268 @@
+/**
+ * `kvrelay simulate`: simulated inference workers that register themselves in etcd, as real
+ * ones do, for a relay to follow (the compose file's data source, and a way to try a relay on
+ * etcd without GPUs). Half the workers publish the Dynamo event plane format (`dynamo-zmq`, with
+ * a worker query server for recovery), half publish as vLLM and SGLang engines (`engine-zmq`,
+ * with a replay endpoint). Each worker registers its model card and source record under its own
+ * etcd lease (10 s, kept alive, revoked on exit), so stopping the simulator withdraws its pools.
+ *
+ * The workload is tokens, as a router sees it: requests start from one of a set of popular
+ * system prompts and continue with fresh user tokens. Engines send the tokens; Dynamo-format
+ * workers send each block's tokens hash. Block hashes on the wire are each worker's own (no two
+ * workers agree on them, as real engines do not), so only the relay's canonical addressing
+ * (PROTOCOL §3.3) makes the same prompt land at the same place on every worker and in every DC.
+ */
+
+import { Duration, Effect, Random, Schedule } from "effect"
+import { localBlockHashes, nextSequenceHash } from "../ckf/tokens.js"
+import { hashPairsToBigInts } from "../ckf/u64.js"
+import { makeEtcdRegistrar } from "../discovery/EtcdDiscovery.js"
+import { decodeJson, ModelCardInstanceJson } from "../domain/json.js"
+import { EndpointId } from "../domain/model.js"
+import type { KvEventSource } from "../domain/sources.js"
+import { makeDynamoZmqPublisher } from "../transport/DynamoZmqPublisher.js"
+import { makeEngineZmqPublisher } from "../transport/EngineZmqPublisher.js"
+import { makeWorkerQueryServer } from "../transport/WorkerQueryServer.js"
+import { observabilityLayer } from "./runtime.js"
+import type { SimulateSettings } from "./settings.js"
+
+/** System prompts of the workload; requests favour the first few steeply. */
+const SYSTEM_PROMPTS = 32
+/** Blocks a worker keeps before it evicts the least recently used. */
+const CACHE_BLOCKS = 2048
+
+/** Token ids of system prompt `p`: 6 to 14 blocks of 100000 + 1000·p + i (easy to type in a query). */
+export const systemPromptTokens = (prompt: number, blockSize: number): Array<number> =>
+  Array.from({ length: (6 + (prompt % 5) * 2) * blockSize }, (_, i) => 100_000 + 1000 * prompt + i)
+
+interface Block {
+  readonly tokens: ReadonlyArray<number>
+  readonly local: bigint
+  /** The canonical sequence hash: the block's identity across workers. */
+  readonly sequence: bigint
+}
+
+/** Full blocks of `tokens`, continuing the chain of `parent` when given. */
+const blocksOf = (tokens: ReadonlyArray<number>, blockSize: number, parent?: Block): Array<Block> => {
+  const locals = hashPairsToBigInts(localBlockHashes(tokens, blockSize))
+  let previous = parent
+  return locals.map((local, i) => {
+    const block = {
+      tokens: tokens.slice(i * blockSize, (i + 1) * blockSize),
+      local,
+      sequence: previous === undefined ? local : nextSequenceHash(previous.sequence, local)
+    }
+    previous = block
+    return block
+  })
+}
+
+interface Worker {
+  readonly label: string
+  readonly store: (blocks: ReadonlyArray<Block>, parent: Block | undefined) => Effect.Effect<void>
+  readonly remove: (blocks: ReadonlyArray<Block>) => Effect.Effect<void>
+}
+
+/** `tcp://0.0.0.0:PORT` as the relays reach it: the advertised host, the bound port. */
+const advertised = (endpoint: string, host: string): string =>
+  endpoint.replace(/^tcp:\/\/[^/]*:(\d+)$/, `tcp://${host}:$1`)
+
+const advertiseSource = (source: KvEventSource, host: string): KvEventSource => ({
+  ...source,
+  transport:
+    source.transport.kind === "engine-zmq"
+      ? {
+          ...source.transport,
+          endpoint: advertised(source.transport.endpoint, host),
+          replayEndpoint:
+            source.transport.replayEndpoint === null
+              ? null
+              : advertised(source.transport.replayEndpoint, host)
+        }
+      : { ...source.transport, endpoint: advertised(source.transport.endpoint, host) },
+  recoveryTarget:
+    source.recoveryTarget === null ? null : { endpoint: advertised(source.recoveryTarget.endpoint, host) }
+})
+
+const decodeCard = decodeJson(ModelCardInstanceJson)
+
+const makeWorker = (settings: SimulateSettings, serving: EndpointId, index: number) =>
+  Effect.gen(function* () {
+    const workerId = String(settings.workerIdBase + index)
+    const bind = `tcp://${settings.bindHost}:*`
+    const host = settings.advertiseHost ?? settings.bindHost
+    // Each worker names blocks its own way: an external hash derived from the canonical one.
+    const salt = BigInt.asUintN(64, 0x5eed_0000n + BigInt(index) * 0x9e37_79b9n)
+    const external = (block: Block) => nextSequenceHash(salt, block.sequence, 0n)
+    const parentOf = (parent: Block | undefined) =>
+      parent === undefined ? {} : { parentHash: external(parent) }
+    let worker: Worker
+    let source: KvEventSource
+    if (index % 2 === 0) {
+      const queryServer = yield* makeWorkerQueryServer({ workerId, dpRanks: [0], endpoint: bind })
+      const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer, endpoint: bind })
+      source = yield* publisher.source(serving)
+      worker = {
+        label: "dynamo-zmq",
+        store: (blocks, parent) =>
+          Effect.asVoid(
+            publisher.store(blocks.map(external), {
+              ...parentOf(parent),
+              tokensHashes: blocks.map((b) => b.local)
+            })
+          ).pipe(Effect.orDie),
+        remove: (blocks) => Effect.asVoid(publisher.remove(blocks.map(external))).pipe(Effect.orDie)
+      }
+    } else {
+      const format = index % 4 === 1 ? "vllm" : "sglang"
+      const publisher = yield* makeEngineZmqPublisher({
+        workerId,
+        dpRank: 0,
+        format,
+        blockSize: settings.blockSize,
+        endpoint: bind,
+        replayEndpoint: bind
+      })
+      source = yield* publisher.source(serving)
+      worker = {
+        label: `engine-zmq (${format})`,
+        store: (blocks, parent) =>
+          Effect.asVoid(
+            publisher.store(blocks.map(external), {
+              ...parentOf(parent),
+              tokenIds: blocks.flatMap((b) => b.tokens)
+            })
+          ).pipe(Effect.orDie),
+        remove: (blocks) => Effect.asVoid(publisher.remove(blocks.map(external))).pipe(Effect.orDie)
+      }
+    }
+    const card = yield* decodeCard({
+      namespace: serving.namespace,
+      component: serving.component,
+      endpoint: serving.endpoint,
+      instanceId: workerId,
+      modelSuffix: null,
+      card: {
+        name: settings.model,
+        sourcePath: settings.model,
+        kvCacheBlockSize: settings.blockSize,
+        aliases: [],
+        workerType: "aggregated",
+        lora: null,
+        indexerIdentity: null,
+        runtimeConfig: {
+          dataParallelStartRank: 0,
+          dataParallelSize: 1,
+          enableLocalIndexer: true,
+          kvStateEndpoint: null,
+          enableEagle: false,
+          totalKvBlocks: String(CACHE_BLOCKS),
+          maxNumBatchedTokens: "8192"
+        }
+      }
+    })
+    // etcd may still be starting (compose starts everything at once): wait for it, loudly.
+    const registrar = yield* makeEtcdRegistrar({
+      endpoints: settings.etcd,
+      prefix: settings.etcdPrefix
+    }).pipe(
+      Effect.tapError((error) =>
+        Effect.logWarning(`cannot register with etcd yet, retrying: ${error.message}`)
+      ),
+      Effect.retry(Schedule.exponential("200 millis").pipe(Schedule.union(Schedule.spaced("5 seconds"))))
+    )
+    const advertisedSource = advertiseSource(source, host)
+    yield* registrar.registerCard(card)
+    yield* registrar.registerSource(advertisedSource)
+    yield* Effect.logInfo("simulated worker registered").pipe(
+      Effect.annotateLogs({
+        worker: workerId,
+        format: worker.label,
+        endpoint: advertisedSource.transport.endpoint,
+        lease: registrar.leaseId
+      })
+    )
+    return worker
+  })
+
+/**
+ * One worker's traffic: each request is a popular system prompt plus fresh user tokens; blocks
+ * the worker does not hold yet are stored, the least recently used are evicted beyond its cache.
+ */
+const runWorkload = (
+  worker: Worker,
+  settings: SimulateSettings,
+  systemBlocks: ReadonlyArray<ReadonlyArray<Block>>
+) =>
+  Effect.gen(function* () {
+    const cached = new Map<bigint, Block>()
+    const touch = (block: Block) => {
+      cached.delete(block.sequence)
+      cached.set(block.sequence, block)
+    }
+    const interval = Duration.millis(Math.max(1, Math.round(1000 / settings.requestsPerSecond)))
+    for (;;) {
+      const prompt = Math.floor((yield* Random.next) ** 3 * SYSTEM_PROMPTS)
+      const prefix = systemBlocks[prompt]!
+      const userTokens = yield* Effect.forEach(
+        Array.from({ length: (yield* Random.nextIntBetween(1, 6)) * settings.blockSize }),
+        () => Random.nextIntBetween(1_000_000, 2_000_000)
+      )
+      const blocks = [...prefix, ...blocksOf(userTokens, settings.blockSize, prefix[prefix.length - 1])]
+      let firstNew = blocks.findIndex((b) => !cached.has(b.sequence))
+      for (const b of blocks) if (cached.has(b.sequence)) touch(b)
+      while (firstNew >= 0 && firstNew < blocks.length) {
+        const chunk = blocks.slice(firstNew, firstNew + 16)
+        yield* worker.store(chunk, firstNew === 0 ? undefined : blocks[firstNew - 1])
+        for (const b of chunk) touch(b)
+        firstNew += chunk.length
+      }
+      if (cached.size > CACHE_BLOCKS) {
+        const evicted: Array<Block> = []
+        for (const b of cached.values()) {
+          if (cached.size - evicted.length <= CACHE_BLOCKS) break
+          evicted.push(b)
+        }
+        for (const b of evicted) cached.delete(b.sequence)
+        for (let i = 0; i < evicted.length; i += 32) yield* worker.remove(evicted.slice(i, i + 32))
+      }
+      yield* Effect.sleep(interval)
+    }
+  })
+
+export const simulateProgram = (settings: SimulateSettings) =>
+  Effect.gen(function* () {
+    const serving = new EndpointId({
+      namespace: settings.namespace,
+      component: "backend",
+      endpoint: "generate"
+    })
+    const systemBlocks = Array.from({ length: SYSTEM_PROMPTS }, (_, p) =>
+      blocksOf(systemPromptTokens(p, settings.blockSize), settings.blockSize)
+    )
+    const workers: Array<Worker> = []
+    for (let i = 0; i < settings.workers; i++) workers.push(yield* makeWorker(settings, serving, i))
+    const query = {
+      namespace: settings.namespace,
+      model: settings.model,
+      tokens: systemPromptTokens(0, settings.blockSize).slice(0, 4 * settings.blockSize)
+    }
+    yield* Effect.sync(() =>
+      process.stdout.write(
+        `${JSON.stringify({ event: "simulating", workers: workers.length, endpoint: serving.toString(), query })}\n`
+      )
+    )
+    yield* Effect.forEach(workers, (worker) => Effect.forkScoped(runWorkload(worker, settings, systemBlocks)))
+    if (settings.durationS !== undefined) yield* Effect.sleep(Duration.seconds(settings.durationS))
+    else yield* Effect.never
+  }).pipe(
+    Effect.scoped,
+    Effect.provide(
+      observabilityLayer({
+        logLevel: settings.logLevel,
+        otlp: settings.otlp,
+        env: process.env,
+        defaultServiceName: "kvrelay-simulate"
+      })
+    )
+  )
