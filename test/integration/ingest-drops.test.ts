@@ -19,6 +19,7 @@ import { familyOf, namingProblems, parseExposition, sampleValue } from "../obser
 import { discoveryFile } from "../relay/hostFixtures.js"
 import { vllmBatch, vllmStored } from "../transport/msgspec.js"
 import {
+  addressesBy,
   awaitFilter,
   hashes,
   poolOf,
@@ -72,7 +73,7 @@ describe("dropped KV event batches are counted by reason on /metrics", () => {
       const next = hashes(0x6200_0000_0000n, 2)
       yield* rank0.store(next.slice(0, 1))
       yield* rank0.store(next.slice(1))
-      yield* awaitFilter(relay, VLLM, "the live blocks", [...first, ...next])
+      yield* awaitFilter(relay, VLLM, "the live blocks", addressesBy(rank0)([...first, ...next]))
 
       const before = yield* scrapeDrops(base)
       for (const reason of DROP_REASONS) expect(before[reason], reason).toBeGreaterThanOrEqual(0)
@@ -112,7 +113,8 @@ describe("dropped KV event batches are counted by reason on /metrics", () => {
         const base = yield* serveRelay(relay)
         const live = hashes(0x7200_0000_0000n, 2)
         yield* worker.store(live)
-        yield* awaitFilter(relay, ROUTER, "the live blocks", [...early, ...live])
+        const addresses = addressesBy(worker)
+        yield* awaitFilter(relay, ROUTER, "the live blocks", addresses([...early, ...live]))
 
         let before = yield* scrapeDrops(base)
         // Event id 1 again, after 2: behind the rank's cursor.
@@ -131,13 +133,13 @@ describe("dropped KV event batches are counted by reason on /metrics", () => {
         yield* worker.store(unknown)
         const after = yield* awaitDrops(base, before, "unknown-publisher")
         expect(after.stale).toBe(before.stale)
-        // None of the dropped batches reached the filter.
+        // The unknown publisher's blocks did not reach the filter.
         yield* awaitFilter(
           relay,
           ROUTER,
           "only the accepted blocks",
-          [...early, ...live],
-          [...behind, ...unknown]
+          addresses([...early, ...live]),
+          addresses(unknown)
         )
       }).pipe(Effect.provide(quiet))
   )
