@@ -66,6 +66,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             uniqueBlockCount: state.stats.aggregation.uniqueBlockCount,
             unknownRemovals: state.stats.aggregation.unknownRemovals,
             capacityFailures: state.stats.aggregation.capacityFailures,
+            parentNotFound: state.stats.aggregation.parentNotFound,
             occupiedBucketCount: state.stats.aggregation.occupiedBucketCount,
             occupiedSlotCount: state.stats.aggregation.occupiedSlotCount
           },
