@@ -125,7 +125,7 @@ describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, ()
     ])
     expect(byFlag("--publication-delay-ms")).toHaveLength(1)
     expect(byFlag("--publication-delay-ms")[0]).toContain('"soon"')
-    expect(byFlag("--colour")).toEqual(["kvrelay relay: --colour: unknown setting"])
+    expect(byFlag("--config")).toEqual([`kvrelay relay: --config: unknown setting "colour" in ${config}`])
     expect(lines, result.stderr).toHaveLength(6)
   })
 
