@@ -221,7 +221,7 @@ export const simulateCommand: CommandSpec = {
     },
     {
       name: "advertise-host",
-      help: "host the relays connect to, written in the source records (default: --bind-host)",
+      help: "host the relays connect to, written in the source records (default: --bind-host, or this host's name for 0.0.0.0)",
       placeholder: "HOST"
     },
     { name: "requests-per-second", help: "requests per worker per second (default 20)", placeholder: "N" },

@@ -13,6 +13,7 @@
  * (PROTOCOL §3.3) makes the same prompt land at the same place on every worker and in every DC.
  */
 
+import { hostname } from "node:os"
 import { Duration, Effect, Random, Schedule } from "effect"
 import { localBlockHashes, nextSequenceHash } from "../ckf/tokens.js"
 import { hashPairsToBigInts } from "../ckf/u64.js"
@@ -90,7 +91,10 @@ const makeWorker = (settings: SimulateSettings, serving: EndpointId, index: numb
   Effect.gen(function* () {
     const workerId = String(settings.workerIdBase + index)
     const bind = `tcp://${settings.bindHost}:*`
-    const host = settings.advertiseHost ?? settings.bindHost
+    // A wildcard bind address is no address a relay can connect to: advertise the host's name.
+    const host =
+      settings.advertiseHost ??
+      (["0.0.0.0", "::", "*"].includes(settings.bindHost) ? hostname() : settings.bindHost)
     // Each worker names blocks its own way: an external hash derived from the canonical one.
     const salt = BigInt.asUintN(64, 0x5eed_0000n + BigInt(index) * 0x9e37_79b9n)
     const external = (block: Block) => nextSequenceHash(salt, block.sequence, 0n)
