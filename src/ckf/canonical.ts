@@ -86,14 +86,51 @@ const prepareStore = (
     if (scratch[0] !== canon[2 * i] || scratch[1] !== canon[2 * i + 1]) return "InvalidBlockSequence"
   }
   // The same external hash twice in one batch must chain to the same canonical hash too.
-  for (let i = 1; i < n; i++) {
-    for (let j = 0; j < i; j++) {
-      if (ext[2 * i] !== ext[2 * j] || ext[2 * i + 1] !== ext[2 * j + 1]) continue
-      if (canon[2 * i] !== canon[2 * j] || canon[2 * i + 1] !== canon[2 * j + 1])
-        return "InvalidBlockSequence"
+  return repeatsDisagree(ext, canon, n) ? "InvalidBlockSequence" : undefined
+}
+
+/** Open-addressing slots (index + 1, 0 = empty) for the repeat check of large batches. */
+let repeatSlots = new Int32Array(256)
+
+/**
+ * Whether some external hash occurs twice in `ext[0, n)` with different canonical hashes. Small
+ * batches (engines send a few blocks at a time) compare pairwise; a large one (a dump's tail, a
+ * long prefill) goes through a table, so a 50,000-block event costs linear time, not quadratic.
+ */
+const repeatsDisagree = (ext: Uint32Array, canon: Uint32Array, n: number): boolean => {
+  if (n <= 32) {
+    for (let i = 1; i < n; i++) {
+      for (let j = 0; j < i; j++) {
+        if (ext[2 * i] !== ext[2 * j] || ext[2 * i + 1] !== ext[2 * j + 1]) continue
+        if (canon[2 * i] !== canon[2 * j] || canon[2 * i + 1] !== canon[2 * j + 1]) return true
+      }
+    }
+    return false
+  }
+  let size = 64
+  while (size < 2 * n) size *= 2
+  if (repeatSlots.length < size) repeatSlots = new Int32Array(size)
+  const slots = repeatSlots
+  slots.fill(0, 0, size)
+  const mask = size - 1
+  for (let i = 0; i < n; i++) {
+    const hi = ext[2 * i]!
+    const lo = ext[2 * i + 1]!
+    let at = (Math.imul(lo ^ Math.imul(hi, 0x9e37_79b1), 0x85eb_ca6b) >>> 0) & mask
+    for (;;) {
+      const j = slots[at]! - 1
+      if (j < 0) {
+        slots[at] = i + 1
+        break
+      }
+      if (ext[2 * j] === hi && ext[2 * j + 1] === lo) {
+        if (canon[2 * i] !== canon[2 * j] || canon[2 * i + 1] !== canon[2 * j + 1]) return true
+        break
+      }
+      at = (at + 1) & mask
     }
   }
-  return undefined
+  return false
 }
 
 export class CanonicalCkfState extends DcCkfState {

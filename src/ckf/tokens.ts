@@ -15,7 +15,7 @@
  */
 
 import { toBigInt } from "./u64.js"
-import { Xxh3Seeded, xxh3Hash, xxh3WordsInto, xxhOut } from "./xxh3.js"
+import { Xxh3Seeded, xxh3Hash, xxh3Words17to128Into, xxh3WordsInto, xxhOut } from "./xxh3.js"
 
 /** The seed of a block's tokens hash (Dynamo's `XXH3_SEED`). */
 export const TOKENS_HASH_SEED = 1337n
@@ -79,6 +79,10 @@ export const localHashesInto = (
     if (tokenScratch.length < used) tokenScratch = new Uint32Array(Math.max(used, 2 * tokenScratch.length))
     words = tokenScratch
     for (let i = 0; i < used; i++) words[i] = tokens[from + i]! >>> 0
+  }
+  if (window >= 5 && window <= 32) {
+    for (let b = 0; b < blocks; b++) xxh3Words17to128Into(words, b * blockSize, window, seedHi, seedLo, out, at + b)
+    return blocks
   }
   for (let b = 0; b < blocks; b++) {
     xxh3WordsInto(words, b * blockSize, window, seedHi, seedLo)

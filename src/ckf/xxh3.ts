@@ -659,6 +659,152 @@ const mix16W = (w: Uint32Array, wi: number, so: number, seedHi: number, seedLo: 
   accAdd(mH, l)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Token blocks: the 17..128-byte path over u32 words, written for the JIT
+
+/**
+ * The seeded keys of the 17..128-byte path, `(secret[so] + seed, secret[so + 8] - seed)` as
+ * `[aLo, aHi, bLo, bHi]` for so = 0, 16, …, 112, for the last seed used: token hashing asks
+ * with one seed (the base model's, or an adapter's) for a whole prompt.
+ */
+const WORD_KEYS = new Uint32Array(32)
+let wordKeysHi = -1
+let wordKeysLo = -1
+
+const wordKeysFor = (seedHi: number, seedLo: number): void => {
+  if (seedHi === wordKeysHi && seedLo === wordKeysLo) return
+  for (let i = 0; i < 8; i++) {
+    const sw = 4 * i
+    let t = SECRET32[sw]! + seedLo
+    WORD_KEYS[sw] = t >>> 0
+    WORD_KEYS[sw + 1] = (SECRET32[sw + 1]! + seedHi + (t >= TWO_32 ? 1 : 0)) >>> 0
+    t = SECRET32[sw + 2]! - seedLo
+    WORD_KEYS[sw + 2] = t >>> 0
+    WORD_KEYS[sw + 3] = (SECRET32[sw + 3]! - seedHi - (t < 0 ? 1 : 0)) >>> 0
+  }
+  wordKeysHi = seedHi
+  wordKeysLo = seedLo
+}
+
+/** Where one word-path hash leaves its halves: a typed array, so no write boxes a number. */
+const FOLD = new Uint32Array(2)
+
+/**
+ * `mix16B` of words `w[wi .. wi + 4)` with the keys at `WORD_KEYS[k .. k + 4)`, added into the
+ * accumulator `FOLD` (lo, hi). Every intermediate is a local: module-level `let` numbers above
+ * 2^30 are boxed on each write, which made this path allocate.
+ */
+const mixWords = (w: Uint32Array, wi: number, k: number): void => {
+  const al = (w[wi]! ^ WORD_KEYS[k]!) >>> 0
+  const ah = (w[wi + 1]! ^ WORD_KEYS[k + 1]!) >>> 0
+  const bl = (w[wi + 2]! ^ WORD_KEYS[k + 2]!) >>> 0
+  const bh = (w[wi + 3]! ^ WORD_KEYS[k + 3]!) >>> 0
+  // 128-bit product of (ah:al) and (bh:bl) from four 32×32 products in 16-bit halves.
+  const al0 = al & 0xffff
+  const al1 = al >>> 16
+  const ah0 = ah & 0xffff
+  const ah1 = ah >>> 16
+  const bl0 = bl & 0xffff
+  const bl1 = bl >>> 16
+  const bh0 = bh & 0xffff
+  const bh1 = bh >>> 16
+  // ll = al·bl
+  let p00 = al0 * bl0
+  let p01 = al0 * bl1
+  let p10 = al1 * bl0
+  let mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  const llH = al1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+  const llL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+  // lh = al·bh
+  p00 = al0 * bh0
+  p01 = al0 * bh1
+  p10 = al1 * bh0
+  mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  const lhH = al1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+  const lhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+  // hl = ah·bl
+  p00 = ah0 * bl0
+  p01 = ah0 * bl1
+  p10 = ah1 * bl0
+  mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  const hlH = ah1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+  const hlL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+  // hh = ah·bh
+  p00 = ah0 * bh0
+  p01 = ah0 * bh1
+  p10 = ah1 * bh0
+  mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  const hhH = ah1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+  const hhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+  // Sum the middle words; fold low 64 XOR high 64.
+  const t1 = llH + lhL + hlL
+  const r1 = t1 >>> 0
+  const t2 = lhH + hlH + hhL + Math.floor(t1 / TWO_32)
+  const r2 = t2 >>> 0
+  const r3 = (hhH + Math.floor(t2 / TWO_32)) >>> 0
+  const foldL = (llL ^ r2) >>> 0
+  const foldH = (r1 ^ r3) >>> 0
+  const sum = FOLD[0]! + foldL
+  FOLD[0] = sum
+  FOLD[1] = FOLD[1]! + foldH + (sum >= TWO_32 ? 1 : 0)
+}
+
+/** Low 64 bits of (hi:lo)·(ch:cl), into `FOLD`. */
+const mulLowInto = (hi: number, lo: number, ch: number, cl: number): void => {
+  const a0 = lo & 0xffff
+  const a1 = lo >>> 16
+  const b0 = cl & 0xffff
+  const b1 = cl >>> 16
+  const p00 = a0 * b0
+  const p01 = a0 * b1
+  const p10 = a1 * b0
+  const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+  const high = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+  FOLD[0] = (mid << 16) | (p00 & 0xffff)
+  FOLD[1] = high + Math.imul(hi, cl) + Math.imul(lo, ch)
+}
+
+/**
+ * XXH3-64 of 17..128 bytes given as `count` (5..32) little-endian u32 words
+ * `words[start .. start + count)`, seeded with halves, into `out[2·at]` (hi) and `out[2·at + 1]`
+ * (lo).
+ */
+export const xxh3Words17to128Into = (
+  words: Uint32Array,
+  start: number,
+  count: number,
+  seedHi: number,
+  seedLo: number,
+  out: Uint32Array,
+  at: number
+): void => {
+  wordKeysFor(seedHi, seedLo)
+  const len = 4 * count
+  const end = start + count
+  mulLowInto(0, len, P64_1_H, P64_1_L)
+  if (len > 32) {
+    if (len > 64) {
+      if (len > 96) {
+        mixWords(words, start + 12, 24)
+        mixWords(words, end - 16, 28)
+      }
+      mixWords(words, start + 8, 16)
+      mixWords(words, end - 12, 20)
+    }
+    mixWords(words, start + 4, 8)
+    mixWords(words, end - 8, 12)
+  }
+  mixWords(words, start, 0)
+  mixWords(words, end - 4, 4)
+  // Avalanche: h ^= h >> 37; h *= 0x165667919E3779F9; h ^= h >> 32.
+  const hi = FOLD[1]!
+  const lo = (FOLD[0]! ^ (hi >>> 5)) >>> 0
+  mulLowInto(hi, lo, MX1_H, MX1_L)
+  const h = FOLD[1]!
+  out[2 * at] = h
+  out[2 * at + 1] = FOLD[0]! ^ h
+}
+
 /**
  * XXH3-64 of the `count` little-endian u32 words `words[start .. start + count)`, seeded with
  * halves; result in `xxhOut`. Inputs of 17..128 bytes (5..32 words: token blocks of 5 to 32

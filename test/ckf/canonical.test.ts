@@ -382,4 +382,34 @@ describe("CanonicalCkfState", () => {
     expect(state.memberBlockCount("7001", 0)).toBe(1)
     expect(state.canonicalOf("7001", 0, 2n)).toBeUndefined()
   })
+
+  it("checks repeats within one batch in linear time: large batches agree with small ones", () => {
+    for (const size of [8, 32, 33, 5000]) {
+      const external = Array.from({ length: size }, (_, i) => BigInt(1000 + i))
+      const local = Array.from({ length: size }, (_, i) => BigInt(50_000 + i))
+      // The first block again at the end: its canonical hash differs (other parent), so refused.
+      const clash = new CanonicalCkfState(ckfConfig(4 * size))
+      const refused = clash.applyEvent(stored("7001", 0, [...external, external[0]!], [...local, local[0]!]))
+      expect(refused.firstError, `size ${size}`).toBe("InvalidBlockSequence")
+      expect(clash.memberBlockCount("7001", 0)).toBe(0)
+      // A batch without repeats is stored whole.
+      const fine = new CanonicalCkfState(ckfConfig(4 * size))
+      expect(fine.applyEvent(stored("7001", 0, external, local)).firstError, `size ${size}`).toBeUndefined()
+      expect(fine.memberBlockCount("7001", 0)).toBe(size)
+    }
+    // 50,000 blocks in one event: quadratic checking took seconds here.
+    const big = 50_000
+    const state = new CanonicalCkfState(ckfConfig(2 * big))
+    const started = performance.now()
+    state.applyEvent(
+      stored(
+        "7001",
+        0,
+        Array.from({ length: big }, (_, i) => BigInt(7_000_000 + i)),
+        Array.from({ length: big }, (_, i) => BigInt(9_000_000 + i))
+      )
+    )
+    expect(state.memberBlockCount("7001", 0)).toBe(big)
+    expect(performance.now() - started).toBeLessThan(10_000)
+  })
 })
