@@ -689,66 +689,6 @@ const wordKeysFor = (seedHi: number, seedLo: number): void => {
 /** Where one word-path hash leaves its halves: a typed array, so no write boxes a number. */
 const FOLD = new Uint32Array(2)
 
-/**
- * `mix16B` of words `w[wi .. wi + 4)` with the keys at `WORD_KEYS[k .. k + 4)`, added into the
- * accumulator `FOLD` (lo, hi). Every intermediate is a local: module-level `let` numbers above
- * 2^30 are boxed on each write, which made this path allocate.
- */
-const mixWords = (w: Uint32Array, wi: number, k: number): void => {
-  const al = (w[wi]! ^ WORD_KEYS[k]!) >>> 0
-  const ah = (w[wi + 1]! ^ WORD_KEYS[k + 1]!) >>> 0
-  const bl = (w[wi + 2]! ^ WORD_KEYS[k + 2]!) >>> 0
-  const bh = (w[wi + 3]! ^ WORD_KEYS[k + 3]!) >>> 0
-  // 128-bit product of (ah:al) and (bh:bl) from four 32×32 products in 16-bit halves.
-  const al0 = al & 0xffff
-  const al1 = al >>> 16
-  const ah0 = ah & 0xffff
-  const ah1 = ah >>> 16
-  const bl0 = bl & 0xffff
-  const bl1 = bl >>> 16
-  const bh0 = bh & 0xffff
-  const bh1 = bh >>> 16
-  // ll = al·bl
-  let p00 = al0 * bl0
-  let p01 = al0 * bl1
-  let p10 = al1 * bl0
-  let mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  const llH = al1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
-  const llL = ((mid << 16) | (p00 & 0xffff)) >>> 0
-  // lh = al·bh
-  p00 = al0 * bh0
-  p01 = al0 * bh1
-  p10 = al1 * bh0
-  mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  const lhH = al1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
-  const lhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
-  // hl = ah·bl
-  p00 = ah0 * bl0
-  p01 = ah0 * bl1
-  p10 = ah1 * bl0
-  mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  const hlH = ah1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
-  const hlL = ((mid << 16) | (p00 & 0xffff)) >>> 0
-  // hh = ah·bh
-  p00 = ah0 * bh0
-  p01 = ah0 * bh1
-  p10 = ah1 * bh0
-  mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  const hhH = ah1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
-  const hhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
-  // Sum the middle words; fold low 64 XOR high 64.
-  const t1 = llH + lhL + hlL
-  const r1 = t1 >>> 0
-  const t2 = lhH + hlH + hhL + Math.floor(t1 / TWO_32)
-  const r2 = t2 >>> 0
-  const r3 = (hhH + Math.floor(t2 / TWO_32)) >>> 0
-  const foldL = (llL ^ r2) >>> 0
-  const foldH = (r1 ^ r3) >>> 0
-  const sum = FOLD[0]! + foldL
-  FOLD[0] = sum
-  FOLD[1] = FOLD[1]! + foldH + (sum >= TWO_32 ? 1 : 0)
-}
-
 /** Low 64 bits of (hi:lo)·(ch:cl), into `FOLD`. */
 const mulLowInto = (hi: number, lo: number, ch: number, cl: number): void => {
   const a0 = lo & 0xffff
@@ -782,20 +722,66 @@ export const xxh3Words17to128Into = (
   const len = 4 * count
   const end = start + count
   mulLowInto(0, len, P64_1_H, P64_1_L)
-  if (len > 32) {
-    if (len > 64) {
-      if (len > 96) {
-        mixWords(words, start + 12, 24)
-        mixWords(words, end - 16, 28)
-      }
-      mixWords(words, start + 8, 16)
-      mixWords(words, end - 12, 20)
-    }
-    mixWords(words, start + 4, 8)
-    mixWords(words, end - 8, 12)
+  // The accumulator stays in locals: module-level `let` numbers above 2^30 are boxed on every
+  // write, which made the older path allocate per block.
+  let accL = FOLD[0]!
+  let accH = FOLD[1]!
+  // Pairs of 16-byte mixes from both ends inwards: (start + 4i, keys 8i) and (end − 4 − 4i,
+  // keys 8i + 4), one pair per started 32 bytes.
+  const pairs = (len + 31) >>> 5
+  for (let m = 0; m < 2 * pairs; m++) {
+    const i = m >>> 1
+    const wi = (m & 1) === 0 ? start + 4 * i : end - 4 - 4 * i
+    const k = 8 * i + 4 * (m & 1)
+    const al = (words[wi]! ^ WORD_KEYS[k]!) >>> 0
+    const ah = (words[wi + 1]! ^ WORD_KEYS[k + 1]!) >>> 0
+    const bl = (words[wi + 2]! ^ WORD_KEYS[k + 2]!) >>> 0
+    const bh = (words[wi + 3]! ^ WORD_KEYS[k + 3]!) >>> 0
+    // 128-bit product of (ah:al) and (bh:bl) from four 32×32 products in 16-bit halves.
+    const al0 = al & 0xffff
+    const al1 = al >>> 16
+    const ah0 = ah & 0xffff
+    const ah1 = ah >>> 16
+    const bl0 = bl & 0xffff
+    const bl1 = bl >>> 16
+    const bh0 = bh & 0xffff
+    const bh1 = bh >>> 16
+    let p00 = al0 * bl0
+    let p01 = al0 * bl1
+    let p10 = al1 * bl0
+    let mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+    const llH = al1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+    const llL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+    p00 = al0 * bh0
+    p01 = al0 * bh1
+    p10 = al1 * bh0
+    mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+    const lhH = al1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+    const lhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+    p00 = ah0 * bl0
+    p01 = ah0 * bl1
+    p10 = ah1 * bl0
+    mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+    const hlH = ah1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+    const hlL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+    p00 = ah0 * bh0
+    p01 = ah0 * bh1
+    p10 = ah1 * bh0
+    mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+    const hhH = ah1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+    const hhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+    // Middle words summed with their carries; fold = low 64 XOR high 64, added to the accumulator.
+    const t1 = llH + lhL + hlL
+    const r1 = t1 >>> 0
+    const t2 = lhH + hlH + hhL + (t1 - r1) / TWO_32
+    const r2 = t2 >>> 0
+    const r3 = (hhH + (t2 - r2) / TWO_32) >>> 0
+    const sum = accL + ((llL ^ r2) >>> 0)
+    accL = sum >>> 0
+    accH = (accH + ((r1 ^ r3) >>> 0) + (sum - accL) / TWO_32) >>> 0
   }
-  mixWords(words, start, 0)
-  mixWords(words, end - 4, 4)
+  FOLD[0] = accL
+  FOLD[1] = accH
   // Avalanche: h ^= h >> 37; h *= 0x165667919E3779F9; h ^= h >> 32.
   const hi = FOLD[1]!
   const lo = (FOLD[0]! ^ (hi >>> 5)) >>> 0
