@@ -69,6 +69,7 @@ import {
   type WorkerRole
 } from "../domain/model.js"
 import { activeSource, isRecoverableSource } from "../domain/sources.js"
+import { loopStep } from "../domain/supervised.js"
 import { compareArrays } from "../domain/text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
@@ -670,6 +671,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
       const loop = Effect.gen(function* () {
         for (;;) {
           if (yield* Deferred.isDone(options.stop)) return
+          yield* loopStep("relay.endpoint-slot")
           const seen = wake.version
           const membership = yield* SubscriptionRef.get(options.membership)
           status.membership = membership

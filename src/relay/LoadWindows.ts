@@ -21,6 +21,7 @@ import {
   Stream,
   SubscriptionRef
 } from "effect"
+import { loopStep, supervised } from "../domain/supervised.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 
 export const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
@@ -118,9 +119,12 @@ export const make = (
       if (options.onWindow !== undefined) yield* options.onWindow(next)
     })
 
+    // Supervised: a defect loses at most the window being cut; the next one follows a window later.
     yield* Effect.sleep(window).pipe(
+      Effect.zipRight(loopStep("relay.load-windows")),
       Effect.zipRight(cut),
       Effect.forever,
+      (loop) => supervised("relay.load-windows", loop),
       Effect.withSpan("LoadWindows.publisher"),
       Effect.forkScoped
     )

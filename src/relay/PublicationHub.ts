@@ -32,10 +32,14 @@ import {
 import { CBI1_MAX_DELTA_IMAGES, Cbi1Error, type Cbi1Expected, encodeCbi1Delta } from "../ckf/cbi1.js"
 import { LaneLease, type PoolId, type ProducerIdentity } from "../ckf/identity.js"
 import type { DcCkfDelta } from "../ckf/publisher.js"
+import { InjectedLoopFault, LoopFaults, supervised } from "../domain/supervised.js"
 import type { ActorSubscription, DeltaReceiver, PoolActor } from "./PoolActor.js"
 
 // ---------------------------------------------------------------------------------------------
 // Defaults
+
+/** The supervised loop name of every hub's consumer fiber (`kvrelay_supervised_restarts_total`). */
+export const PUBLICATION_HUB_LOOP = "relay.publication-hub"
 
 export const DEFAULT_QUEUE_CAPACITY = 16
 export const DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
@@ -884,12 +888,33 @@ export class PublicationHub {
     })
   }
 
-  /** @internal the hub's single consumer fiber */
-  run(): Effect.Effect<void> {
+  /**
+   * @internal the hub's single consumer fiber, supervised: after a defect the mirror may be half
+   * updated, so the restarted loop first resubscribes to its actor (a fresh snapshot; every
+   * subscriber is retired and reconnects), as after lag.
+   */
+  supervisedRun(): Effect.Effect<void> {
+    let runs = 0
+    return supervised(
+      PUBLICATION_HUB_LOOP,
+      Effect.suspend(() =>
+        runs++ === 0
+          ? this.run()
+          : Effect.flatMap(this.recover("the publication loop restarted after a defect"), (recovered) =>
+              recovered ? this.run() : Effect.void
+            )
+      )
+    )
+  }
+
+  private run(): Effect.Effect<void> {
     return Effect.gen(this, function* () {
+      const faults = yield* LoopFaults
       while (!this.stopped) {
         const next = yield* Effect.either(this.receiver.take)
         if (this.stopped) return
+        if (faults.take(PUBLICATION_HUB_LOOP))
+          return yield* Effect.die(new InjectedLoopFault(PUBLICATION_HUB_LOOP))
         if (Either.isLeft(next)) {
           if (next.left._tag === "DeltaStreamLagged") {
             if (yield* this.recover("the actor publication receiver lagged")) continue
@@ -980,7 +1005,7 @@ export const startPublicationHub = (
         const problem = snapshotProblem(subscription, actor.identity, lease)
         if (problem !== undefined) return yield* Effect.fail(new HubStartFailed({ reason: problem }))
         const hub = new PublicationHub(actor, lease, config, options.onTerminalFailure, subscription)
-        hub.attachLoop(yield* Effect.forkIn(Effect.interruptible(hub.run()), options.scope))
+        hub.attachLoop(yield* Effect.forkIn(Effect.interruptible(hub.supervisedRun()), options.scope))
         return hub
       }).pipe(Effect.onExit((exit) => (Exit.isSuccess(exit) ? Effect.void : subscription.deltas.close)))
     })

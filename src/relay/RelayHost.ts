@@ -55,6 +55,7 @@ import {
 import { makeMembershipWatch } from "../discovery/MembershipWatch.js"
 import { deriveStableDcId } from "../domain/identity.js"
 import { DcRelayIdentity, type EndpointId } from "../domain/model.js"
+import { loopStep, supervised } from "../domain/supervised.js"
 import { compareUtf8 } from "../domain/text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
@@ -341,23 +342,28 @@ export const make = (
         const metadata = yield* SubscriptionRef.make<EndpointMembership | undefined>(membership)
         const stop = yield* Deferred.make<void>()
         const status = new EndpointSlot.EndpointSlotStatus(endpoint)
+        // Supervised: a slot that dies of a defect has drained its generation (`run` ensures it)
+        // and starts over from its current membership, attaching a new generation.
         const fiber = yield* FiberMap.run(
           slotFibers,
           `${membership.key}#${++slotIncarnation}`,
-          EndpointSlot.run({
-            endpoint,
-            dcId,
-            registry,
-            membership: metadata,
-            stop,
-            status,
-            // The seed gives every slot its own rebuild permit.
-            rebuildPermit: yield* Effect.makeSemaphore(1),
-            recoverySemaphore,
-            recoveryAttemptTimeout,
-            eventTransport,
-            loadObservationInterval: config.loadObservationInterval
-          }).pipe(Effect.provideService(Discovery, discovery))
+          supervised(
+            "relay.endpoint-slot",
+            EndpointSlot.run({
+              endpoint,
+              dcId,
+              registry,
+              membership: metadata,
+              stop,
+              status,
+              // The seed gives every slot its own rebuild permit.
+              rebuildPermit: yield* Effect.makeSemaphore(1),
+              recoverySemaphore,
+              recoveryAttemptTimeout,
+              eventTransport,
+              loadObservationInterval: config.loadObservationInterval
+            })
+          ).pipe(Effect.provideService(Discovery, discovery))
         )
         const task: EndpointSlotTask = { endpoint, metadata, stop, status, fiber }
         running.add(task)
@@ -403,7 +409,12 @@ export const make = (
         yield* SubscriptionRef.set(membershipRef, view)
       }).pipe(Effect.withSpan("KvDcRelay.applyMembership", { attributes: { endpoints: raw.endpoints.size } }))
 
-    const supervisor = yield* membershipWatch.changes.pipe(Stream.runForEach(applyView), Effect.forkScoped)
+    // Supervised: after a defect the current view comes first, and applying it again is idempotent.
+    const supervisor = yield* membershipWatch.changes.pipe(
+      Stream.runForEach((view) => loopStep("relay.membership").pipe(Effect.zipRight(applyView(view)))),
+      (loop) => supervised("relay.membership", loop),
+      Effect.forkScoped
+    )
 
     const shutdown = yield* Effect.cached(
       Effect.gen(function* () {

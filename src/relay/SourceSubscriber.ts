@@ -31,6 +31,7 @@ import {
   rankKey,
   sourceIdentityKey
 } from "../domain/sources.js"
+import { loopStep, supervised } from "../domain/supervised.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../recovery/SourceSupervisor.js"
@@ -293,8 +294,10 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
       Effect.delay(options.initialConnectGrace ?? INITIAL_CONNECT_GRACE),
       Effect.forkIn(scope)
     )
+    // Both loops are supervised: after a defect they reconcile against the current view again.
     yield* options.sources.changes.pipe(
-      Stream.runForEach(() => reconcile),
+      Stream.runForEach(() => loopStep("relay.source-subscriber").pipe(Effect.zipRight(reconcile))),
+      (loop) => supervised("relay.source-subscriber", loop),
       Effect.forkIn(scope)
     )
     /**
@@ -343,7 +346,14 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
       const delay = connectingDelay
       connectingDelay = Duration.min(Duration.times(connectingDelay, 2), steadyPoll)
       return Effect.sleep(delay)
-    }).pipe(Effect.zipRight(reconcile), Effect.zipRight(reportStates), Effect.forever, Effect.forkIn(scope))
+    }).pipe(
+      Effect.zipRight(loopStep("relay.source-readiness")),
+      Effect.zipRight(reconcile),
+      Effect.zipRight(reportStates),
+      Effect.forever,
+      (loop) => supervised("relay.source-readiness", loop),
+      Effect.forkIn(scope)
+    )
 
     const shutdown = yield* Effect.cached(
       Effect.gen(function* () {

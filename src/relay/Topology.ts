@@ -32,6 +32,7 @@ import {
   type WorkerRole,
   type WorkerType
 } from "../domain/model.js"
+import { loopStep, supervised } from "../domain/supervised.js"
 import { compareUtf8 } from "../domain/text.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
 
@@ -433,12 +434,16 @@ export const make = (inputs: TopologyInputs): Effect.Effect<TopologyPublisher, n
       }
     })
 
-    // Only this fiber writes `ref`, so a read-compare-set needs no lock.
+    // Only this fiber writes `ref`, so a read-compare-set needs no lock. Supervised: after a
+    // defect both refs' current values come first, so the projection catches up at once.
     yield* Stream.merge(
       Stream.map(inputs.membershipRef.changes, () => undefined),
       Stream.map(inputs.catalogRef.changes, () => undefined)
     ).pipe(
-      Stream.runForEach(() => recompute.pipe(Effect.withSpan("Topology.recompute"))),
+      Stream.runForEach(() =>
+        loopStep("relay.topology").pipe(Effect.zipRight(recompute), Effect.withSpan("Topology.recompute"))
+      ),
+      (loop) => supervised("relay.topology", loop),
       Effect.forkScoped
     )
 

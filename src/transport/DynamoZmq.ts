@@ -23,6 +23,7 @@ import {
   blockCount,
   type IngestMessage,
   type MalformedReason,
+  type ReceiveLoop,
   subscribe,
   u64Frame,
   u64FrameOf,
@@ -179,7 +180,7 @@ export interface DynamoSubscriptionOptions {
 /** A SUB on one Dynamo publisher endpoint; batches carry the envelope's publisher id. */
 export const subscribeDynamo = (
   options: DynamoSubscriptionOptions
-): Effect.Effect<void, ZmqError, Scope.Scope> =>
+): Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =>
   subscribe({
     endpoint: options.endpoint,
     topic: options.topic,

@@ -30,6 +30,7 @@ import {
   connectSocket,
   type IngestMessage,
   type MalformedReason,
+  type ReceiveLoop,
   receiveFrames,
   SKIP_REASONS,
   type SkipCounts,
@@ -706,7 +707,7 @@ export interface EngineSubscriptionOptions {
 /** A SUB on one engine rank's PUB endpoint. */
 export const subscribeEngine = (
   options: EngineSubscriptionOptions
-): Effect.Effect<void, ZmqError, Scope.Scope> =>
+): Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =>
   subscribe({
     endpoint: options.endpoint,
     topic: options.source.topic,

@@ -20,6 +20,7 @@
 import { Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
 import type { RouterEvent } from "../domain/events.js"
 import { type KvEventSource, sourceIdentityKey } from "../domain/sources.js"
+import { supervised } from "../domain/supervised.js"
 import * as RelayMetrics from "../observability/RelayMetrics.js"
 import { subscribeDynamo } from "./DynamoZmq.js"
 import { subscribeEngine } from "./EngineZmq.js"
@@ -27,6 +28,8 @@ import {
   type IngestMessage,
   MALFORMED_REASONS,
   type MalformedReason,
+  RECEIVE_LOOP,
+  type ReceiveLoop,
   SKIP_REASONS,
   type SkipCounts,
   type SkipReason,
@@ -352,7 +355,7 @@ export const makeEventSubscriberPool = (
         const onConnection = (connected: boolean) => {
           subscription.connected = connected
         }
-        const open: Effect.Effect<void, ZmqError, Scope.Scope> =
+        const open: Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =
           transport.kind === "dynamo-zmq"
             ? subscribeDynamo({
                 endpoint: transport.endpoint,
@@ -372,13 +375,20 @@ export const makeEventSubscriberPool = (
                 deliver: deliver(subscription),
                 onConnection
               })
-        // Each attempt owns a child scope, so a failed attempt releases its socket at once.
+        // Each attempt owns a child scope, so a failed attempt releases its socket at once. An
+        // attempt lasts as long as its receive loop: a receive error reopens the subscription
+        // with backoff, and a defect restarts it under supervision.
         const attempt = Effect.gen(function* () {
           const attemptScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-          yield* open.pipe(
-            Scope.extend(attemptScope),
-            Effect.onError(() => Scope.close(attemptScope, Exit.void))
-          )
+          return yield* Effect.gen(function* () {
+            const loop = yield* open.pipe(
+              Scope.extend(attemptScope),
+              Effect.withSpan("EventSubscriberPool.subscribe", {
+                attributes: { endpoint: transport.endpoint, topic: transport.topic, kind: transport.kind }
+              })
+            )
+            return yield* loop.done
+          }).pipe(Effect.onError(() => Scope.close(attemptScope, Exit.void)))
         })
         yield* attempt.pipe(
           Effect.tapError((error) =>
@@ -391,9 +401,7 @@ export const makeEventSubscriberPool = (
             )
           ),
           Effect.retry(reopenSchedule),
-          Effect.withSpan("EventSubscriberPool.subscribe", {
-            attributes: { endpoint: transport.endpoint, topic: transport.topic, kind: transport.kind }
-          }),
+          (loop) => supervised(RECEIVE_LOOP, loop),
           Effect.forkIn(scope)
         )
         if (transport.kind === "dynamo-zmq") subscription.fallback = yield* makeLane(subscription)

@@ -6,10 +6,11 @@
  * interrupted query or a closed subscription never leaves a socket (or a queued reply) behind.
  */
 
-import { Data, Effect, type Scope } from "effect"
+import { Data, Effect, Fiber, type Scope } from "effect"
 import * as zmq from "zeromq"
 import type { RouterEvent } from "../domain/events.js"
 import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
+import { InjectedLoopFault, LoopFaults } from "../domain/supervised.js"
 
 export class ZmqError extends Data.TaggedError("ZmqError")<{
   readonly operation: string
@@ -163,13 +164,26 @@ export interface SubscriptionOptions {
   readonly onConnection?: (connected: boolean) => void
 }
 
+/** The receive loop of a subscription. */
+export interface ReceiveLoop {
+  /**
+   * Waits for the loop, which runs until its Scope closes: it ends only by failing (a receive
+   * error) or dying, and the owner reopens the subscription then.
+   */
+  readonly done: Effect.Effect<never, ZmqError>
+}
+
+/** The name tests arm in `LoopFaults` to make a receive loop die at its next message. */
+export const RECEIVE_LOOP = "transport.zmq-receive"
+
 /**
  * A SUB socket (RCVHWM 100000, prefix subscription) whose receive loop runs in a fiber of the
  * current Scope until the Scope closes. A bad endpoint fails the acquisition; a peer that is not
  * up yet is retried by ZeroMQ in the background.
  */
-export const subscribe = (options: SubscriptionOptions): Effect.Effect<void, ZmqError, Scope.Scope> =>
+export const subscribe = (options: SubscriptionOptions): Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =>
   Effect.gen(function* () {
+    const faults = yield* LoopFaults
     const socket = yield* acquireSocket(
       () => new zmq.Subscriber({ receiveHighWaterMark: EVENT_HWM, linger: 0 })
     )
@@ -193,16 +207,18 @@ export const subscribe = (options: SubscriptionOptions): Effect.Effect<void, Zmq
     yield* connectSocket(socket, options.endpoint)
     socket.subscribe(options.topic)
     const { decode, deliver, endpoint } = options
-    yield* receiveFrames(socket, endpoint).pipe(
+    const loop = yield* receiveFrames(socket, endpoint).pipe(
       Effect.flatMap((frames) =>
-        Effect.suspend(() => deliver(decode(frames))).pipe(
-          // A defect while handling one message must not end the subscription.
-          Effect.catchAllDefect((defect) =>
-            Effect.logError("dropping a message whose handling failed").pipe(
-              Effect.annotateLogs({ endpoint, defect: String(defect) })
+        faults.take(RECEIVE_LOOP)
+          ? Effect.die(new InjectedLoopFault(RECEIVE_LOOP))
+          : Effect.suspend(() => deliver(decode(frames))).pipe(
+              // A defect while handling one message must not end the subscription.
+              Effect.catchAllDefect((defect) =>
+                Effect.logError("dropping a message whose handling failed").pipe(
+                  Effect.annotateLogs({ endpoint, defect: String(defect) })
+                )
+              )
             )
-          )
-        )
       ),
       // While messages are queued, `receive` resolves without ever returning to the event loop:
       // a burst would then starve every socket write (pool streams fall behind and are lagged),
@@ -210,11 +226,7 @@ export const subscribe = (options: SubscriptionOptions): Effect.Effect<void, Zmq
       // delays every delta: give the event loop a turn once the shared budget is spent.
       Effect.zipLeft(yieldWhenTurnIsSpent),
       Effect.forever,
-      Effect.catchAll((error) =>
-        Effect.logDebug("subscription receive loop ended").pipe(
-          Effect.annotateLogs({ endpoint, error: error.message })
-        )
-      ),
       Effect.forkScoped
     )
+    return { done: Fiber.join(loop) }
   })
