@@ -226,6 +226,11 @@ export const simulateCommand: CommandSpec = {
     },
     { name: "requests-per-second", help: "requests per worker per second (default 20)", placeholder: "N" },
     {
+      name: "cache-blocks",
+      help: "KV blocks each worker holds before it evicts the least recently used (default 2048)",
+      placeholder: "N"
+    },
+    {
       name: "duration-s",
       help: "stop after this many seconds (default: run until stopped)",
       placeholder: "N"
@@ -410,6 +415,7 @@ export const SimulateSettings = Schema.Struct({
   bindHost: withDefault(NonBlank, () => "127.0.0.1"),
   advertiseHost: Schema.optional(NonBlank),
   requestsPerSecond: withDefault(PositiveInt, () => 20),
+  cacheBlocks: withDefault(PositiveInt, () => 2048),
   durationS: Schema.optional(PositiveInt),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)

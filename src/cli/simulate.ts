@@ -29,8 +29,6 @@ import type { SimulateSettings } from "./settings.js"
 
 /** System prompts of the workload; requests favour the first few steeply. */
 const SYSTEM_PROMPTS = 32
-/** Blocks a worker keeps before it evicts the least recently used. */
-const CACHE_BLOCKS = 2048
 
 /** Token ids of system prompt `p`: 6 to 14 blocks of 100000 + 1000·p + i (easy to type in a query). */
 export const systemPromptTokens = (prompt: number, blockSize: number): Array<number> =>
@@ -160,7 +158,7 @@ const makeWorker = (settings: SimulateSettings, serving: EndpointId, index: numb
           enableLocalIndexer: true,
           kvStateEndpoint: null,
           enableEagle: false,
-          totalKvBlocks: String(CACHE_BLOCKS),
+          totalKvBlocks: String(settings.cacheBlocks),
           maxNumBatchedTokens: "8192"
         }
       }
@@ -214,17 +212,19 @@ const runWorkload = (
       )
       const blocks = [...prefix, ...blocksOf(userTokens, settings.blockSize, prefix[prefix.length - 1])]
       let firstNew = blocks.findIndex((b) => !cached.has(b.sequence))
-      for (const b of blocks) if (cached.has(b.sequence)) touch(b)
       while (firstNew >= 0 && firstNew < blocks.length) {
         const chunk = blocks.slice(firstNew, firstNew + 16)
         yield* worker.store(chunk, firstNew === 0 ? undefined : blocks[firstNew - 1])
-        for (const b of chunk) touch(b)
         firstNew += chunk.length
       }
-      if (cached.size > CACHE_BLOCKS) {
+      // Tail first, as vLLM frees a request's blocks: a parent is always used more recently than
+      // its children, so eviction takes children first and what a worker holds stays closed under
+      // prefixes. A block kept without its parent could not be chained (ParentBlockNotFound).
+      for (let i = blocks.length - 1; i >= 0; i--) touch(blocks[i]!)
+      if (cached.size > settings.cacheBlocks) {
         const evicted: Array<Block> = []
         for (const b of cached.values()) {
-          if (cached.size - evicted.length <= CACHE_BLOCKS) break
+          if (cached.size - evicted.length <= settings.cacheBlocks) break
           evicted.push(b)
         }
         for (const b of evicted) cached.delete(b.sequence)

@@ -1,9 +1,11 @@
 /**
  * The compose file's data path, as processes: a real etcd, `kvrelay simulate` registering its
  * workers there, `kvrelay relay` on etcd discovery and `kvrelay global` over the relay. The
- * simulator's own sample query (token ids of a popular system prompt) must find its prefix in the
- * relay's pool, and stopping the simulator must withdraw the pool (its leases are revoked).
- * Skipped without an etcd binary.
+ * simulator starts first with a small cache, so by the time the relay arrives the workers have
+ * evicted blocks and the relay must rebuild them from replays and tree dumps: every rank ends up
+ * live, with blocks, and no block lacks its parent. The simulator's own sample query (token ids
+ * of a popular system prompt) must find its prefix, and stopping the simulator must withdraw the
+ * pool (its leases are revoked). Skipped without an etcd binary.
  */
 
 import { describe, expect, it } from "@effect/vitest"
@@ -46,9 +48,20 @@ describe("kvrelay simulate on etcd", () => {
           PREFIX,
           "--workers",
           "4",
+          "--cache-blocks",
+          "48",
+          "--requests-per-second",
+          "50",
           "--log-level",
           "warning"
         ])
+        procs.push(simulate)
+        // Long enough for every worker to fill its 48 blocks and evict (each request brings 1 to
+        // 5 new blocks), so the relay meets workers whose first blocks are long gone.
+        yield* Effect.promise(() =>
+          eventually("the simulator running", () => simulate.stdout.includes('"simulating"'), 60_000)
+        )
+        yield* Effect.sleep("3 seconds")
         const relay = spawnKvrelay([
           "relay",
           "--dc-id",
@@ -62,7 +75,7 @@ describe("kvrelay simulate on etcd", () => {
           "--log-level",
           "error"
         ])
-        procs.push(simulate, relay)
+        procs.push(relay)
         const relayUrl = yield* Effect.promise(() => listening(relay))
         const global = spawnKvrelay([
           "global",
@@ -88,20 +101,32 @@ describe("kvrelay simulate on etcd", () => {
             60_000
           )
         )
-        // Every worker is a member with blocks: both wire formats arrive.
-        yield* Effect.promise(() =>
+        // Every worker is a live member with blocks: both wire formats arrive and recover.
+        interface Stats {
+          endpoints: Array<{
+            aggregation?: { members: Array<{ blocks: number }>; parentNotFound?: number }
+            recovery?: { sources: Array<{ state: string }> }
+          }>
+        }
+        const settled = yield* Effect.promise(() =>
           eventually(
-            "four members with blocks",
+            "four live members with blocks",
             async () => {
-              const stats = await json<{
-                endpoints: Array<{ aggregation?: { members: Array<{ blocks: number }> } }>
-              }>(`${relayUrl}/v1/stats`)
-              const members = stats.endpoints[0]?.aggregation?.members ?? []
-              return members.length === 4 && members.every((m) => m.blocks > 0)
+              const endpoint = (await json<Stats>(`${relayUrl}/v1/stats`)).endpoints[0]
+              const members = endpoint?.aggregation?.members ?? []
+              const sources = endpoint?.recovery?.sources ?? []
+              const live =
+                members.length === 4 &&
+                members.every((m) => m.blocks > 0) &&
+                sources.length === 4 &&
+                sources.every((s) => s.state === "live")
+              return live ? endpoint : undefined
             },
             60_000
           )
         )
+        expect(settled.aggregation?.parentNotFound ?? 0, relay.stderr).toBe(0)
+        expect(relay.stderr).not.toMatch(/level=ERROR/)
         // The sample query is 4 full blocks of the most popular system prompt.
         const depth = yield* Effect.promise(() =>
           eventually(
