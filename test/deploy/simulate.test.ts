@@ -8,6 +8,8 @@
  * pool (its leases are revoked). Skipped without an etcd binary.
  */
 
+import { readFileSync } from "node:fs"
+import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { eventually, type KvrelayProcess, spawnKvrelay } from "../e2e/relayProcessHarness.js"
@@ -142,6 +144,25 @@ describe("kvrelay simulate on etcd", () => {
           )
         )
         expect(depth).toBe(4)
+
+        // The Grafana dashboard plots series these processes really export. Lane faults have no
+        // series until a lane faults; compose.test.ts checks that family in the source.
+        const exported = new Set<string>()
+        for (const url of [relayUrl, globalUrl]) {
+          const text = yield* Effect.promise(() => fetch(`${url}/metrics`).then((r) => r.text()))
+          for (const line of text.split("\n"))
+            if (line !== "" && !line.startsWith("#")) exported.add(line.split(/[{ ]/, 1)[0]!)
+        }
+        const dashboard = readFileSync(
+          join(import.meta.dirname, "../../otel/grafana/dashboards/kvrelay.json"),
+          "utf8"
+        )
+        const plotted = new Set(
+          [...dashboard.matchAll(/\b((?:kv_dc_relay|kvrelay|nodejs|process)_[a-z0-9_]+)/g)].map((m) => m[1]!)
+        )
+        plotted.delete("kvrelay_global_lane_faults_total")
+        expect(plotted.size).toBeGreaterThan(15)
+        for (const name of plotted) expect(exported.has(name), `${name} is on /metrics`).toBe(true)
 
         simulate.signal("SIGTERM")
         const exit = yield* Effect.promise(() => simulate.waitExit(60_000))
