@@ -34,6 +34,7 @@ import {
   Fiber,
   Layer,
   Metric,
+  Option,
   Queue,
   Random,
   Scope,
@@ -52,6 +53,7 @@ import {
 import { hex16 } from "../ckf/u64.js"
 import type { CatalogSnapshot, DcPoolDescriptor, KvQuerySemantics, RelayInfo } from "../domain/model.js"
 import { poolDescriptorEquals } from "../domain/model.js"
+import { InjectedLoopFault, LoopFaults, loopStep, supervised } from "../domain/supervised.js"
 import { utf8Length } from "../domain/text.js"
 import {
   defaultGlobalCkfIngestionPoolConfig,
@@ -462,6 +464,7 @@ export const make = (
     const laneEpochs = new Map<string, bigint>()
     let currentProblems = new Map<string, string>()
 
+    const faults = yield* LoopFaults
     const wakeups = yield* Queue.sliding<void>(1)
     const wake = (): void => {
       Queue.unsafeOffer(wakeups, undefined)
@@ -780,7 +783,7 @@ export const make = (
           lanes: new Map(),
           broken: false
         }
-        yield* Effect.forkIn(dispatchFaults(domain), scope)
+        yield* Effect.forkIn(supervised("consumer.domain-faults", dispatchFaults(domain)), scope)
         yield* Effect.logInfo("global domain opened").pipe(
           Effect.annotateLogs({ domain: id.toString(), format: format.key, layout: layout.key })
         )
@@ -911,8 +914,20 @@ export const make = (
       currentProblems = problems
     }).pipe(Effect.withSpan("GlobalConsumer.reconcile"))
 
+    // Supervised; a restart reconciles at once, since the step that died may have taken the
+    // only wake-up of a change.
+    let reconcilerRuns = 0
     yield* Effect.forkIn(
-      Effect.forever(Queue.take(wakeups).pipe(Effect.zipRight(reconcile))).pipe(
+      Effect.suspend(() => {
+        if (reconcilerRuns++ > 0) wake()
+        return Effect.forever(
+          Queue.take(wakeups).pipe(
+            Effect.zipRight(loopStep("consumer.reconcile")),
+            Effect.zipRight(reconcile)
+          )
+        )
+      }).pipe(
+        (loop) => supervised("consumer.reconcile", loop),
         Effect.annotateLogs("component", "GlobalConsumer")
       ),
       consumerScope
@@ -971,6 +986,7 @@ export const make = (
         yield* client.watchCatalog(`${subscriberId}/catalog`).pipe(
           Stream.runForEach((catalog) =>
             Effect.suspend(() => {
+              if (faults.take("consumer.relay")) return Effect.die(new InjectedLoopFault("consumer.relay"))
               if (!Equal.equals(catalog.relay, info.relay)) {
                 return Effect.fail(
                   new EpochEnded({
@@ -1008,14 +1024,24 @@ export const make = (
         return yield* Effect.fail(new EpochEnded({ message: "catalog watch ended" }))
       }).pipe(Effect.withSpan("GlobalConsumer.relay.epoch", { attributes: { relay: relay.spec.name } }))
 
+    /**
+     * Epochs one after another, with backoff. A defect is no ended epoch: the relay's state is
+     * invalidated and the defect reaches the loop's supervisor, which logs, counts and restarts.
+     */
     const relayLoop = (relay: RelayState): Effect.Effect<never> =>
       Effect.gen(function* () {
-        const client = yield* connector.connect(relay.spec)
+        const client = relay.client ?? (yield* connector.connect(relay.spec))
         relay.client = client
         let attempt = 0
         for (;;) {
           const started = nowMs()
           const exit = yield* Effect.exit(runEpoch(relay, client))
+          if (Exit.isFailure(exit) && Option.isNone(Cause.failureOption(exit.cause))) {
+            if (Cause.isInterruptedOnly(exit.cause)) return yield* Effect.interrupt
+            yield* invalidate(relay, "the relay client failed with a defect")
+            // The cause holds no Fail (checked above), only defects: no error value is lost.
+            return yield* Effect.failCause(exit.cause as Cause.Cause<never>)
+          }
           const why = Exit.isFailure(exit)
             ? Cause.failureOption(exit.cause).pipe((failure) =>
                 failure._tag === "Some"
@@ -1032,7 +1058,9 @@ export const make = (
         }
       }).pipe(Effect.annotateLogs(relayAnnotations(relay)))
 
-    for (const relay of relays) yield* Effect.forkIn(relayLoop(relay), consumerScope)
+    for (const relay of relays) {
+      yield* Effect.forkIn(supervised("consumer.relay", relayLoop(relay)), consumerScope)
+    }
 
     // ---- public surface
 
