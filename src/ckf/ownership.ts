@@ -16,10 +16,13 @@
  * hash can be recovered (`CkfAddressing.unmix`). The slot index then comes straight from the
  * key's high word: no second hash per block, and none when rehashing or shifting on delete.
  *
- * Both tables use linear probing with tombstone-free backward-shift deletion, at most 80% full.
- * Capacities are not powers of two (slot = ⌊h·capacity / 2^32⌋): the owner table is sized
- * exactly for the pool's expected hashes, and the edge table grows by 1.5× and stays above 53%
- * full. That slot order is monotone in h, so a rehash reads and writes the tables front to back.
+ * Both tables use linear probing with tombstone-free backward-shift deletion, at most 80% full,
+ * and start at 16 slots: an idle pool holds a few hundred bytes of them, not megabytes. The owner
+ * table doubles as hashes arrive, except that the step that would pass the pool's sizing hint
+ * stops at the hint, so a pool filled to its hint ends exactly as big as if it had been sized for
+ * it; the edge table grows by 1.5× and stays above 53% full. Capacities are therefore not powers
+ * of two (slot = ⌊h·capacity / 2^32⌋). That slot order is monotone in h, so a rehash reads and
+ * writes the tables front to back.
  *
  * The key under operation is passed in `key` ([hi, lo]) rather than as arguments: a u32 argument
  * of a call that is not inlined is boxed into a heap number.
@@ -116,11 +119,12 @@ export class OwnershipTable {
   private capacity: number
   private scale: number
   /**
-   * Beyond the expected size the table doubles, but never past room for `maxKeys` (the filter's
-   * slot count bounds the distinct hashes): a pool that outgrows its sizing hint pays one rehash
-   * rather than several on the way to a full filter.
+   * The table doubles, but never past room for `maxKeys` (the filter's slot count bounds the
+   * distinct hashes).
    */
   private readonly maxCapacity: number
+  /** Slots for the pool's sizing hint: where doubling pauses (see `nextCapacity`). */
+  private readonly hintCapacity: number
   size = 0
   /** Refcounts above 254, keyed by hash. */
   private readonly overflow = new Map<string, number>()
@@ -136,16 +140,16 @@ export class OwnershipTable {
   contributions = 0
 
   /**
-   * The table starts with room for `expectedKeys` hashes, so that filling a pool up to its sizing
-   * hint never rehashes (each growth step re-places every entry); throws when that allocation
-   * fails.
+   * The table starts at 16 slots and grows as hashes arrive: memory follows use, and a pool
+   * sized for a million blocks costs its filter, not 15 MiB of empty slots, until it fills.
+   * `expectedKeys` (the sizing hint) only shapes the growth steps; `reserveKeys` pre-sizes.
    */
   constructor(expectedKeys = 0, maxKeys = Number.MAX_SAFE_INTEGER) {
-    const cap = slotsFor(expectedKeys)
-    this.capacity = cap
-    this.scale = cap * INV_TWO_32
-    this.slots = new Uint32Array(cap * 3)
-    this.maxCapacity = Math.max(cap, slotsFor(maxKeys))
+    this.capacity = MIN_CAPACITY
+    this.scale = MIN_CAPACITY * INV_TWO_32
+    this.slots = new Uint32Array(MIN_CAPACITY * 3)
+    this.maxCapacity = slotsFor(maxKeys)
+    this.hintCapacity = Math.min(slotsFor(expectedKeys), this.maxCapacity)
   }
 
   get slotCapacity(): number {
@@ -270,13 +274,39 @@ export class OwnershipTable {
   reserve(): boolean {
     try {
       if ((this.size + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) {
-        const needed = slotsFor(this.size + 1)
-        this.rehash(Math.max(needed, Math.min(2 * this.capacity, this.maxCapacity)))
+        this.rehash(this.nextCapacity(this.size + 1))
       }
       return this.edges.reserve()
     } catch {
       return false
     }
+  }
+
+  /**
+   * Room for `keys` hashes in one step (a rank rebuild that knows its size skips the doubling
+   * steps); false when the allocation failed (nothing changed). Never shrinks.
+   */
+  reserveKeys(keys: number): boolean {
+    const needed = slotsFor(keys)
+    if (needed <= this.capacity) return true
+    try {
+      this.rehash(needed)
+      return true
+    } catch {
+      return false
+    }
+  }
+
+  /**
+   * The next capacity of a table that needs room for `keys`: double, but stop at the sizing hint
+   * when passing it (a pool filled to its hint then holds exactly the slots a pre-sized table
+   * would, at most 80% full), and never past room for every filter slot unless `keys` needs it.
+   * Doubling keeps the copying amortised: n inserts re-place fewer than 2n entries in all.
+   */
+  private nextCapacity(keys: number): number {
+    let next = 2 * this.capacity
+    if (this.capacity < this.hintCapacity && next > this.hintCapacity) next = this.hintCapacity
+    return Math.max(Math.min(next, this.maxCapacity), slotsFor(keys))
   }
 
   /** Whether one more key fits without growing (then `reserve` would not rehash). */

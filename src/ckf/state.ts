@@ -213,7 +213,8 @@ export class DcCkfState {
       this.dirtyBuckets = new Uint32Array(64)
       this.dirtyOriginals = new Uint32Array(128)
       this.log = new Uint32Array((config.maxKicks + 1) * 3)
-      // Sized for the expected unique blocks, which the filter's slots also bound.
+      // Starts small and grows; the expected unique blocks (which the filter's slots also bound)
+      // shape its growth steps.
       this.owners = new OwnershipTable(Math.min(config.expectedBlocksPerDc, 4 * bucketCount), 4 * bucketCount)
     } catch (cause) {
       throw new CkfBuildError(
@@ -222,6 +223,14 @@ export class DcCkfState {
       )
     }
     this.rng = new SplitMix64(laneRngSeed(config.seed, 0))
+  }
+
+  /**
+   * Room for `blocks` unique blocks in the exact-ownership table in one step; it grows by itself
+   * as blocks arrive, so this only spares the growth steps. False when the allocation failed.
+   */
+  reserveBlocks(blocks: number): boolean {
+    return this.owners.reserveKeys(Math.min(blocks, 4 * this.bucketCount))
   }
 
   // -------------------------------------------------------------------------------------------
@@ -776,6 +785,11 @@ export class DcCkfState {
       return error instanceof CkfBuildError ? error : new CkfBuildError("AllocationFailed", String(error))
     }
     const owners = this.owners
+    // The rebuild usually holds about as many blocks as now: one allocation instead of the
+    // doubling steps, and never more slots than the table it replaces.
+    if (!next.reserveBlocks(owners.size)) {
+      return new CkfBuildError("AllocationFailed", `could not allocate room for ${owners.size} blocks`)
+    }
     const replaced = new Set<number>()
     for (const r of replacements) {
       const m = owners.memberIndex(memberKey(r.workerId, r.dpRank))
