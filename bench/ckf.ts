@@ -3,6 +3,7 @@
  * edge, each against the Map/Set baseline (and the bloom-filters CuckooFilter for the filter part).
  */
 
+import { performance } from "node:perf_hooks"
 import { CkfAddressing, DEFAULT_SEED } from "../src/ckf/addressing.js"
 import { decodeCbi1, encodeCbi1Snapshot } from "../src/ckf/cbi1.js"
 import { ckfConfig } from "../src/ckf/config.js"
@@ -258,6 +259,84 @@ export const benchMemoryPerEdge = (ctx: BenchContext): void => {
   )
   // Keeps the workload reachable until both measurements are done.
   if (workloads.length !== members) throw new Error("unreachable")
+  benchIdlePools(ctx)
+  benchOwnerTableGrowth(ctx)
+}
+
+/** The accounted bytes of a pool (`stats().memory`): filter, dirty window, owner and lineage tables. */
+const accountedBytes = (state: DcCkfState): number => {
+  const m = state.stats().memory
+  return m.filterBytes + m.dirtyTrackingBytes + m.ownershipBytes + m.lineageBytes
+}
+
+/** 64 idle pools at the default size, against the same pools with their owner tables pre-sized. */
+const benchIdlePools = (ctx: BenchContext): void => {
+  const expected = 1_048_576
+  const pools = 64
+  const idle = accountedBytes(new DcCkfState(ckfConfig(expected)))
+  const presized = new DcCkfState(ckfConfig(expected))
+  if (!presized.reserveBlocks(expected)) throw new Error("could not pre-size a pool")
+  const mib = (bytes: number) => (pools * bytes) / 1_048_576
+  record(
+    ctx,
+    "64_idle_pools_accounted",
+    "MiB",
+    mib(idle),
+    mib(accountedBytes(presized)),
+    `64 pools at --expected-unique-blocks ${expected}, filter + dirty window + owner and lineage tables (target <= 400 MiB); baseline = owner tables pre-sized for ${expected} blocks; ratio = ours/baseline (lower is better)`
+  )
+}
+
+/** Stored events of 8 hashes each, hash pairs only (no bigint or string forms). */
+const pairEvents = (blocks: number, seed: number): Array<CkfEvent> => {
+  const stream = new HashStream(seed)
+  const events: Array<CkfEvent> = []
+  for (let done = 0; done < blocks; done += BLOCKS_PER_EVENT) {
+    const pairs = new Uint32Array(BLOCKS_PER_EVENT * 2)
+    for (let i = 0; i < BLOCKS_PER_EVENT; i++) stream.next(pairs, 2 * i)
+    events.push({
+      workerId: "1",
+      dpRank: 0,
+      storageTier: "device",
+      data: { _tag: "Stored", blockHashes: pairs }
+    })
+  }
+  return events
+}
+
+/**
+ * Filling a pool with 1M blocks from an empty owner table (it doubles as blocks arrive) against
+ * one pre-sized for them. Rounds alternate so that the machine's load falls on both alike.
+ */
+const benchOwnerTableGrowth = (ctx: BenchContext): void => {
+  const blocks = 1_048_576
+  const events = pairEvents(blocks, 4711)
+  const config = ckfConfig(blocks, { publishEveryNEvents: 16 })
+  const fill = (presize: boolean): number => {
+    const state = new DcCkfState(config)
+    if (presize && !state.reserveBlocks(blocks)) throw new Error("could not pre-size a pool")
+    const start = performance.now()
+    for (const event of events) state.applyEvent(event)
+    state.flush()
+    return (blocks * 1000) / (performance.now() - start)
+  }
+  // One untimed fill of each first: the first round would otherwise pay the apply path's JIT.
+  fill(false)
+  fill(true)
+  let grown = 0
+  let presized = 0
+  for (let r = 0; r < (ctx.quick ? 3 : 5); r++) {
+    grown = Math.max(grown, fill(false))
+    presized = Math.max(presized, fill(true))
+  }
+  record(
+    ctx,
+    "owner_table_growth_fill_1m",
+    "blocks/s",
+    grown,
+    presized,
+    `${blocks} blocks stored into an empty pool whose owner table grows vs one pre-sized for them; ratio = grown/pre-sized (1 = growth is free)`
+  )
 }
 
 // ------------------------------------------------------------------------------------------------
