@@ -200,15 +200,17 @@ const runWorkload = (worker: SimulatedWorker, dc: number) =>
       const suffix = extend(prefix, yield* randomTokens((yield* Random.nextIntBetween(2, 10)) * BLOCK_SIZE))
       const blocks = [...prefix, ...suffix]
       let firstNew = blocks.findIndex((b) => !cached.has(b.sequence))
-      for (const b of blocks) if (cached.has(b.sequence)) touch(b)
       if (firstNew >= 0) {
         while (firstNew < blocks.length) {
           const chunk = blocks.slice(firstNew, firstNew + 16)
           yield* worker.store(chunk, firstNew === 0 ? undefined : blocks[firstNew - 1])
-          for (const b of chunk) touch(b)
           firstNew += chunk.length
         }
       }
+      // Tail first, so that a prefix is always more recent than what follows it and eviction
+      // takes children before their parents, as vLLM frees a request's blocks: what a worker
+      // holds stays prefix-closed, and its tree dumps have every parent.
+      for (let i = blocks.length - 1; i >= 0; i--) touch(blocks[i]!)
       if (cached.size > CACHE_BLOCKS) {
         const evicted: Array<PromptBlock> = []
         for (const b of cached.values()) {
