@@ -46,6 +46,7 @@ import {
 } from "../../domain/json.js"
 import * as BearerAuth from "./BearerAuth.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
+import * as GlobalStatusPage from "./GlobalStatusPage.js"
 import { type ClientTlsOptions, httpClientLayer, type ServerTlsOptions } from "./Tls.js"
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
@@ -293,6 +294,7 @@ const traced =
 export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
   const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES
   return HttpRouter.empty.pipe(
+    HttpRouter.all("/", traced("/")(only("GET", Effect.sync(GlobalStatusPage.response)))),
     HttpRouter.all("/healthz", traced("/healthz")(only("GET", healthz))),
     HttpRouter.all("/metrics", traced("/metrics")(only("GET", metrics))),
     HttpRouter.all("/v1/domains", traced("/v1/domains")(only("GET", domains))),

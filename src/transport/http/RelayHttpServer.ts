@@ -83,6 +83,7 @@ import {
   POOL_STREAM_CONTENT_TYPE,
   type PoolFrameKind
 } from "./PoolStreamFrame.js"
+import * as RelayStatusPage from "./RelayStatusPage.js"
 import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
 import { InProgressLimit, MAX_SNAPSHOTS_IN_PROGRESS, snapshotBody, yieldToEventLoop } from "./SnapshotBody.js"
 import * as TerminalDelivery from "./TerminalDelivery.js"
@@ -1113,6 +1114,7 @@ const exact = (path: string, methods: Partial<Record<Method, Handler>>): Route =
 const ENDPOINT_SNAPSHOT = /^\/v1\/endpoints\/([^/]+)\/snapshot$/
 
 const ROUTES: ReadonlyArray<Route> = [
+  exact("/", { GET: () => Effect.sync(RelayStatusPage.response) }),
   exact("/healthz", { GET: healthz }),
   exact("/v1/health", { GET: health }),
   exact("/v1/relay", { GET: relayInfo }),
