@@ -412,7 +412,8 @@ export class Workers {
 
 export interface RelayOptions {
   readonly dcId?: string
-  readonly discovery: DiscoveryFile
+  /** A discovery file, or any other `--discovery` value (`etcd:URL`). */
+  readonly discovery: Pick<DiscoveryFile, "spec">
   /** Default 4096 (a 2048-bucket filter: one small snapshot chunk). */
   readonly expectedUniqueBlocks?: number
 }
