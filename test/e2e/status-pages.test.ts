@@ -307,6 +307,21 @@ const expectStatusPageHeaders = (headers: Record<string, string>): void => {
 
 beforeAll(async () => {
   if (SKIP) return
+  // The browser first: a machine that cannot run it fails at once, before any process starts.
+  userDataDir = mkdtempSync(join(tmpdir(), "kvrelay-chromium-"))
+  try {
+    browser = await chromium.launchPersistentContext(userDataDir, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: CHROMIUM_ARGS
+    })
+  } catch (error) {
+    throw new Error(
+      `Chromium could not start from ${CHROMIUM} (.ci/run installs Debian's chromium; the status-page tests need it): ${
+        error instanceof Error ? error.message : String(error)
+      }`
+    )
+  }
   scope = await makeScope()
   dir = makeTempDir()
   const tokenFile = join(dir.path, "tokens.txt")
@@ -353,21 +368,6 @@ beforeAll(async () => {
     START_MS
   )
   await Promise.all([warmUp(relayA, engineA), warmUp(relayB, engineB, TOKEN)])
-
-  userDataDir = mkdtempSync(join(tmpdir(), "kvrelay-chromium-"))
-  try {
-    browser = await chromium.launchPersistentContext(userDataDir, {
-      executablePath: CHROMIUM,
-      headless: true,
-      args: CHROMIUM_ARGS
-    })
-  } catch (error) {
-    throw new Error(
-      `Chromium could not start from ${CHROMIUM} (.ci/run installs Debian's chromium; the status-page tests need it): ${
-        error instanceof Error ? error.message : String(error)
-      }`
-    )
-  }
 }, 240_000)
 
 afterAll(async () => {
