@@ -250,6 +250,15 @@ describe("supervised relay loops (real ZeroMQ, file discovery)", () => {
         await reader.cancel()
         return text
       })
+      // The restarts are on /metrics, as a counter per loop.
+      const metrics = yield* Effect.promise(async () => (await fetch(`${server.url}/metrics`)).text())
+      expect(metrics).toMatch(/^# TYPE kvrelay_supervised_restarts_total counter$/m)
+      for (const loop of ["relay.topology", "relay.load-windows"]) {
+        const sample = metrics.match(
+          new RegExp(`^kvrelay_supervised_restarts_total\\{loop="${loop}"\\} (\\d+)$`, "m")
+        )
+        expect(Number(sample?.[1])).toBe(supervisedRestarts(loop))
+      }
       const sequences = [...window.matchAll(/"windowSequence":"(\d+)"/g)].map((m) => BigInt(m[1]!))
       expect(sequences.length).toBeGreaterThanOrEqual(2)
       expect(sequences[1]! > sequences[0]!).toBe(true)
