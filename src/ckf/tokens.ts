@@ -81,7 +81,8 @@ export const localHashesInto = (
     for (let i = 0; i < used; i++) words[i] = tokens[from + i]! >>> 0
   }
   if (window >= 5 && window <= 32) {
-    for (let b = 0; b < blocks; b++) xxh3Words17to128Into(words, b * blockSize, window, seedHi, seedLo, out, at + b)
+    for (let b = 0; b < blocks; b++)
+      xxh3Words17to128Into(words, b * blockSize, window, seedHi, seedLo, out, at + b)
     return blocks
   }
   for (let b = 0; b < blocks; b++) {

@@ -164,7 +164,8 @@ describe("global consumer against real relays", () => {
           (a, b) => a && b
         )
       )
-      const ask = () => depthsOf(view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: prompt }))
+      const ask = () =>
+        depthsOf(view.overlapNow({ namespace: "prod", model: "llama", localBlockHashes: prompt }))
       expect(ask()).toEqual({ east: 16, west: 5 })
 
       yield* first.stop
