@@ -142,7 +142,7 @@ describe("kvrelay relay as a process", () => {
       },
       servingEndpoint: SERVING,
       registrations: [{ model: "llama", target: { base: { baseModel: "llama" } }, aliases: ["chat"] }],
-      querySemantics: { kvBlockSize: 512, hashFormat: "dynamo_standard_v1" },
+      querySemantics: { kvBlockSize: 512, hashFormat: "dynamo_standard_v1", addressing: "canonical_v1" },
       poolRoles: ["aggregated"]
     })
     expect(descriptor!.producer.layoutGeneration).not.toBe("0")
@@ -159,7 +159,8 @@ describe("kvrelay relay as a process", () => {
       activeEndpointCount: 1,
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
-      sourcesDegraded: 0
+      sourcesDegraded: 0,
+      discovery: { state: "live", since: expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/) }
     })
   })
 
@@ -179,7 +180,10 @@ describe("kvrelay relay as a process", () => {
     await filterMatches(blocks.slice(0, 3))
 
     // A block stored twice by one worker and removed once is gone (ownership, not a counter).
-    const again = blocks.slice(3, 4)
+    // Stored twice alike: the same engine hash under another parent would be another block,
+    // which canonical addressing refuses (InvalidBlockSequence).
+    const again = freshHashes(1)
+    await dynamo.store(again)
     await dynamo.store(again)
     await remove(dynamo, again)
     await filterMatches(again)

@@ -384,7 +384,7 @@ export class Workers {
     return run(
       Effect.gen(function* () {
         const queryServer = yield* makeWorkerQueryServer({ workerId, dpRanks: [0] })
-        const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer })
+        const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer, blockSize: 512 })
         return new DynamoWorker(publisher, queryServer)
       }).pipe(Scope.extend(this.scope))
     )
