@@ -19,6 +19,7 @@ import {
   closeScope,
   type DomainLane,
   depths,
+  depthsByLocal,
   discoveryOf,
   dynamoWorker,
   engineWorker,
@@ -172,7 +173,8 @@ describe("global consumer faults over relay processes", () => {
     await warmUp(relayA.url, [a1, a2])
     await a1.remove(P1.slice(12))
     await a2.store(P2.slice(6), P2[5])
-    await a1.store(P4.slice(7), P4[6])
+    // A worker continues only prompts it holds (its lineage is its own): 1101 stores all of P4.
+    await a1.store(P4)
     await converge("P1 after a removal at dc-a", P1, { "dc-a": 12, "dc-b": 10 })
     await converge("P2 completed at dc-a", P2, { "dc-a": 12, "dc-b": 0 })
     await converge("P4 completed at dc-a", P4, { "dc-a": 10, "dc-b": 0 })
@@ -263,14 +265,19 @@ describe("global consumer faults over relay processes", () => {
     // The fresh snapshot holds dc-b's state after the burst: the last chunk, none of the earlier
     // ones, and the prompts from before.
     await converge("the last chunk at dc-b", chunk.slice(0, 32), { "dc-b": 32, "dc-a": 0 })
-    await converge("the end of the last chunk at dc-b", chunk.slice(-5), { "dc-b": 5, "dc-a": 0 })
+    // All of it: blocks are addressed by their whole prefix, so the chunk is asked as one prompt.
+    await eventually(
+      "the whole last chunk at dc-b",
+      () => depthsByLocal(global.url, chunk),
+      (actual) => actual["dc-b"] === chunk.length && actual["dc-a"] === 0
+    )
     const first = Array.from({ length: 32 }, (_, i) => burstBlock(BigInt(i + 1)))
     await converge("the first chunk removed at dc-b", first, { "dc-a": 0, "dc-b": 0 })
     await converge("P1 as before the burst", P1, p1Before)
     await converge("P3 as before the burst", P3, { "dc-b": 8, "dc-a": 0 })
 
     // Deltas flow again on the recovered lane.
-    await b2.store(P1.slice(10), P1[9])
+    await b1.store(P1.slice(10), P1[9])
     await converge("P1 completed at dc-b", P1, { "dc-b": 16, "dc-a": p1Before["dc-a"]! })
     // The lagged stream is gone at the relay; only the new one is served.
     await eventually(

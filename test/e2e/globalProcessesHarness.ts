@@ -16,10 +16,10 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Effect, Exit, Scope } from "effect"
 import { chainSequenceHash } from "../../src/ckf/global.js"
-import { hashPairs } from "../../src/ckf/u64.js"
+import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
 import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
 import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { defaultTokenIds } from "../../src/transport/SimulatedAddresses.js"
+import { defaultTokenIds, localHashesOfTokens } from "../../src/transport/SimulatedAddresses.js"
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
 
 export const REPO = fileURLToPath(new URL("../..", import.meta.url))
@@ -434,6 +434,24 @@ export const overlap = (
     method: "POST",
     body: JSON.stringify({ namespace, model, tokens: promptTokens(hashes) })
   })
+
+/** Depth per relay for the prompt the workers store as `hashes`, asked by its local block hashes. */
+export const depthsByLocal = async (
+  globalUrl: string,
+  hashes: ReadonlyArray<bigint>
+): Promise<Record<string, number>> => {
+  const local = hashPairsToBigInts(localHashesOfTokens(promptTokens(hashes), KV_BLOCK_SIZE))
+  const answer = await request(`${globalUrl}/v1/overlap`, {
+    method: "POST",
+    body: JSON.stringify({ namespace: NAMESPACE, model: MODEL, localBlockHashes: local.map(String) })
+  })
+  if (answer.status !== 200) throw new Error(`POST /v1/overlap answered ${answer.status}: ${answer.text}`)
+  const out: Record<string, number> = {}
+  for (const result of (answer.body as { results: ReadonlyArray<OverlapResult> }).results) {
+    out[result.relay] = result.prefixDepth
+  }
+  return out
+}
 
 export const domains = async (globalUrl: string): Promise<ReadonlyArray<DomainEntry>> => {
   const answer = await request(`${globalUrl}/v1/domains`)
