@@ -686,23 +686,8 @@ const wordKeysFor = (seedHi: number, seedLo: number): void => {
   wordKeysLo = seedLo
 }
 
-/** Where one word-path hash leaves its halves: a typed array, so no write boxes a number. */
+/** Products of the word path as [hi, lo]: a typed array, so no write boxes a number. */
 const FOLD = new Uint32Array(2)
-
-/** Low 64 bits of (hi:lo)·(ch:cl), into `FOLD`. */
-const mulLowInto = (hi: number, lo: number, ch: number, cl: number): void => {
-  const a0 = lo & 0xffff
-  const a1 = lo >>> 16
-  const b0 = cl & 0xffff
-  const b1 = cl >>> 16
-  const p00 = a0 * b0
-  const p01 = a0 * b1
-  const p10 = a1 * b0
-  const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
-  const high = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
-  FOLD[0] = (mid << 16) | (p00 & 0xffff)
-  FOLD[1] = high + Math.imul(hi, cl) + Math.imul(lo, ch)
-}
 
 /**
  * XXH3-64 of 17..128 bytes given as `count` (5..32) little-endian u32 words
@@ -721,11 +706,11 @@ export const xxh3Words17to128Into = (
   wordKeysFor(seedHi, seedLo)
   const len = 4 * count
   const end = start + count
-  mulLowInto(0, len, P64_1_H, P64_1_L)
+  mulLow64Into(0, len, P64_1_H, P64_1_L, FOLD)
   // The accumulator stays in locals: module-level `let` numbers above 2^30 are boxed on every
   // write, which made the older path allocate per block.
-  let accL = FOLD[0]!
-  let accH = FOLD[1]!
+  let accH = FOLD[0]!
+  let accL = FOLD[1]!
   // Pairs of 16-byte mixes from both ends inwards: (start + 4i, keys 8i) and (end − 4 − 4i,
   // keys 8i + 4), one pair per started 32 bytes.
   const pairs = (len + 31) >>> 5
@@ -780,15 +765,11 @@ export const xxh3Words17to128Into = (
     accL = sum >>> 0
     accH = (accH + ((r1 ^ r3) >>> 0) + (sum - accL) / TWO_32) >>> 0
   }
-  FOLD[0] = accL
-  FOLD[1] = accH
   // Avalanche: h ^= h >> 37; h *= 0x165667919E3779F9; h ^= h >> 32.
-  const hi = FOLD[1]!
-  const lo = (FOLD[0]! ^ (hi >>> 5)) >>> 0
-  mulLowInto(hi, lo, MX1_H, MX1_L)
-  const h = FOLD[1]!
+  mulLow64Into(accH, (accL ^ (accH >>> 5)) >>> 0, MX1_H, MX1_L, FOLD)
+  const h = FOLD[0]!
   out[2 * at] = h
-  out[2 * at + 1] = FOLD[0]! ^ h
+  out[2 * at + 1] = FOLD[1]! ^ h
 }
 
 /**
