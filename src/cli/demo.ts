@@ -13,7 +13,7 @@ import { join } from "node:path"
 import { NodeFileSystem } from "@effect/platform-node"
 import { Context, Duration, Effect, Either, Fiber, Layer, Random, Ref, Schedule } from "effect"
 import { chainSequenceHash } from "../ckf/global.js"
-import { localBlockHashes, nextSequenceHash, sequenceHashes } from "../ckf/tokens.js"
+import { localBlockHashes, sequenceHashes } from "../ckf/tokens.js"
 import { hashPairsToBigInts } from "../ckf/u64.js"
 import { GlobalView } from "../consumer/GlobalView.js"
 import { Discovery } from "../discovery/Discovery.js"
@@ -64,27 +64,17 @@ interface PromptBlock {
 }
 
 /** Cut `tokens` into blocks and address them as every relay does (PROTOCOL §3.3). */
-const blocksOf = (tokens: ReadonlyArray<number>): Array<PromptBlock> => {
+const blocksOf = (tokens: ReadonlyArray<number>): Array<PromptBlock> => extend([], tokens)
+
+/** Continue a prompt's blocks with more tokens (the chain goes on from its last block). */
+const extend = (prefix: ReadonlyArray<PromptBlock>, tokens: ReadonlyArray<number>): Array<PromptBlock> => {
   const local = localBlockHashes(tokens, BLOCK_SIZE)
-  const locals = hashPairsToBigInts(local)
-  const sequences = hashPairsToBigInts(sequenceHashes(local))
-  return locals.map((l, i) => ({
+  const sequences = hashPairsToBigInts(sequenceHashes(local, prefix[prefix.length - 1]?.sequence))
+  return hashPairsToBigInts(local).map((l, i) => ({
     tokens: tokens.slice(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE),
     local: l,
     sequence: sequences[i]!
   }))
-}
-
-/** Continue a prompt's blocks with more tokens (the chain goes on from its last block). */
-const extend = (prefix: ReadonlyArray<PromptBlock>, tokens: ReadonlyArray<number>): Array<PromptBlock> => {
-  const tail = blocksOf(tokens)
-  let parent = prefix[prefix.length - 1]
-  return tail.map((block) => {
-    const sequence = parent === undefined ? block.local : nextSequenceHash(parent.sequence, block.local)
-    const next = { ...block, sequence }
-    parent = next
-    return next
-  })
 }
 
 /**

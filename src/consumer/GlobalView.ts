@@ -13,7 +13,7 @@
 
 import { Context, Data, Effect, Layer } from "effect"
 import type { IndexerDomainId, PoolId, ProducerIdentity } from "../ckf/identity.js"
-import { blockHashSeed, fullBlockCount, localHashesInto, sequenceHashesInto } from "../ckf/tokens.js"
+import { localBlockHashes, sequenceHashes } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
 import type { EndpointId, KvQuerySemantics } from "../domain/model.js"
 import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from "./GlobalConsumer.js"
@@ -111,46 +111,29 @@ const toPairs = (hashes: BlockHashes): Uint32Array =>
  */
 class QueryAddresses {
   private readonly bySemantics = new Map<string, Uint32Array>()
-  private local: Uint32Array | undefined
 
   constructor(private readonly keys: OverlapKeys) {}
 
   for(semantics: KvQuerySemantics): Uint32Array {
-    if ("sequenceHashes" in this.keys) return toPairs(this.keys.sequenceHashes)
-    const key = "tokens" in this.keys ? `${semantics.kvBlockSize}|${semantics.hashFormat}` : ""
+    const keys = this.keys
+    // Only tokens depend on the domain's semantics; hashes are the same for every domain.
+    const key = "tokens" in keys ? `${semantics.kvBlockSize}|${semantics.hashFormat}` : ""
     let addresses = this.bySemantics.get(key)
     if (addresses === undefined) {
-      const local = this.localFor(semantics)
-      const blocks = local.length >>> 1
-      addresses = new Uint32Array(2 * blocks)
-      sequenceHashesInto(local, 0, blocks, false, 0, 0, addresses, 0)
+      addresses =
+        "sequenceHashes" in keys
+          ? toPairs(keys.sequenceHashes)
+          : sequenceHashes(
+              "tokens" in keys
+                ? localBlockHashes(keys.tokens, semantics.kvBlockSize, {
+                    loraName: keys.loraName,
+                    hashFormat: semantics.hashFormat
+                  })
+                : toPairs(keys.localBlockHashes)
+            )
       this.bySemantics.set(key, addresses)
     }
     return addresses
-  }
-
-  private localFor(semantics: KvQuerySemantics): Uint32Array {
-    const keys = this.keys
-    if ("sequenceHashes" in keys) return toPairs(keys.sequenceHashes)
-    if (!("tokens" in keys)) {
-      if (this.local === undefined) this.local = toPairs(keys.localBlockHashes)
-      return this.local
-    }
-    const { kvBlockSize, hashFormat } = semantics
-    const seed = blockHashSeed(keys.loraName)
-    const out = new Uint32Array(2 * fullBlockCount(keys.tokens.length, kvBlockSize, hashFormat))
-    localHashesInto(
-      keys.tokens,
-      0,
-      keys.tokens.length,
-      kvBlockSize,
-      hashFormat,
-      Number(seed >> 32n),
-      Number(seed & 0xffff_ffffn),
-      out,
-      0
-    )
-    return out
   }
 }
 

@@ -11,6 +11,7 @@
 
 import { Clock, Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
+import { localBlockHashes } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
 import {
   clearedEvent,
@@ -23,7 +24,7 @@ import type { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC } from "./DynamoZmq.js"
 import type { RouterEventEncodeOptions } from "./msgpack.js"
-import { AddressBook, defaultTokenIds, localHashesOfTokens } from "./SimulatedAddresses.js"
+import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
 import type { WorkerQueryServer } from "./WorkerQueryServer.js"
 import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "./ZmqSocket.js"
 
@@ -155,7 +156,7 @@ export const makeDynamoZmqPublisher = (
           // simulated engines, so both kinds of worker storing the same hashes store one block.
           const tokensHashes =
             store.tokensHashes === undefined
-              ? localHashesOfTokens(defaultTokenIds(blockHashes, blockSize), blockSize)
+              ? localBlockHashes(defaultTokenIds(blockHashes, blockSize), blockSize)
               : pairsOf(store.tokensHashes)
           addresses.record(blockHashes, tokensHashes, store.parentHash)
           return {

@@ -10,6 +10,7 @@
 
 import { Clock, Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
+import { localBlockHashes } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
 import type { DpRank, StorageTier, WorkerId } from "../domain/events.js"
 import type { EndpointId } from "../domain/model.js"
@@ -24,7 +25,7 @@ import {
   SGLANG_FORMAT,
   VLLM_FORMAT
 } from "./EngineZmq.js"
-import { AddressBook, defaultTokenIds, localHashesOfTokens } from "./SimulatedAddresses.js"
+import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
 import {
   acquireSocket,
   bindSocket,
@@ -210,7 +211,7 @@ export const makeEngineZmqPublisher = (
         const tokenIds = store.tokenIds ?? defaultTokenIds(blockHashes, blockSize)
         addresses.record(
           blockHashes,
-          localHashesOfTokens(tokenIds, blockSize, store.loraName),
+          localBlockHashes(tokenIds, blockSize, { loraName: store.loraName }),
           store.parentHash
         )
         // vLLM always writes a medium ("GPU" for the device); older SGLang writes none for it.

@@ -5,7 +5,7 @@
  * land at without asking the relay that is under test.
  */
 
-import { blockHashSeed, localHashesInto, sequenceHashesInto } from "../ckf/tokens.js"
+import { sequenceHashes } from "../ckf/tokens.js"
 import { toBigInt } from "../ckf/u64.js"
 
 /**
@@ -23,28 +23,6 @@ export const defaultTokenIds = (blockHashes: Uint32Array, blockSize: number): Ar
   return tokens
 }
 
-/** Local hashes of the full blocks of `tokenIds` (pairs), as the relay computes them. */
-export const localHashesOfTokens = (
-  tokenIds: ReadonlyArray<number>,
-  blockSize: number,
-  loraName?: string | null
-): Uint32Array => {
-  const seed = blockHashSeed(loraName)
-  const out = new Uint32Array(2 * Math.floor(tokenIds.length / blockSize))
-  localHashesInto(
-    tokenIds,
-    0,
-    tokenIds.length,
-    blockSize,
-    undefined,
-    Number(seed >> 32n),
-    Number(seed & 0xffff_ffffn),
-    out,
-    0
-  )
-  return out
-}
-
 const pairKey = (hi: number, lo: number): bigint => toBigInt(hi, lo)
 
 /** External hash → canonical address, for one simulated rank. */
@@ -58,18 +36,7 @@ export class AddressBook {
   record(externals: Uint32Array, locals: Uint32Array, parent: bigint | undefined): void {
     const n = Math.min(externals.length, locals.length) >>> 1
     const parentAddress = parent === undefined ? undefined : this.byExternal.get(parent)
-    const p = parentAddress ?? 0n
-    const out = new Uint32Array(2 * n)
-    sequenceHashesInto(
-      locals,
-      0,
-      n,
-      parentAddress !== undefined,
-      Number(p >> 32n),
-      Number(p & 0xffff_ffffn),
-      out,
-      0
-    )
+    const out = sequenceHashes(locals.subarray(0, 2 * n), parentAddress)
     for (let i = 0; i < n; i++) {
       this.byExternal.set(
         pairKey(externals[2 * i]!, externals[2 * i + 1]!),

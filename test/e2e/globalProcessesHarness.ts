@@ -16,10 +16,11 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Effect, Exit, Scope } from "effect"
 import { chainSequenceHash } from "../../src/ckf/global.js"
+import { localBlockHashes } from "../../src/ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
 import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
 import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { defaultTokenIds, localHashesOfTokens } from "../../src/transport/SimulatedAddresses.js"
+import { defaultTokenIds } from "../../src/transport/SimulatedAddresses.js"
 import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
 
 export const REPO = fileURLToPath(new URL("../..", import.meta.url))
@@ -440,7 +441,7 @@ export const depthsByLocal = async (
   globalUrl: string,
   hashes: ReadonlyArray<bigint>
 ): Promise<Record<string, number>> => {
-  const local = hashPairsToBigInts(localHashesOfTokens(promptTokens(hashes), KV_BLOCK_SIZE))
+  const local = hashPairsToBigInts(localBlockHashes(promptTokens(hashes), KV_BLOCK_SIZE))
   const answer = await request(`${globalUrl}/v1/overlap`, {
     method: "POST",
     body: JSON.stringify({ namespace: NAMESPACE, model: MODEL, localBlockHashes: local.map(String) })
