@@ -113,8 +113,11 @@ interface Relay {
 
 const startRelay = (discoveryPath: string, otlp: string | undefined): Promise<Relay> =>
   new Promise((resolve, reject) => {
+    // KVRELAY_BENCH_RELAY_ENTRY runs another build of the CLI (e.g. one bundled from the current
+    // sources with esbuild), so the relay can be measured without rebuilding dist/.
+    const entry = process.env["KVRELAY_BENCH_RELAY_ENTRY"] ?? join(repoRoot(), "bin", "kvrelay.js")
     const args = [
-      join(repoRoot(), "bin", "kvrelay.js"),
+      entry,
       "relay",
       "--dc-id",
       "bench",
