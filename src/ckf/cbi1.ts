@@ -14,7 +14,7 @@
 import { FINGERPRINT_BITS, FORMAT_VERSION, SLOTS_PER_BUCKET } from "./config.js"
 import type { DcCkfFormatIdentity } from "./identity.js"
 import { isU64 } from "./u64.js"
-import { xxh3Low32 } from "./xxh3.js"
+import { xxh3Low32Fast } from "./xxh3Wasm.js"
 
 // The bulk copies below reinterpret Uint32Array memory as wire bytes; state.ts makes the same
 // assumption, but this module may be loaded without it.
@@ -163,7 +163,7 @@ const writeHeader = (view: DataView, flags: number, expected: Cbi1Expected, epoc
 }
 
 const sealFrame = (frame: Uint8Array, view: DataView): Uint8Array => {
-  view.setUint32(CHECKSUM_OFFSET, xxh3Low32(frame, CBI1_HEADER_BYTES), true)
+  view.setUint32(CHECKSUM_OFFSET, xxh3Low32Fast(frame, CBI1_HEADER_BYTES), true)
   return frame
 }
 
@@ -400,7 +400,7 @@ const decodeFrame = (bytes: Uint8Array, expected: Cbi1Expected): Cbi1Frame | Cbi
   const dcId = view.getBigUint64(28, true)
   const epoch = view.getBigUint64(36, true)
   const checksum = view.getUint32(CHECKSUM_OFFSET, true)
-  const actual = xxh3Low32(bytes, CBI1_HEADER_BYTES) >>> 0
+  const actual = xxh3Low32Fast(bytes, CBI1_HEADER_BYTES)
   if (actual !== checksum) {
     return new Cbi1Error(
       "Checksum",
