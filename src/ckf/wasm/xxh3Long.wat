@@ -4,13 +4,16 @@
 ;; wabt; test/ckf/xxh3Wasm.test.ts checks the committed bytes against a fresh build).
 ;;
 ;; The long path needs 32x32->64 multiplies, which JavaScript lacks and wasm SIMD has
-;; (i64x2.extmul_low_i32x4_u). The eight 64-bit accumulators live in four v128 locals: vector j
+;; (i64x2.extmul_low_i32x4_u). The eight 64-bit accumulators live in four v128 values: vector j
 ;; holds acc[2j] (lane 0) and acc[2j+1] (lane 1), so "acc[i ^ 1] += data" is a lane swap.
+;;
+;; A hash is "reset", then "blocks" over pieces of whole 1024-byte blocks, then "finish" over
+;; the last block, so the caller copies a large input in through a cache-sized window.
 ;;
 ;; Memory layout (one exported memory, grown by the caller):
 ;;   [0, 192)    the default secret (data segment below)
 ;;   [192, 200)  the last 64-bit result, little-endian
-;;   [256, ...)  input; the caller copies the bytes to hash here
+;;   [256, ...)  the caller's input window
 (module
   (memory (export "memory") 1)
 
@@ -51,22 +54,31 @@
       (i64.xor (i64x2.extract_lane 0 (local.get $acc)) (i64.load (local.get $s)))
       (i64.xor (i64x2.extract_lane 1 (local.get $acc)) (i64.load offset=8 (local.get $s)))))
 
-  ;; XXH3-64 of memory[$p, $p + $len), $len > 240. Stores the hash at 192 and returns its low half.
-  (func (export "hashLong") (param $p i32) (param $len i32) (result i32)
+  ;; The eight accumulators between calls, as in the locals of "blocks" and "finish".
+  (global $g0 (mut v128) (v128.const i64x2 0 0))
+  (global $g1 (mut v128) (v128.const i64x2 0 0))
+  (global $g2 (mut v128) (v128.const i64x2 0 0))
+  (global $g3 (mut v128) (v128.const i64x2 0 0))
+
+  ;; Starts a hash: the accumulators take XXH3's initial values.
+  (func $reset (export "reset")
+    (global.set $g0 (v128.const i64x2 0xc2b2ae3d 0x9e3779b185ebca87))
+    (global.set $g1 (v128.const i64x2 0xc2b2ae3d27d4eb4f 0x165667b19e3779f9))
+    (global.set $g2 (v128.const i64x2 0x85ebca77c2b2ae63 0x85ebca77))
+    (global.set $g3 (v128.const i64x2 0x27d4eb2f165667c5 0x9e3779b1)))
+
+  ;; Folds $n whole 1024-byte blocks at $p into the accumulators: 16 stripes each, the secret
+  ;; advancing 8 bytes a stripe, then a scramble. The caller keeps back the input's last block
+  ;; (the one holding its final byte) for "finish".
+  (func $blocks (export "blocks") (param $p i32) (param $n i32)
     (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
     (local $d v128) (local $e v128) (local $k v128) (local $l v128) (local $lo v128) (local $hi v128)
-    (local $start i32) (local $blocks i32) (local $stripes i32) (local $end i32) (local $s i32) (local $h i64)
-
-    (local.set $a0 (v128.const i64x2 0xc2b2ae3d 0x9e3779b185ebca87))
-    (local.set $a1 (v128.const i64x2 0xc2b2ae3d27d4eb4f 0x165667b19e3779f9))
-    (local.set $a2 (v128.const i64x2 0x85ebca77c2b2ae63 0x85ebca77))
-    (local.set $a3 (v128.const i64x2 0x27d4eb2f165667c5 0x9e3779b1))
-
-    (local.set $start (local.get $p))
-    (local.set $blocks (i32.shr_u (i32.sub (local.get $len) (i32.const 1)) (i32.const 10)))
-    (local.set $end (i32.add (local.get $p) (i32.shl (local.get $blocks) (i32.const 10))))
-
-    ;; Full 1024-byte blocks: 16 stripes, the secret advancing 8 bytes a stripe, then a scramble.
+    (local $end i32) (local $s i32)
+    (local.set $a0 (global.get $g0))
+    (local.set $a1 (global.get $g1))
+    (local.set $a2 (global.get $g2))
+    (local.set $a3 (global.get $g3))
+    (local.set $end (i32.add (local.get $p) (i32.shl (local.get $n) (i32.const 10))))
     (block $blocksDone
       (loop $block
         (br_if $blocksDone (i32.eq (local.get $p) (local.get $end)))
@@ -105,14 +117,29 @@
         (local.set $a2 (call $scramble (local.get $a2) (i32.const 160)))
         (local.set $a3 (call $scramble (local.get $a3) (i32.const 176)))
         (br $block)))
+    (global.set $g0 (local.get $a0))
+    (global.set $g1 (local.get $a1))
+    (global.set $g2 (local.get $a2))
+    (global.set $g3 (local.get $a3)))
 
-    ;; The partial last block's whole stripes (the final byte always belongs to the last stripe).
-    (local.set $stripes
-      (i32.shr_u (i32.and (i32.sub (local.get $len) (i32.const 1)) (i32.const 1023)) (i32.const 6)))
+  ;; Ends a hash of $total bytes whose last block, $tail bytes (1..1024), is at $p. When $tail is
+  ;; under 64 the 64 bytes before $p must be the input's bytes before its last block: the final
+  ;; stripe is the input's last 64 bytes. Stores the hash at 192 and returns its low half.
+  (func $finish (export "finish") (param $p i32) (param $tail i32) (param $total i32) (result i32)
+    (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
+    (local $last i32) (local $s i32) (local $sEnd i32) (local $h i64)
+    (local.set $a0 (global.get $g0))
+    (local.set $a1 (global.get $g1))
+    (local.set $a2 (global.get $g2))
+    (local.set $a3 (global.get $g3))
+    (local.set $last (i32.sub (i32.add (local.get $p) (local.get $tail)) (i32.const 64)))
+
+    ;; The last block's whole stripes but the one holding the final byte.
+    (local.set $sEnd (i32.shl (i32.shr_u (i32.sub (local.get $tail) (i32.const 1)) (i32.const 6)) (i32.const 3)))
     (local.set $s (i32.const 0))
     (block $tailDone
       (loop $tail
-        (br_if $tailDone (i32.eq (local.get $s) (i32.shl (local.get $stripes) (i32.const 3))))
+        (br_if $tailDone (i32.eq (local.get $s) (local.get $sEnd)))
         (call $accumulate (local.get $p) (local.get $s)
           (local.get $a0) (local.get $a1) (local.get $a2) (local.get $a3))
         (local.set $a3) (local.set $a2) (local.set $a1) (local.set $a0)
@@ -120,17 +147,16 @@
         (local.set $s (i32.add (local.get $s) (i32.const 8)))
         (br $tail)))
 
-    ;; The last 64 bytes of the input, against the secret at 192 - 64 - 7.
-    (local.set $p (i32.sub (i32.add (local.get $start) (local.get $len)) (i32.const 64)))
-    (call $accumulate (local.get $p) (i32.const 121)
+    ;; The input's last 64 bytes, against the secret at 192 - 64 - 7.
+    (call $accumulate (local.get $last) (i32.const 121)
       (local.get $a0) (local.get $a1) (local.get $a2) (local.get $a3))
     (local.set $a3) (local.set $a2) (local.set $a1) (local.set $a0)
 
-    ;; Merge from len * PRIME64_1 against the secret at 11, then XXH3's avalanche.
+    ;; Merge from total * PRIME64_1 against the secret at 11, then XXH3's avalanche.
     (local.set $h
       (i64.add
         (i64.add
-          (i64.mul (i64.extend_i32_u (local.get $len)) (i64.const 0x9e3779b185ebca87))
+          (i64.mul (i64.extend_i32_u (local.get $total)) (i64.const 0x9e3779b185ebca87))
           (i64.add (call $mergePair (local.get $a0) (i32.const 11)) (call $mergePair (local.get $a1) (i32.const 27))))
         (i64.add (call $mergePair (local.get $a2) (i32.const 43)) (call $mergePair (local.get $a3) (i32.const 59)))))
     (local.set $h (i64.xor (local.get $h) (i64.shr_u (local.get $h) (i64.const 37))))
