@@ -94,6 +94,7 @@ const scriptedActor = (producer: ProducerIdentity, queue: Queue.Queue<DcCkfDelta
       flush: unused,
       snapshot: unused,
       stateStats: unused,
+      memberCounts: unused,
       shutdown: unused,
       fence: unused,
       faults: yield* Queue.bounded<ActorFault>(1),

@@ -396,10 +396,9 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
         // published. Only ranks with an active source report; an inactive rank's occupancy is
         // unknown, not zero.
         Effect.gen(function* () {
-          const stats = yield* attachment.actor.stateStats
+          const members = yield* attachment.actor.memberCounts
           const counts = new Map<string, number>()
-          for (const member of stats.members)
-            counts.set(memberKey(member.workerId, member.dpRank), member.count)
+          for (const member of members) counts.set(memberKey(member.workerId, member.dpRank), member.count)
           const view = yield* coordinator.current
           for (const rank of view.ranks.values()) {
             if (activeSource(rank.status) === undefined) continue

@@ -188,6 +188,11 @@ export interface PoolActor {
   readonly flush: Effect.Effect<void, KvDcRelayError>
   readonly snapshot: Effect.Effect<ActorSnapshot, KvDcRelayError>
   readonly stateStats: Effect.Effect<ActorStats, KvDcRelayError>
+  /**
+   * Block counts per member only: unlike `stateStats` it does not scan the filter (a pass over
+   * every bucket holds the consumer, and so every publication, for milliseconds on a large pool).
+   */
+  readonly memberCounts: Effect.Effect<ReadonlyArray<MemberCount>, KvDcRelayError>
   /** Snapshot after barrier for a new lease plus a receiver that starts exactly after it. */
   readonly subscribe: (lease: LaneLease) => Effect.Effect<ActorSubscription, KvDcRelayError>
   /** Drops the publication lease (idle hub eviction); later batches are covered by the next snapshot. */
@@ -272,6 +277,7 @@ type Command =
   | { readonly _tag: "Snapshot"; readonly reply: Reply<ActorSnapshot> }
   | { readonly _tag: "Subscribe"; readonly lease: LaneLease; readonly reply: Reply<ActorSubscription> }
   | { readonly _tag: "Stats"; readonly reply: Reply<ActorStats> }
+  | { readonly _tag: "Members"; readonly reply: Reply<ReadonlyArray<MemberCount>> }
   | { readonly _tag: "RetireLease"; readonly reply: Reply<void> }
   | { readonly _tag: "Shutdown"; readonly reply: Reply<void> }
   | { readonly _tag: "Pause"; readonly entered: Reply<void>; readonly release: Deferred.Deferred<void> }
@@ -286,6 +292,7 @@ const COMMAND_KIND: Record<Command["_tag"], string> = {
   Snapshot: "snapshot",
   Subscribe: "subscribe",
   Stats: "stats",
+  Members: "member_counts",
   RetireLease: "retire_publication_lease",
   Shutdown: "shutdown",
   Pause: "test_pause",
@@ -867,6 +874,9 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             members: state.memberCounts()
           })
           return undefined
+        case "Members":
+          command.reply.succeed(state.memberCounts())
+          return undefined
         case "RetireLease":
           publisher.retireLease()
           command.reply.succeed(undefined)
@@ -1115,6 +1125,10 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
           "subscribe",
           submit<ActorSubscription>((reply) => ({ _tag: "Subscribe", lease, reply }))
         ),
+      memberCounts: span(
+        "memberCounts",
+        submit<ReadonlyArray<MemberCount>>((reply) => ({ _tag: "Members", reply }))
+      ),
       retirePublicationLease: span(
         "retirePublicationLease",
         submit<void>((reply) => ({ _tag: "RetireLease", reply }))

@@ -84,6 +84,7 @@ const scriptedActor = Effect.gen(function* () {
     flush: unused,
     snapshot: unused,
     stateStats: unused,
+    memberCounts: unused,
     shutdown: unused,
     fence: unused,
     faults: yield* Queue.bounded<ActorFault>(1),
