@@ -159,9 +159,12 @@ const startRelay = (discoveryPath: string, otlp: string | undefined): Promise<Re
  * CPU time the relay process used so far (every thread), from /proc on Linux; `undefined`
  * elsewhere. Unlike the wall-clock rate it barely moves when other processes share the machine.
  */
-const relayCpuMs = (relay: Relay): number | undefined => {
+const relayCpuMs = (relay: Relay, mainThreadOnly = false): number | undefined => {
   try {
-    const stat = readFileSync(`/proc/${relay.child.pid}/stat`, "utf8")
+    const pid = relay.child.pid
+    // The main thread alone (its task has the process id): without V8's compiler and GC threads
+    // and ZeroMQ's I/O thread, which the process figure includes.
+    const stat = readFileSync(mainThreadOnly ? `/proc/${pid}/task/${pid}/stat` : `/proc/${pid}/stat`, "utf8")
     // Fields after the parenthesized command name; utime and stime are the 14th and 15th fields.
     const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
     return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS_PER_SECOND
@@ -361,10 +364,12 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
       blocksPerSecond: number
       sentIn: number
       cpuPerEvent: number | undefined
+      mainCpuPerEvent: number | undefined
       deltas: number
     }> => {
       const frames = workers.map((w) => Array.from({ length: perWorker }, () => storedFrames(w, batch())))
       const cpuBefore = relayCpuMs(relay)
+      const mainBefore = relayCpuMs(relay, true)
       const deltasBefore = subscriber!.deltas
       const start = performance.now()
       // The subscriber shares this process: yield to the event loop now and then, or its socket is
@@ -393,19 +398,32 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
       const events = workers.length * (perWorker + 1)
       const blocksPerSecond = (events * BLOCKS) / ((performance.now() - start) / 1000)
       const cpuAfter = relayCpuMs(relay)
+      const mainAfter = relayCpuMs(relay, true)
+      const mainCpuPerEvent =
+        mainBefore === undefined || mainAfter === undefined
+          ? undefined
+          : ((mainAfter - mainBefore) * 1000) / events
       const cpuPerEvent =
         cpuBefore === undefined || cpuAfter === undefined
           ? undefined
           : ((cpuAfter - cpuBefore) * 1000) / events
       latencies.length = 0
-      return { blocksPerSecond, sentIn, cpuPerEvent, deltas: subscriber!.deltas - deltasBefore }
+      return {
+        blocksPerSecond,
+        sentIn,
+        cpuPerEvent,
+        mainCpuPerEvent,
+        deltas: subscriber!.deltas - deltasBefore
+      }
     }
 
     // Warm-up on the same relay: the measured burst then runs optimized code (a fresh relay
     // interprets its hot paths for the first thousands of events), not JIT tiers.
     await burst(ctx.quick ? 1_000 : 2_000)
     // Peak: a burst well inside the filter's capacity (load ≤ 0.3 at the end, warm-up included).
-    const { blocksPerSecond, sentIn, cpuPerEvent, deltas } = await burst(ctx.quick ? 4_000 : 12_000)
+    const { blocksPerSecond, sentIn, cpuPerEvent, mainCpuPerEvent, deltas } = await burst(
+      ctx.quick ? 4_000 : 12_000
+    )
 
     // Latency at half the peak: paced traffic, a probe every 50 ms.
     const rate = blocksPerSecond / 2
@@ -432,6 +450,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         `(publishers done in ${Math.round(sentIn)} ms` +
         `, ${deltas} deltas` +
         (cpuPerEvent === undefined ? "" : `, relay CPU ${Math.round(cpuPerEvent)} µs/event`) +
+        (mainCpuPerEvent === undefined ? "" : ` (main thread ${Math.round(mainCpuPerEvent)})`) +
         "); " +
         `at ${Math.round(rate).toLocaleString("en-US")} blocks/s: ${latencies.length} probes, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms, ${pending.size} unseen`
     )
