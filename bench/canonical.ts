@@ -17,7 +17,7 @@ const BLOCKS_PER_EVENT = 8
 const EVENTS_PER_PROMPT = 4
 
 /** Dynamo-format Stored events: random external and tokens hashes, chained per prompt. */
-const canonicalWorkload = (blocks: number, seed: number, workerId = "1"): Array<CkfEvent> => {
+export const canonicalWorkload = (blocks: number, seed: number, workerId = "1"): Array<CkfEvent> => {
   const stream = new HashStream(seed)
   const events: Array<CkfEvent> = []
   let parent: Uint32Array | undefined

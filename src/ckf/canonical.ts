@@ -33,7 +33,8 @@ import {
   type DcCkfPublicationBatch,
   DcCkfState,
   type DcCkfStats,
-  type RankReplacement
+  type RankReplacement,
+  STORE_UNCHANGED
 } from "./state.js"
 import { sequenceHashesInto } from "./tokens.js"
 
@@ -138,6 +139,20 @@ export class CanonicalCkfState extends DcCkfState {
   /** Extra aliases per (lineage member, canonical hash): owned once, kept until the last goes. */
   private aliases = new Map<string, number>()
   private canon = new Uint32Array(64)
+  private added = new Uint8Array(32)
+  private codes = new Int32Array(32)
+  private lastWorkerId = ""
+  private lastDpRank = -1
+  private lastKey = ""
+  private readonly removedData: { readonly _tag: "Removed"; blockHashes: Uint32Array } = {
+    _tag: "Removed",
+    blockHashes: new Uint32Array(0)
+  }
+  /** The Stored data handed to the core, reused: its hashes are a view of `canon`. */
+  private readonly storedData: { readonly _tag: "Stored"; blockHashes: Uint32Array } = {
+    _tag: "Stored",
+    blockHashes: new Uint32Array(0)
+  }
   private readonly scratch = new Uint32Array(2)
   private parentNotFound = 0
   private invalidSequences = 0
@@ -157,7 +172,27 @@ export class CanonicalCkfState extends DcCkfState {
 
   constructor(config: CkfConfig) {
     super(config)
-    this.lineage = new LineageTable(0)
+    this.lineage = new LineageTable()
+  }
+
+  /** The member key of the last event's (worker, rank): consecutive events mostly share it. */
+  private keyOf(workerId: string, dpRank: number): string {
+    if (workerId !== this.lastWorkerId || dpRank !== this.lastDpRank) {
+      this.lastKey = memberKey(workerId, dpRank)
+      this.lastWorkerId = workerId
+      this.lastDpRank = dpRank
+    }
+    return this.lastKey
+  }
+
+  private addedFor(n: number): Uint8Array {
+    if (this.added.length < n) this.added = new Uint8Array(Math.max(n, 2 * this.added.length))
+    return this.added
+  }
+
+  private codesFor(n: number): Int32Array {
+    if (this.codes.length < n) this.codes = new Int32Array(Math.max(n, 2 * this.codes.length))
+    return this.codes
   }
 
   private canonFor(n: number): Uint32Array {
@@ -172,7 +207,7 @@ export class CanonicalCkfState extends DcCkfState {
       this.forgetMember(event.workerId, event.dpRank)
       return super.applyEvent(event)
     }
-    const key = memberKey(event.workerId, event.dpRank)
+    const key = this.keyOf(event.workerId, event.dpRank)
     const lineage = this.lineage
     const inner = this.inner
     inner.workerId = event.workerId
@@ -191,20 +226,32 @@ export class CanonicalCkfState extends DcCkfState {
       }
       const m = lineage.ensureMember(key)
       const ext = data.blockHashes
+      const added = this.addedFor(n)
+      let anyAdded = 0
       for (let i = 0; i < n; i++) {
-        const eh = ext[2 * i]!
-        const el = ext[2 * i + 1]!
-        if (lineage.get(m, eh, el, this.scratch, 0)) continue
-        const ch = canon[2 * i]!
-        const cl = canon[2 * i + 1]!
-        if (super.ownsHalves(event.workerId, event.dpRank, ch, cl)) {
-          const alias = aliasKey(m, ch, cl)
-          this.aliases.set(alias, (this.aliases.get(alias) ?? 0) + 1)
-        }
-        lineage.insert(m, eh, el, ch, cl)
+        // prepareStore checked that a mapped external hash maps to this canonical hash already.
+        const fresh = lineage.insert(m, ext[2 * i]!, ext[2 * i + 1]!, canon[2 * i]!, canon[2 * i + 1]!)
+          ? 1
+          : 0
+        added[i] = fresh
+        anyAdded |= fresh
       }
-      inner.data = { _tag: "Stored", blockHashes: canon.subarray(0, 2 * n) }
-      return super.applyEvent(inner)
+      const stored = this.storedData
+      stored.blockHashes = canon.subarray(0, 2 * n)
+      inner.data = stored
+      if (anyAdded === 0) return super.applyEvent(inner)
+      // A newly mapped external hash whose canonical hash the member already owned (before or
+      // earlier in this batch) is an alias: the store reports it as unchanged.
+      const codes = this.codesFor(n)
+      this.storeCodes = codes
+      const outcome = super.applyEvent(inner)
+      this.storeCodes = undefined
+      for (let i = 0; i < n; i++) {
+        if (added[i] === 0 || codes[i] !== STORE_UNCHANGED) continue
+        const alias = aliasKey(m, canon[2 * i]!, canon[2 * i + 1]!)
+        this.aliases.set(alias, (this.aliases.get(alias) ?? 0) + 1)
+      }
+      return outcome
     }
     // Removed: resolve through the lineage; what it does not map is an unknown removal.
     const ext = data.blockHashes
@@ -229,7 +276,9 @@ export class CanonicalCkfState extends DcCkfState {
       }
       resolved++
     }
-    inner.data = { _tag: "Removed", blockHashes: canon.subarray(0, 2 * resolved) }
+    const removed = this.removedData
+    removed.blockHashes = canon.subarray(0, 2 * resolved)
+    inner.data = removed
     const outcome = super.applyEvent(inner)
     if (unknown === 0) return outcome
     this.lineageUnknownRemovals += unknown
@@ -267,7 +316,7 @@ export class CanonicalCkfState extends DcCkfState {
       readonly hashes: RankReplacement
     }> = []
     for (const replacement of replacements) {
-      const table = new LineageTable(0)
+      const table = new LineageTable()
       const key = memberKey(replacement.workerId, replacement.dpRank)
       const m = table.ensureMember(key)
       const scratch = new Uint32Array(2)

@@ -3,52 +3,203 @@
  * rank), the engine's external block hash → the canonical sequence hash it was stored under.
  * Parents resolve through it and removals by external hash find their block.
  *
- * One open-addressing table over typed arrays for every member, keyed by (member, external):
- * five u32 per slot, `[extHi, extLo, member + 1, canonHi, canonLo]` (member 0 = empty), linear
- * probing, tombstone-free backward-shift deletion, at most 80% full, doubling as it grows. No
- * bigint and no `Map` on the apply path; a member's entries are enumerated by a scan, which only
- * clears and rank replacements need.
+ * One open-addressing table over a typed array per member: four u32 per slot,
+ * `[extHi, extLo, canonHi, canonLo]`, an all-zero external hash marking an empty slot (the one
+ * external hash 0 is kept beside the table). A table per member needs no member tag in its slots,
+ * and a cleared or replaced member's table is dropped whole instead of scanned.
+ *
+ * Linear probing with tombstone-free backward-shift deletion, at most 80% full, growing by 1.5×
+ * from 16 slots, so a table stays above 53% full. A slot's home is ⌊mix(ext)·capacity / 2^32⌋:
+ * monotone in the mix, so a rehash reads the old table and writes the new one front to back
+ * instead of at random. No bigint and no `Map` on the apply path.
  */
 
-const WIDTH = 5
+const WIDTH = 4
 const MIN_CAPACITY = 16
 const MAX_LOAD_NUM = 4
 const MAX_LOAD_DEN = 5
+const INV_TWO_32 = 1 / 4294967296
 
-/** 32-bit mix of an (external hash, member) key. */
-const mixKey = (hi: number, lo: number, tag: number): number => {
-  let x = lo ^ Math.imul(hi, 0x85ebca6b) ^ Math.imul(tag, 0xc2b2ae35)
+/** 32-bit mix of an external hash. */
+const mixKey = (hi: number, lo: number): number => {
+  let x = lo ^ Math.imul(hi, 0x85ebca6b)
   x = Math.imul(x ^ (x >>> 16), 0x7feb352d)
   x = Math.imul(x ^ (x >>> 15), 0x846ca68b)
   return (x ^ (x >>> 16)) >>> 0
 }
 
+/** True when the entry at j, whose home is `h`, must move into the hole at `hole` (cyclic order). */
+const mustShift = (hole: number, j: number, h: number): boolean =>
+  hole <= j ? h <= hole || h > j : h <= hole && h > j
+
+/** One member's external → canonical map. */
+class MemberLineage {
+  slots = new Uint32Array(MIN_CAPACITY * WIDTH)
+  capacity = MIN_CAPACITY
+  scale = MIN_CAPACITY * INV_TWO_32
+  /** Entries in `slots` (the zero external hash not included). */
+  count = 0
+  hasZero = false
+  zeroHi = 0
+  zeroLo = 0
+
+  get size(): number {
+    return this.count + (this.hasZero ? 1 : 0)
+  }
+
+  private home(hi: number, lo: number): number {
+    return Math.min(this.capacity - 1, Math.floor(mixKey(hi, lo) * this.scale))
+  }
+
+  /** Slot of `(hi, lo)` (not both zero), or -1 - the empty slot where it would go. */
+  slotOf(hi: number, lo: number): number {
+    const slots = this.slots
+    const cap = this.capacity
+    let i = this.home(hi, lo)
+    for (;;) {
+      const at = i * WIDTH
+      const h = slots[at]!
+      const l = slots[at + 1]!
+      if (h === hi && l === lo) return i
+      if (h === 0 && l === 0) return -1 - i
+      i = i + 1 === cap ? 0 : i + 1
+    }
+  }
+
+  get(hi: number, lo: number, out: Uint32Array, at: number): boolean {
+    if (hi === 0 && lo === 0) {
+      if (!this.hasZero) return false
+      out[at] = this.zeroHi
+      out[at + 1] = this.zeroLo
+      return true
+    }
+    const i = this.slotOf(hi, lo)
+    if (i < 0) return false
+    out[at] = this.slots[i * WIDTH + 2]!
+    out[at + 1] = this.slots[i * WIDTH + 3]!
+    return true
+  }
+
+  insert(hi: number, lo: number, canonHi: number, canonLo: number): boolean {
+    if (hi === 0 && lo === 0) {
+      const fresh = !this.hasZero
+      this.hasZero = true
+      this.zeroHi = canonHi
+      this.zeroLo = canonLo
+      return fresh
+    }
+    if ((this.count + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) this.grow()
+    const i = this.slotOf(hi, lo)
+    const slots = this.slots
+    if (i >= 0) {
+      slots[i * WIDTH + 2] = canonHi
+      slots[i * WIDTH + 3] = canonLo
+      return false
+    }
+    const at = (-1 - i) * WIDTH
+    slots[at] = hi
+    slots[at + 1] = lo
+    slots[at + 2] = canonHi
+    slots[at + 3] = canonLo
+    this.count++
+    return true
+  }
+
+  delete(hi: number, lo: number, out: Uint32Array, at: number): boolean {
+    if (hi === 0 && lo === 0) {
+      if (!this.hasZero) return false
+      out[at] = this.zeroHi
+      out[at + 1] = this.zeroLo
+      this.hasZero = false
+      return true
+    }
+    const i = this.slotOf(hi, lo)
+    if (i < 0) return false
+    out[at] = this.slots[i * WIDTH + 2]!
+    out[at + 1] = this.slots[i * WIDTH + 3]!
+    this.deleteSlot(i)
+    return true
+  }
+
+  entriesInto(out: Uint32Array): void {
+    const slots = this.slots
+    let k = 0
+    if (this.hasZero) {
+      out[k++] = 0
+      out[k++] = 0
+      out[k++] = this.zeroHi
+      out[k++] = this.zeroLo
+    }
+    for (let at = 0; at < slots.length; at += WIDTH) {
+      if (slots[at] === 0 && slots[at + 1] === 0) continue
+      out[k++] = slots[at]!
+      out[k++] = slots[at + 1]!
+      out[k++] = slots[at + 2]!
+      out[k++] = slots[at + 3]!
+    }
+  }
+
+  private deleteSlot(slot: number): void {
+    const slots = this.slots
+    const cap = this.capacity
+    let hole = slot
+    let j = slot
+    for (;;) {
+      j = j + 1 === cap ? 0 : j + 1
+      const at = j * WIDTH
+      const h = slots[at]!
+      const l = slots[at + 1]!
+      if (h === 0 && l === 0) break
+      if (!mustShift(hole, j, this.home(h, l))) continue
+      const to = hole * WIDTH
+      slots[to] = h
+      slots[to + 1] = l
+      slots[to + 2] = slots[at + 2]!
+      slots[to + 3] = slots[at + 3]!
+      hole = j
+    }
+    slots.fill(0, hole * WIDTH, hole * WIDTH + WIDTH)
+    this.count--
+  }
+
+  private grow(): void {
+    const old = this.slots
+    const capacity = Math.ceil(this.capacity * 1.5)
+    const scale = capacity * INV_TWO_32
+    const slots = new Uint32Array(capacity * WIDTH)
+    for (let at = 0; at < old.length; at += WIDTH) {
+      const h = old[at]!
+      const l = old[at + 1]!
+      if (h === 0 && l === 0) continue
+      let i = Math.min(capacity - 1, Math.floor(mixKey(h, l) * scale))
+      while (slots[i * WIDTH] !== 0 || slots[i * WIDTH + 1] !== 0) i = i + 1 === capacity ? 0 : i + 1
+      const to = i * WIDTH
+      slots[to] = h
+      slots[to + 1] = l
+      slots[to + 2] = old[at + 2]!
+      slots[to + 3] = old[at + 3]!
+    }
+    this.slots = slots
+    this.capacity = capacity
+    this.scale = scale
+  }
+}
+
 export class LineageTable {
-  private slots: Uint32Array
-  private capacity: number
-  private mask: number
-  private count = 0
-  /** Entries per member index. */
-  private perMember = new Uint32Array(16)
+  /** Member tables by member index; a member without entries has none. */
+  private tables: Array<MemberLineage | undefined> = []
   private readonly members = new Map<string, number>()
   private readonly freeMembers: Array<number> = []
-  private nextMember = 0
-
-  constructor(expectedEntries = 0) {
-    let capacity = MIN_CAPACITY
-    while (capacity * MAX_LOAD_NUM < expectedEntries * MAX_LOAD_DEN) capacity *= 2
-    this.capacity = capacity
-    this.mask = capacity - 1
-    this.slots = new Uint32Array(capacity * WIDTH)
-  }
+  private count = 0
+  private slotBytes = 0
 
   get size(): number {
     return this.count
   }
 
-  /** Bytes held by the table's arrays. */
+  /** Bytes held by the members' tables. */
   get bytes(): number {
-    return this.slots.byteLength + this.perMember.byteLength
+    return this.slotBytes
   }
 
   /** The member index of `key`, or -1 when it has no entries. */
@@ -59,68 +210,47 @@ export class LineageTable {
   ensureMember(key: string): number {
     const known = this.members.get(key)
     if (known !== undefined) return known
-    const m = this.freeMembers.pop() ?? this.nextMember++
-    if (m >= this.perMember.length) {
-      const grown = new Uint32Array(2 * this.perMember.length)
-      grown.set(this.perMember)
-      this.perMember = grown
-    }
-    this.perMember[m] = 0
+    const m = this.freeMembers.pop() ?? this.tables.length
+    const table = new MemberLineage()
+    this.tables[m] = table
+    this.slotBytes += table.slots.byteLength
     this.members.set(key, m)
     return m
   }
 
   entriesOf(m: number): number {
-    return m < 0 ? 0 : this.perMember[m]!
+    return m < 0 ? 0 : (this.tables[m]?.size ?? 0)
   }
 
-  private releaseIfEmpty(key: string, m: number): void {
-    if (this.perMember[m] !== 0) return
+  private release(key: string, m: number): void {
+    const table = this.tables[m]
+    if (table !== undefined) {
+      this.count -= table.size
+      this.slotBytes -= table.slots.byteLength
+    }
+    this.tables[m] = undefined
     this.members.delete(key)
     this.freeMembers.push(m)
-  }
-
-  private slotOf(m: number, hi: number, lo: number): number {
-    const tag = m + 1
-    const slots = this.slots
-    let i = mixKey(hi, lo, tag) & this.mask
-    for (;;) {
-      const at = i * WIDTH
-      const t = slots[at + 2]!
-      if (t === 0) return -1 - i
-      if (t === tag && slots[at] === hi && slots[at + 1] === lo) return i
-      i = (i + 1) & this.mask
-    }
   }
 
   /** The canonical hash of member `m`'s external `(hi, lo)` into `out[at, at + 1]`; false if absent. */
   get(m: number, hi: number, lo: number, out: Uint32Array, at: number): boolean {
     if (m < 0) return false
-    const i = this.slotOf(m, hi, lo)
-    if (i < 0) return false
-    out[at] = this.slots[i * WIDTH + 3]!
-    out[at + 1] = this.slots[i * WIDTH + 4]!
-    return true
+    const table = this.tables[m]
+    return table?.get(hi, lo, out, at) === true
   }
 
-  /** Maps member `m`'s external hash to a canonical one (the caller checked it was absent). */
-  insert(m: number, hi: number, lo: number, canonHi: number, canonLo: number): void {
-    if ((this.count + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) this.grow()
-    const i = this.slotOf(m, hi, lo)
-    if (i >= 0) {
-      this.slots[i * WIDTH + 3] = canonHi
-      this.slots[i * WIDTH + 4] = canonLo
-      return
-    }
-    const at = (-1 - i) * WIDTH
-    const slots = this.slots
-    slots[at] = hi
-    slots[at + 1] = lo
-    slots[at + 2] = m + 1
-    slots[at + 3] = canonHi
-    slots[at + 4] = canonLo
-    this.count++
-    this.perMember[m]!++
+  /**
+   * Maps member `m`'s external hash to a canonical one; true when the external hash was new, false
+   * when it was mapped already (its canonical hash is then overwritten).
+   */
+  insert(m: number, hi: number, lo: number, canonHi: number, canonLo: number): boolean {
+    const table = this.tables[m]!
+    const before = table.slots.byteLength
+    const fresh = table.insert(hi, lo, canonHi, canonLo)
+    if (fresh) this.count++
+    this.slotBytes += table.slots.byteLength - before
+    return fresh
   }
 
   /**
@@ -129,75 +259,23 @@ export class LineageTable {
    */
   delete(key: string, m: number, hi: number, lo: number, out: Uint32Array, at: number): boolean {
     if (m < 0) return false
-    const i = this.slotOf(m, hi, lo)
-    if (i < 0) return false
-    out[at] = this.slots[i * WIDTH + 3]!
-    out[at + 1] = this.slots[i * WIDTH + 4]!
-    this.deleteSlot(i)
-    this.perMember[m]!--
-    this.releaseIfEmpty(key, m)
+    const table = this.tables[m]
+    if (table === undefined || !table.delete(hi, lo, out, at)) return false
+    this.count--
+    if (table.size === 0) this.release(key, m)
     return true
   }
 
-  /** Every `[extHi, extLo, canonHi, canonLo]` entry of member `m`, in table order. */
+  /** Every `[extHi, extLo, canonHi, canonLo]` entry of member `m`. */
   entries(m: number): Uint32Array {
     const out = new Uint32Array(4 * this.entriesOf(m))
-    if (out.length === 0) return out
-    const slots = this.slots
-    const tag = m + 1
-    let k = 0
-    for (let at = 0; at < slots.length; at += WIDTH) {
-      if (slots[at + 2] !== tag) continue
-      out[k++] = slots[at]!
-      out[k++] = slots[at + 1]!
-      out[k++] = slots[at + 3]!
-      out[k++] = slots[at + 4]!
-    }
+    if (out.length > 0) this.tables[m]!.entriesInto(out)
     return out
   }
 
   /** Drops every entry of the member `key`. */
   clearMember(key: string): void {
     const m = this.memberIndex(key)
-    if (m < 0) return
-    const entries = this.entries(m)
-    const scratch = new Uint32Array(2)
-    for (let k = 0; k < entries.length; k += 4) this.delete(key, m, entries[k]!, entries[k + 1]!, scratch, 0)
-  }
-
-  private deleteSlot(slot: number): void {
-    const slots = this.slots
-    const mask = this.mask
-    let hole = slot
-    let j = slot
-    for (;;) {
-      j = (j + 1) & mask
-      const at = j * WIDTH
-      const tag = slots[at + 2]!
-      if (tag === 0) break
-      const home = mixKey(slots[at]!, slots[at + 1]!, tag) & mask
-      // Move j back into the hole unless its home lies cyclically in (hole, j].
-      const stays = hole <= j ? home > hole && home <= j : home > hole || home <= j
-      if (stays) continue
-      slots.copyWithin(hole * WIDTH, at, at + WIDTH)
-      hole = j
-    }
-    slots.fill(0, hole * WIDTH, hole * WIDTH + WIDTH)
-    this.count--
-  }
-
-  private grow(): void {
-    const old = this.slots
-    this.capacity *= 2
-    this.mask = this.capacity - 1
-    this.slots = new Uint32Array(this.capacity * WIDTH)
-    const slots = this.slots
-    for (let at = 0; at < old.length; at += WIDTH) {
-      const tag = old[at + 2]!
-      if (tag === 0) continue
-      let i = mixKey(old[at]!, old[at + 1]!, tag) & this.mask
-      while (slots[i * WIDTH + 2] !== 0) i = (i + 1) & this.mask
-      slots.set(old.subarray(at, at + WIDTH), i * WIDTH)
-    }
+    if (m >= 0) this.release(key, m)
   }
 }

@@ -120,6 +120,8 @@ export interface RankReplacement extends CkfMemberRef {
 // Internal result codes of store/remove; negative codes are errors.
 const CHANGED = 1
 const UNCHANGED = 0
+/** A block's `storeCodes` entry when its member already owned the hash. */
+export const STORE_UNCHANGED = UNCHANGED
 const E_CAPACITY = -1
 const E_ALLOCATION = -2
 const E_DEGREE = -3
@@ -188,6 +190,12 @@ export class DcCkfState {
   private readonly single = new Uint32Array(2)
   /** First error code of the last `removeBatch` (0 = none). */
   private batchError = 0
+  /**
+   * When set, `storeKeys` writes each block's result code here (CHANGED, UNCHANGED = the member
+   * already owned it, or an error code): the canonical producer learns which stores were aliases
+   * from the store itself instead of a second lookup per block.
+   */
+  protected storeCodes: Int32Array | undefined = undefined
 
   // Cache of the last member looked up on the apply path.
   private lastMemberKeyWorker = ""
@@ -315,6 +323,7 @@ export class DcCkfState {
   ): number {
     let first = 0
     let m = this.member(workerId, dpRank)
+    const codes = this.storeCodes
     for (let i = 0; i < count; i++) {
       let code = m >= 0 ? this.storeFirstOwner(m, keys, 2 * i) : SLOW_PATH
       if (code === SLOW_PATH) {
@@ -325,6 +334,7 @@ export class DcCkfState {
         this.releaseIfEmpty(workerId, dpRank, m)
         m = this.member(workerId, dpRank)
       }
+      if (codes !== undefined) codes[i] = code
       if (code < 0) {
         if (code === E_CAPACITY) this.capacityFailures++
         if (first === 0) first = code

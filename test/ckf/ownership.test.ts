@@ -353,7 +353,7 @@ describe("LineageTable growth", () => {
     )
     fc.assert(
       fc.property(fc.array(op, { minLength: 1, maxLength: 30 }), fc.nat(), (ops, salt) => {
-        const table = new LineageTable(0)
+        const table = new LineageTable()
         const initialBytes = table.bytes
         const model = new Map<string, number>()
         const out = new Uint32Array(2)
