@@ -358,6 +358,93 @@ export class Xxh3Seeded {
     const aL = sumL >>> 0
     xxh3Avalanche((bswap32(loL) + hiH + fH + (sumL - aL) / TWO_32) >>> 0, aL)
   }
+
+  /**
+   * The sequence-hash chain over `local[from, from + count)` (pairs) into `out` at pair `at`:
+   * each block's hash is `hashPair(previous, local)`, starting from `(parentHi, parentLo)`, or
+   * from the first block's own local hash when `hasParent` is false.
+   *
+   * `hashPair` written out with locals only: its limb helpers hand the high word back through a
+   * module-level variable, which boxes a heap number per product, and chaining a prompt or a
+   * stored batch is the hot path of canonical addressing.
+   */
+  chainInto(
+    local: Uint32Array,
+    from: number,
+    count: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    out: Uint32Array,
+    at: number
+  ): void {
+    let hi = parentHi >>> 0
+    let lo = parentLo >>> 0
+    let i = 0
+    if (!hasParent && count > 0) {
+      hi = local[2 * from]!
+      lo = local[2 * from + 1]!
+      out[2 * at] = hi
+      out[2 * at + 1] = lo
+      i = 1
+    }
+    const fold = FOLD
+    for (; i < count; i++) {
+      const ah = (hi ^ this.bf16aHi) >>> 0
+      const al = (lo ^ this.bf16aLo) >>> 0
+      const bh = (local[2 * (from + i)]! ^ this.bf16bHi) >>> 0
+      const bl = (local[2 * (from + i) + 1]! ^ this.bf16bLo) >>> 0
+      // 128-bit product of (ah:al) and (bh:bl) from four 32×32 products in 16-bit halves.
+      const al0 = al & 0xffff
+      const al1 = al >>> 16
+      const ah0 = ah & 0xffff
+      const ah1 = ah >>> 16
+      const bl0 = bl & 0xffff
+      const bl1 = bl >>> 16
+      const bh0 = bh & 0xffff
+      const bh1 = bh >>> 16
+      let p00 = al0 * bl0
+      let p01 = al0 * bl1
+      let p10 = al1 * bl0
+      let mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+      const llH = al1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+      const llL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+      p00 = al0 * bh0
+      p01 = al0 * bh1
+      p10 = al1 * bh0
+      mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+      const lhH = al1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+      const lhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+      p00 = ah0 * bl0
+      p01 = ah0 * bl1
+      p10 = ah1 * bl0
+      mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+      const hlH = ah1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+      const hlL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+      p00 = ah0 * bh0
+      p01 = ah0 * bh1
+      p10 = ah1 * bh0
+      mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff)
+      const hhH = ah1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)
+      const hhL = ((mid << 16) | (p00 & 0xffff)) >>> 0
+      const t1 = llH + lhL + hlL
+      const r1 = t1 >>> 0
+      const t2 = lhH + hlH + hhL + (t1 - r1) / TWO_32
+      const r2 = t2 >>> 0
+      const r3 = (hhH + (t2 - r2) / TWO_32) >>> 0
+      const fL = (llL ^ r2) >>> 0
+      const fH = (r1 ^ r3) >>> 0
+      // acc = 16 + bswap64(a) + b + fold; then XXH3's avalanche.
+      const sumL = 16 + bswap32(ah) + bl + fL
+      const accL = sumL >>> 0
+      const accH = (bswap32(al) + bh + fH + (sumL - accL) / TWO_32) >>> 0
+      mulLow64Into(accH, (accL ^ (accH >>> 5)) >>> 0, MX1_H, MX1_L, fold)
+      hi = fold[0]!
+      lo = (fold[1]! ^ hi) >>> 0
+      out[2 * (at + i)] = hi
+      out[2 * (at + i) + 1] = lo
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,14 +9,9 @@
  * Instantiation is synchronous and the module does no I/O.
  */
 
+import { instantiateWasm } from "./internal/wasm.js"
 import { xxh3Hash, xxh3Low32 as xxh3Low32Ts } from "./xxh3.js"
 import { XXH3_WASM_BASE64 } from "./xxh3Wasm.generated.js"
-
-/** The part of the WebAssembly JS API used here: the project's lib (ES2022, no DOM) lacks it. */
-interface WasmApi {
-  readonly Module: new (bytes: Uint8Array) => object
-  readonly Instance: new (module: object, imports: object) => { readonly exports: object }
-}
 
 interface Xxh3WasmExports {
   readonly memory: { readonly buffer: ArrayBuffer; grow(pages: number): number }
@@ -40,28 +35,9 @@ const WINDOW_BYTES = 65_536
 const BLOCK_BYTES = 1024
 /** The shortest input the module hashes; XXH3's long path starts above 240 bytes. */
 export const XXH3_WASM_MIN_LENGTH = 241
-const PAGE_BYTES = 65_536
 
-const decodeBase64 = (text: string): Uint8Array => Uint8Array.from(atob(text), (c) => c.charCodeAt(0))
-
-const instantiate = (): Xxh3WasmExports | undefined => {
-  try {
-    const api = (globalThis as unknown as { readonly WebAssembly?: WasmApi }).WebAssembly
-    if (typeof api !== "object") return undefined
-    const module = new api.Module(decodeBase64(XXH3_WASM_BASE64))
-    // The .wat fixes the exports' shapes, which the JS API cannot know.
-    const exports = new api.Instance(module, {}).exports as Xxh3WasmExports
-    const needed = WINDOW_OFFSET + WINDOW_BYTES
-    const have = exports.memory.buffer.byteLength
-    if (have < needed) exports.memory.grow(Math.ceil((needed - have) / PAGE_BYTES))
-    return exports
-  } catch {
-    // No SIMD (or no WebAssembly at all): the TypeScript path serves every length.
-    return undefined
-  }
-}
-
-const wasm = instantiate()
+// No SIMD (or no WebAssembly at all): the TypeScript path serves every length.
+const wasm = instantiateWasm<Xxh3WasmExports>(XXH3_WASM_BASE64, WINDOW_OFFSET + WINDOW_BYTES)
 
 /** Whether the WebAssembly path is in use on this host. */
 export const xxh3WasmAvailable: boolean = wasm !== undefined

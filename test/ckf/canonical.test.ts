@@ -89,6 +89,32 @@ describe("token hashing", () => {
       expect(hashPairsToBigInts(localBlockHashes(tokens, blockSize, { loraName: lora }))).toEqual(expected)
     }
   })
+
+  it("chains sequence hashes as hash-wasm's XXH3 of LE64(parent) ‖ LE64(local), seed 1337", async () => {
+    const hasher = await createXXHash3(1337, 0)
+    const u64 = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n })
+    const samples = fc.sample(
+      fc.record({ local: fc.array(u64, { maxLength: 40 }), parent: fc.option(u64) }),
+      200
+    )
+    for (const { local, parent } of samples) {
+      const expected: Array<bigint> = []
+      let previous = parent ?? undefined
+      for (const l of local) {
+        if (previous === undefined) previous = l
+        else {
+          const bytes = new DataView(new ArrayBuffer(16))
+          bytes.setBigUint64(0, previous, true)
+          bytes.setBigUint64(8, l, true)
+          hasher.init()
+          hasher.update(new Uint8Array(bytes.buffer))
+          previous = BigInt(`0x${hasher.digest("hex")}`)
+        }
+        expected.push(previous)
+      }
+      expect(hashPairsToBigInts(sequenceHashes(hashPairs(local), parent ?? undefined))).toEqual(expected)
+    }
+  })
 })
 
 describe("LineageTable", () => {
@@ -105,7 +131,7 @@ describe("LineageTable", () => {
           { maxLength: 300 }
         ),
         (ops) => {
-          const table = new LineageTable(0)
+          const table = new LineageTable()
           const model = new Map<string, number>()
           const out = new Uint32Array(2)
           for (const { op, member, ext, canon } of ops) {
