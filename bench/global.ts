@@ -43,25 +43,25 @@ import * as GlobalHttpServer from "../src/transport/http/GlobalHttpServer.js"
 import * as RelayHttpServer from "../src/transport/http/RelayHttpServer.js"
 import { type BenchContext, gc, HashStream, percentile, record } from "./harness.js"
 
-const LANES = 16
-const PROMPT_BLOCKS = 64
+export const LANES = 16
+export const PROMPT_BLOCKS = 64
 /** The pools' kvBlockSize: a 64-block prompt is 1024 tokens. */
-const BLOCK_TOKENS = 16
-const INGEST_BLOCKS_PER_EVENT = 8
+export const BLOCK_TOKENS = 16
+export const INGEST_BLOCKS_PER_EVENT = 8
 
-const DOMAIN = new IndexerDomainId(
+export const DOMAIN = new IndexerDomainId(
   new CacheSemanticsId(new Uint8Array(16).fill(0x21), "explicit"),
   new RoutingScopeId(new Uint8Array(16).fill(0x42), "explicit")
 )
 
-interface BenchRelay {
+export interface BenchRelay {
   readonly name: string
   readonly url: string
   readonly attachment: PoolAttachment
 }
 
 /** One DC: the real registry, publication source and relay HTTP server, one attached pool. */
-const startRelay = (name: string, expectedUniqueBlocks: number) =>
+export const startRelay = (name: string, expectedUniqueBlocks: number) =>
   Effect.gen(function* () {
     const dcId = stableDcId(name)
     const relayIdentity = new DcRelayIdentity({
@@ -117,7 +117,12 @@ const startRelay = (name: string, expectedUniqueBlocks: number) =>
     return relay
   })
 
-const stored = (worker: string, eventId: number, pairs: Uint32Array, locals?: Uint32Array): RouterEvent => ({
+export const stored = (
+  worker: string,
+  eventId: number,
+  pairs: Uint32Array,
+  locals?: Uint32Array
+): RouterEvent => ({
   workerId: worker,
   dpRank: 0,
   eventId,
@@ -132,7 +137,7 @@ const stored = (worker: string, eventId: number, pairs: Uint32Array, locals?: Ui
 })
 
 /** A prompt: its tokens, the blocks' local hashes, their canonical addresses, and engine hashes. */
-interface Prompt {
+export interface Prompt {
   readonly tokens: Uint32Array
   readonly local: Uint32Array
   readonly sequence: Uint32Array
@@ -140,7 +145,7 @@ interface Prompt {
 }
 
 /** Prompts of 64 blocks of 16 tokens; DC `d` holds a deterministic prefix (often none) of each. */
-const makePrompts = (count: number, seed: number): Array<Prompt> => {
+export const makePrompts = (count: number, seed: number): Array<Prompt> => {
   const stream = new HashStream(seed)
   const prompts: Array<Prompt> = []
   const pair = new Uint32Array(2)
@@ -158,7 +163,7 @@ const makePrompts = (count: number, seed: number): Array<Prompt> => {
   return prompts
 }
 
-const heldPrefix = (prompt: number, dc: number): number => {
+export const heldPrefix = (prompt: number, dc: number): number => {
   let x = Math.imul(prompt + 1, 0x9e37_79b1) ^ Math.imul(dc + 7, 0x85eb_ca6b)
   x ^= x >>> 15
   x = Math.imul(x, 0xc2b2_ae35)
@@ -167,7 +172,7 @@ const heldPrefix = (prompt: number, dc: number): number => {
   return (x & 1) === 0 ? 0 : 1 + ((x >>> 1) % PROMPT_BLOCKS)
 }
 
-const sequencesOf = (consumer: GlobalConsumerService): number => {
+export const sequencesOf = (consumer: GlobalConsumerService): number => {
   let total = 0
   for (const domain of consumer.domains()) {
     for (const lane of domain.lanes.values()) total += Number(lane.installedSequence ?? 0n)
@@ -175,13 +180,13 @@ const sequencesOf = (consumer: GlobalConsumerService): number => {
   return total
 }
 
-const faultsOf = (consumer: GlobalConsumerService): number => {
+export const faultsOf = (consumer: GlobalConsumerService): number => {
   let total = 0
   for (const domain of consumer.domains()) for (const lane of domain.lanes.values()) total += lane.faults
   return total
 }
 
-const readyLanes = (consumer: GlobalConsumerService): number =>
+export const readyLanes = (consumer: GlobalConsumerService): number =>
   consumer.domains().reduce((n, d) => n + [...d.lanes.values()].filter((l) => l.ready).length, 0)
 
 /** Latencies (ms) of `n` calls, and calls per second over the whole loop. */

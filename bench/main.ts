@@ -22,6 +22,7 @@ import { benchGlobal } from "./global.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
+import { benchOverlapHttp } from "./overlapHttp.js"
 import { benchZmqIngest } from "./zmq.js"
 
 export interface BenchOptions {
@@ -49,6 +50,7 @@ const suites: ReadonlyArray<Suite> = [
   ["zmq_ingest", benchZmqIngest],
   ["membership", benchMembershipChurn],
   ["global", benchGlobal],
+  ["overlap_http", benchOverlapHttp],
   ["e2e", benchEndToEnd]
 ]
 
