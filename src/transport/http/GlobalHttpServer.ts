@@ -9,7 +9,7 @@
  * `PUBLICATION_UNAVAILABLE` when the matching domains have no ready lane.
  */
 
-import { createServer } from "node:http"
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http"
 import { createServer as createHttpsServer } from "node:https"
 import {
   HttpIncomingMessage,
@@ -28,25 +28,13 @@ import {
   layer as globalConsumerLayer,
   RelayConnector
 } from "../../consumer/GlobalConsumer.js"
-import { GlobalView, layer as globalViewLayer, type OverlapRequest } from "../../consumer/GlobalView.js"
+import { GlobalView, layer as globalViewLayer } from "../../consumer/GlobalView.js"
 import type { RelayClientOptions } from "../../consumer/RelayClient.js"
-import {
-  DomainLocalOverlapJson,
-  DomainsResponseJson,
-  DomainTokensOverlapJson,
-  decodeJson,
-  decodeJsonText,
-  type ErrorReason,
-  encodeJson,
-  ModelLocalOverlapJson,
-  ModelTokensOverlapJson,
-  OverlapBatchJson,
-  OverlapBatchResponseJson,
-  OverlapResponseJson
-} from "../../domain/json.js"
+import { DomainsResponseJson, type ErrorReason, encodeJson } from "../../domain/json.js"
 import * as BearerAuth from "./BearerAuth.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
 import * as GlobalStatusPage from "./GlobalStatusPage.js"
+import * as OverlapQuery from "./OverlapQuery.js"
 import { type ClientTlsOptions, httpClientLayer, type ServerTlsOptions } from "./Tls.js"
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
@@ -63,6 +51,11 @@ export interface GlobalHttpServerOptions {
   readonly tls?: ServerTlsOptions | undefined
   /** Require a bearer token of this file on every route but `GET /healthz`. */
   readonly auth?: BearerAuth.TokenFile | undefined
+  /**
+   * Serve the overlap routes from the `node:http` request event (default true); false sends
+   * them through the router too (tests compare the two).
+   */
+  readonly fastPath?: boolean | undefined
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -101,86 +94,23 @@ const readBody = (
 ): Effect.Effect<string, RequestRejected, HttpServerRequest.HttpServerRequest> =>
   Effect.gen(function* () {
     const request = yield* HttpServerRequest.HttpServerRequest
-    const tooLarge = new RequestRejected({ status: 413, message: `request body exceeds ${limit} bytes` })
+    const tooLarge = () =>
+      new RequestRejected({ status: 413, message: `request body exceeds ${limit} bytes` })
     const declared = request.headers["content-length"]
-    if (declared !== undefined && Number(declared) > limit) return yield* Effect.fail(tooLarge)
+    if (declared !== undefined && Number(declared) > limit) return yield* Effect.fail(tooLarge())
     return yield* request.text.pipe(
       HttpIncomingMessage.withMaxBodySize(Option.some(limit)),
       Effect.mapError((error) =>
         exceedsLimit(error)
-          ? tooLarge
+          ? tooLarge()
           : new RequestRejected({ status: 400, message: `request body could not be read: ${error.message}` })
       )
     )
   })
 
-const decodeModelTokens = decodeJson(ModelTokensOverlapJson)
-const decodeModelLocal = decodeJson(ModelLocalOverlapJson)
-const decodeDomainTokens = decodeJson(DomainTokensOverlapJson)
-const decodeDomainLocal = decodeJson(DomainLocalOverlapJson)
-const decodeBatch = decodeJsonText(OverlapBatchJson)
-const encodeOverlap = encodeJson(OverlapResponseJson)
-const encodeBatch = encodeJson(OverlapBatchResponseJson)
 const encodeDomains = encodeJson(DomainsResponseJson)
 
-const QUERY_FORMS =
-  "{namespace, model, tokens, loraName?} or {namespace, model, localBlockHashes} (poolDomain in place of namespace and model)"
-
-/**
- * One overlap body, already parsed from JSON: by model or by `poolDomain` (its presence
- * decides), by `tokens` or by `localBlockHashes`. The engines' own block hashes are no query
- * form: filters are addressed canonically (PROTOCOL §3.3), so they would never match.
- */
-export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string => {
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    return `expected a JSON object ${QUERY_FORMS}`
-  }
-  if ("blockHashes" in parsed) {
-    return `blockHashes (engine block hashes) is not a query form: relays address blocks by canonical hashes of their tokens; give ${QUERY_FORMS}`
-  }
-  const byTokens = "tokens" in parsed
-  if (byTokens === "localBlockHashes" in parsed) {
-    return byTokens
-      ? "give tokens or localBlockHashes, not both"
-      : `the query has neither tokens nor localBlockHashes; give ${QUERY_FORMS}`
-  }
-  const decoded =
-    "poolDomain" in parsed
-      ? byTokens
-        ? decodeDomainTokens(parsed)
-        : decodeDomainLocal(parsed)
-      : byTokens
-        ? decodeModelTokens(parsed)
-        : decodeModelLocal(parsed)
-  return Either.match(decoded as Either.Either<OverlapRequest, { readonly message: string }>, {
-    onLeft: (error) => error.message,
-    onRight: (request) => request
-  })
-}
-
-/** `decodeOverlapRequest` of a body's text. */
-export const parseOverlapRequest = (text: string): OverlapRequest | string => {
-  let parsed: unknown
-  try {
-    parsed = JSON.parse(text)
-  } catch (cause) {
-    return `invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`
-  }
-  return decodeOverlapRequest(parsed)
-}
-
-/** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
-export const parseOverlapBatch = (text: string): ReadonlyArray<OverlapRequest> | string => {
-  const batch = decodeBatch(text)
-  if (Either.isLeft(batch)) return batch.left.message
-  const requests: Array<OverlapRequest> = []
-  for (let i = 0; i < batch.right.queries.length; i++) {
-    const request = decodeOverlapRequest(batch.right.queries[i])
-    if (typeof request === "string") return `queries[${i}]: ${request}`
-    requests.push(request)
-  }
-  return requests
-}
+export { decodeOverlapRequest, parseOverlapBatch, parseOverlapRequest } from "./OverlapQuery.js"
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -235,23 +165,16 @@ const domains = Effect.gen(function* () {
     : errorResponse(500, "INTERNAL", `domains could not be encoded: ${json.left.message}`)
 })
 
+const replyResponse = (reply: OverlapQuery.Reply): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.text(reply.body, { status: reply.status, contentType: JSON_TYPE })
+
 const overlap = (maxBodyBytes: number) =>
   Effect.gen(function* () {
     const view = yield* GlobalView
     const text = yield* readBody(maxBodyBytes)
-    const request = parseOverlapRequest(text)
+    const request = OverlapQuery.parseOverlapRequest(text)
     if (typeof request === "string") return errorResponse(400, "INVALID_REQUEST", request)
-    const answer = yield* Effect.either(view.overlap(request))
-    if (Either.isLeft(answer)) {
-      const error = answer.left
-      return error._tag === "NoMatchingDomain"
-        ? errorResponse(404, "POOL_NOT_FOUND", error.message)
-        : errorResponse(503, "PUBLICATION_UNAVAILABLE", error.message)
-    }
-    const json = encodeOverlap({ results: answer.right })
-    return Either.isRight(json)
-      ? jsonResponse(200, json.right)
-      : errorResponse(500, "INTERNAL", `overlap answer could not be encoded: ${json.left.message}`)
+    return replyResponse(OverlapQuery.overlapReply(yield* Effect.merge(view.overlap(request))))
   }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
 
 /**
@@ -262,17 +185,11 @@ const overlapBatch = (maxBodyBytes: number) =>
   Effect.gen(function* () {
     const view = yield* GlobalView
     const text = yield* readBody(maxBodyBytes)
-    const requests = parseOverlapBatch(text)
+    const requests = OverlapQuery.parseOverlapBatch(text)
     if (typeof requests === "string") return errorResponse(400, "INVALID_REQUEST", requests)
-    const results = requests.map((request) => {
-      const answer = view.overlapNow(request)
-      return Array.isArray(answer) ? answer : []
-    })
+    const results = OverlapQuery.batchAnswers(view, requests)
     yield* Effect.annotateCurrentSpan("overlap.queries", requests.length)
-    const json = encodeBatch({ results })
-    return Either.isRight(json)
-      ? jsonResponse(200, json.right)
-      : errorResponse(500, "INTERNAL", `overlap answers could not be encoded: ${json.left.message}`)
+    return replyResponse(OverlapQuery.batchReply(results))
   }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
 
 const traced =
@@ -283,7 +200,7 @@ const traced =
     Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
       handler.pipe(
         Effect.tap((response) => Effect.annotateCurrentSpan("http.response.status_code", response.status)),
-        Effect.withSpan(`GlobalHttpServer ${request.method} ${route}`, {
+        Effect.withSpan(OverlapQuery.spanName(request.method, route), {
           kind: "server",
           attributes: { "http.request.method": request.method, "http.route": route }
         })
@@ -329,21 +246,42 @@ export const serve = (
 /**
  * The API on a Node HTTP server bound to `host:port` (default 127.0.0.1:8090). The layer also
  * provides the `HttpServer` so that callers can read the bound address (`serverUrl`).
+ *
+ * The server's `request` listener offers each request to the overlap fast path
+ * (`OverlapQuery.makeFastPath`) first and hands the router whatever it leaves.
  */
 export const layer = (
   options: GlobalHttpServerOptions = {}
 ): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError, GlobalView | GlobalConsumer> =>
-  serve(options).pipe(
-    Layer.provideMerge(
-      NodeHttpServer.layer(
-        () => (options.tls === undefined ? createServer() : createHttpsServer(options.tls)),
-        {
-          host: options.host ?? DEFAULT_GLOBAL_HTTP_HOST,
-          port: options.port ?? DEFAULT_GLOBAL_HTTP_PORT
-        }
-      )
-    )
-  )
+  Layer.scoped(
+    HttpServer.HttpServer,
+    Effect.gen(function* () {
+      const node = options.tls === undefined ? createServer() : createHttpsServer(options.tls)
+      const server = yield* NodeHttpServer.make(() => node, {
+        host: options.host ?? DEFAULT_GLOBAL_HTTP_HOST,
+        port: options.port ?? DEFAULT_GLOBAL_HTTP_PORT
+      })
+      const general = yield* NodeHttpServer.makeHandler(BearerAuth.guard(options.auth)(makeRouter(options)))
+      const fast =
+        options.fastPath === false
+          ? undefined
+          : yield* OverlapQuery.makeFastPath({
+              view: yield* GlobalView,
+              queries: (yield* GlobalDiagnostics.GlobalDiagnostics).queries,
+              maxBodyBytes: options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+              auth: options.auth
+            })
+      const listener =
+        fast === undefined
+          ? general
+          : (request: IncomingMessage, response: ServerResponse) => {
+              if (!fast(request, response)) general(request, response)
+            }
+      node.on("request", listener)
+      yield* Effect.addFinalizer(() => Effect.sync(() => node.off("request", listener)))
+      return server
+    })
+  ).pipe(Layer.provideMerge(NodeHttpServer.layerContext), Layer.provide(GlobalDiagnostics.layer))
 
 /**
  * The whole `kvrelay global` process as one layer: the consumer (relay clients over undici), its

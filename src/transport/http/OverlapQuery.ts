@@ -1,0 +1,426 @@
+/**
+ * The overlap routes of the global consumer (`POST /v1/overlap`, `POST /v1/overlap/batch`,
+ * PROTOCOL §7): their bodies decoded, their answers and errors rendered, and a fast path that
+ * serves them straight from the `node:http` request event.
+ *
+ * Why a fast path: through @effect/platform's router each query cost a fiber, the router and
+ * middleware, a body stream, a Schema encode of the answer and a span even with tracing off,
+ * about 15x what parsing the body and computing the answer cost (docs/decisions.md, "Overlap
+ * over HTTP"). The fast path takes only what it can answer alike: `POST` to exactly these two
+ * paths, with a token accepted when the server requires one. Everything else (other methods,
+ * query strings, refused tokens, every other route) goes to the router, which stays the general
+ * path. Both paths render every reply with the same functions below, record the same query
+ * statistics, and open the same server span when a tracer is installed.
+ */
+
+import type { IncomingMessage, ServerResponse } from "node:http"
+import { Headers, HttpTraceContext } from "@effect/platform"
+import { Context, Effect, Either, Exit, FiberRef, Option, Runtime, type Tracer } from "effect"
+import type {
+  GlobalViewService,
+  OverlapError,
+  OverlapRequest,
+  OverlapResult
+} from "../../consumer/GlobalView.js"
+import {
+  DomainLocalOverlapJson,
+  DomainTokensOverlapJson,
+  decodeJson,
+  decodeJsonText,
+  type ErrorReason,
+  encodeJson,
+  ModelLocalOverlapJson,
+  ModelTokensOverlapJson,
+  OverlapBatchJson,
+  OverlapBatchResponseJson,
+  OverlapResponseJson,
+  OverlapResultJson
+} from "../../domain/json.js"
+import { authorizationProblem, type TokenFile } from "./BearerAuth.js"
+import type { QueryStats } from "./GlobalDiagnostics.js"
+
+// ---------------------------------------------------------------------------------------------
+// Bodies
+
+const decodeModelTokens = decodeJson(ModelTokensOverlapJson)
+const decodeModelLocal = decodeJson(ModelLocalOverlapJson)
+const decodeDomainTokens = decodeJson(DomainTokensOverlapJson)
+const decodeDomainLocal = decodeJson(DomainLocalOverlapJson)
+const decodeBatch = decodeJsonText(OverlapBatchJson)
+
+const QUERY_FORMS =
+  "{namespace, model, tokens, loraName?} or {namespace, model, localBlockHashes} (poolDomain in place of namespace and model)"
+
+/**
+ * One overlap body, already parsed from JSON: by model or by `poolDomain` (its presence
+ * decides), by `tokens` or by `localBlockHashes`. The engines' own block hashes are no query
+ * form: filters are addressed canonically (PROTOCOL §3.3), so they would never match.
+ */
+export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string => {
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    return `expected a JSON object ${QUERY_FORMS}`
+  }
+  if ("blockHashes" in parsed) {
+    return `blockHashes (engine block hashes) is not a query form: relays address blocks by canonical hashes of their tokens; give ${QUERY_FORMS}`
+  }
+  const byTokens = "tokens" in parsed
+  if (byTokens === "localBlockHashes" in parsed) {
+    return byTokens
+      ? "give tokens or localBlockHashes, not both"
+      : `the query has neither tokens nor localBlockHashes; give ${QUERY_FORMS}`
+  }
+  const decoded =
+    "poolDomain" in parsed
+      ? byTokens
+        ? decodeDomainTokens(parsed)
+        : decodeDomainLocal(parsed)
+      : byTokens
+        ? decodeModelTokens(parsed)
+        : decodeModelLocal(parsed)
+  return Either.match(decoded as Either.Either<OverlapRequest, { readonly message: string }>, {
+    onLeft: (error) => error.message,
+    onRight: (request) => request
+  })
+}
+
+/** `decodeOverlapRequest` of a body's text. */
+export const parseOverlapRequest = (text: string): OverlapRequest | string => {
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(text)
+  } catch (cause) {
+    return `invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`
+  }
+  return decodeOverlapRequest(parsed)
+}
+
+/** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
+export const parseOverlapBatch = (text: string): ReadonlyArray<OverlapRequest> | string => {
+  const batch = decodeBatch(text)
+  if (Either.isLeft(batch)) return batch.left.message
+  const requests: Array<OverlapRequest> = []
+  for (let i = 0; i < batch.right.queries.length; i++) {
+    const request = decodeOverlapRequest(batch.right.queries[i])
+    if (typeof request === "string") return `queries[${i}]: ${request}`
+    requests.push(request)
+  }
+  return requests
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replies
+
+/** A reply's status and JSON text; both paths send it as `application/json`. */
+export interface Reply {
+  readonly status: number
+  readonly body: string
+}
+
+export const errorReply = (status: number, reason: ErrorReason, message: string): Reply => ({
+  status,
+  body: JSON.stringify({ reason, message })
+})
+
+const encodeResponse = encodeJson(OverlapResponseJson)
+const encodeBatchResponse = encodeJson(OverlapBatchResponseJson)
+const encodeResult = encodeJson(OverlapResultJson)
+
+/**
+ * A result's JSON up to its two numbers, `{"relay":…,"servingEndpoint":{…}`, encoded by the
+ * schema once per lane: relay, lane, pool and endpoint change only when a lane is replaced, and
+ * encoding the pool's digests through the schema was most of an answer's cost.
+ */
+interface LanePrefix {
+  readonly relay: string
+  readonly lane: number
+  readonly servingEndpoint: OverlapResult["servingEndpoint"]
+  readonly text: string
+}
+
+const prefixes = new WeakMap<OverlapResult["poolId"], LanePrefix>()
+
+const isU32 = (n: number): boolean => Number.isInteger(n) && n >= 0 && n <= 0xffff_ffff
+
+/** The JSON of one result as the schema would render it, or undefined to leave it to the schema. */
+const resultJson = (result: OverlapResult): string | undefined => {
+  // Numbers the schema would reject or JSON would render as null take the general encoder.
+  if (!isU32(result.prefixDepth) || !Number.isFinite(result.matchedTokens)) return undefined
+  let prefix = prefixes.get(result.poolId)
+  if (
+    prefix === undefined ||
+    prefix.relay !== result.relay ||
+    prefix.lane !== result.lane ||
+    prefix.servingEndpoint !== result.servingEndpoint
+  ) {
+    const encoded = encodeResult(result)
+    if (Either.isLeft(encoded)) return undefined
+    const { relay, lane, poolId, servingEndpoint } = encoded.right
+    const text = JSON.stringify({ relay, lane, poolId, servingEndpoint })
+    prefix = {
+      relay: result.relay,
+      lane: result.lane,
+      servingEndpoint: result.servingEndpoint,
+      text: text.slice(0, -1)
+    }
+    prefixes.set(result.poolId, prefix)
+  }
+  return `${prefix.text},"prefixDepth":${result.prefixDepth},"matchedTokens":${result.matchedTokens}}`
+}
+
+/** `[result,…]` as JSON text, or undefined when any result must take the schema. */
+const resultsJson = (results: ReadonlyArray<OverlapResult>): string | undefined => {
+  let text = "["
+  for (let i = 0; i < results.length; i++) {
+    const one = resultJson(results[i]!)
+    if (one === undefined) return undefined
+    text += i === 0 ? one : `,${one}`
+  }
+  return `${text}]`
+}
+
+/** The `/v1/overlap` reply to a view's answer. */
+export const overlapReply = (answer: ReadonlyArray<OverlapResult> | OverlapError): Reply => {
+  if (!Array.isArray(answer)) {
+    const error = answer as OverlapError
+    return error._tag === "NoMatchingDomain"
+      ? errorReply(404, "POOL_NOT_FOUND", error.message)
+      : errorReply(503, "PUBLICATION_UNAVAILABLE", error.message)
+  }
+  const results = answer as ReadonlyArray<OverlapResult>
+  const fast = resultsJson(results)
+  if (fast !== undefined) return { status: 200, body: `{"results":${fast}}` }
+  const json = encodeResponse({ results })
+  return Either.isRight(json)
+    ? { status: 200, body: JSON.stringify(json.right) }
+    : errorReply(500, "INTERNAL", `overlap answer could not be encoded: ${json.left.message}`)
+}
+
+/** The `/v1/overlap/batch` reply: one list per query, empty where no domain or lane answers. */
+export const batchReply = (answers: ReadonlyArray<ReadonlyArray<OverlapResult>>): Reply => {
+  let fast: string | undefined = `{"results":[`
+  for (let i = 0; i < answers.length && fast !== undefined; i++) {
+    const one = resultsJson(answers[i]!)
+    fast = one === undefined ? undefined : i === 0 ? fast + one : `${fast},${one}`
+  }
+  if (fast !== undefined) return { status: 200, body: `${fast}]}` }
+  const json = encodeBatchResponse({ results: answers })
+  return Either.isRight(json)
+    ? { status: 200, body: JSON.stringify(json.right) }
+    : errorReply(500, "INTERNAL", `overlap answers could not be encoded: ${json.left.message}`)
+}
+
+/** The view's answers to a batch's queries. */
+export const batchAnswers = (
+  view: GlobalViewService,
+  requests: ReadonlyArray<OverlapRequest>
+): ReadonlyArray<ReadonlyArray<OverlapResult>> =>
+  requests.map((request) => {
+    const answer = view.overlapNow(request)
+    return Array.isArray(answer) ? (answer as ReadonlyArray<OverlapResult>) : []
+  })
+
+export const tooLarge = (limit: number): Reply =>
+  errorReply(413, "INVALID_REQUEST", `request body exceeds ${limit} bytes`)
+
+// ---------------------------------------------------------------------------------------------
+// The fast path
+
+export const OVERLAP_ROUTE = "/v1/overlap"
+export const BATCH_ROUTE = "/v1/overlap/batch"
+
+/** The server span's name on either path. */
+export const spanName = (method: string, route: string): string => `GlobalHttpServer ${method} ${route}`
+
+export interface FastPathOptions {
+  readonly view: GlobalViewService
+  readonly queries: QueryStats
+  readonly maxBodyBytes: number
+  readonly auth: TokenFile | undefined
+}
+
+/** The tracer Effect runs with when none is installed: its spans go nowhere. */
+const defaultTracer = Effect.runSync(Effect.tracer)
+
+/**
+ * A `request` listener for the overlap routes: returns false, having touched nothing, for a
+ * request it leaves to the general path. Built in the server's runtime, whose tracer it uses.
+ */
+export const makeFastPath = (
+  options: FastPathOptions
+): Effect.Effect<(request: IncomingMessage, response: ServerResponse) => boolean> =>
+  Effect.gen(function* () {
+    const runtime = yield* Effect.runtime<never>()
+    const tracer = yield* Effect.tracer
+    const clock = yield* Effect.clock
+    const parent = yield* Effect.currentSpan.pipe(Effect.option)
+    const traced = tracer !== defaultTracer && (yield* FiberRef.get(FiberRef.currentTracerEnabled))
+    const redactedNames = yield* FiberRef.get(Headers.currentRedactedNames)
+    const runSync = Runtime.runSync(runtime)
+    const runFork = Runtime.runFork(runtime)
+    const { view, queries, maxBodyBytes, auth } = options
+
+    const authorized = (request: IncomingMessage): boolean => {
+      if (auth === undefined) return true
+      const set = runSync(auth.tokens.get)
+      return authorizationProblem(set, request.headers.authorization) === undefined
+    }
+
+    /** The reply to a complete body, and the span attributes it adds. */
+    const answer = (route: string, text: string, span: Tracer.Span | undefined): Reply => {
+      if (route === OVERLAP_ROUTE) {
+        const request = parseOverlapRequest(text)
+        if (typeof request === "string") return errorReply(400, "INVALID_REQUEST", request)
+        // With a tracer the view's own span is wanted under the server span, as on the general path.
+        const result =
+          span === undefined
+            ? view.overlapNow(request)
+            : runSync(Effect.merge(view.overlap(request)).pipe(Effect.withParentSpan(span)))
+        return overlapReply(result)
+      }
+      const requests = parseOverlapBatch(text)
+      if (typeof requests === "string") return errorReply(400, "INVALID_REQUEST", requests)
+      span?.attribute("overlap.queries", requests.length)
+      return batchReply(batchAnswers(view, requests))
+    }
+
+    const send = (
+      response: ServerResponse,
+      route: string,
+      reply: Reply,
+      started: number,
+      spans: { readonly server: Tracer.Span; readonly span: Tracer.Span } | undefined
+    ): void => {
+      queries.record(route, reply.status, performance.now() - started)
+      const length = Buffer.byteLength(reply.body)
+      if (spans !== undefined) {
+        const now = clock.unsafeCurrentTimeNanos()
+        spans.span.attribute("http.response.status_code", reply.status)
+        spans.span.end(now, Exit.void)
+        spans.server.attribute("http.response.status_code", reply.status)
+        spans.server.attribute("http.response.header.content-type", "application/json")
+        spans.server.attribute("http.response.header.content-length", String(length))
+        spans.server.end(now, Exit.void)
+      }
+      if (response.writableEnded || response.destroyed) return
+      response.writeHead(reply.status, { "content-type": "application/json", "content-length": length })
+      response.end(reply.body)
+    }
+
+    /**
+     * The spans the general path opens: @effect/platform's `http.server POST` (its tracer
+     * middleware: the parent from `traceparent`/`b3` headers, URL and redacted headers), and
+     * under it the route's own.
+     */
+    const openSpans = (request: IncomingMessage, route: string) => {
+      const headers = Headers.fromInput(request.headers)
+      const external = HttpTraceContext.fromHeaders(headers)
+      const now = clock.unsafeCurrentTimeNanos()
+      const server = tracer.span(
+        "http.server POST",
+        Option.isSome(external) ? external : parent,
+        Context.empty(),
+        [],
+        now,
+        "server",
+        { kind: "server", captureStackTrace: false, parent: Option.getOrUndefined(external) }
+      )
+      server.attribute("http.request.method", "POST")
+      const host = headers.host ?? "localhost"
+      const protocol = headers["x-forwarded-proto"] === "https" ? "https" : "http"
+      try {
+        const url = new URL(request.url ?? "/", `${protocol}://${host}`)
+        if (url.username !== "" || url.password !== "") {
+          url.username = "REDACTED"
+          url.password = "REDACTED"
+        }
+        server.attribute("url.full", url.toString())
+        server.attribute("url.path", url.pathname)
+        if (url.search.length > 1) server.attribute("url.query", url.search.slice(1))
+        server.attribute("url.scheme", url.protocol.slice(0, -1))
+      } catch {
+        // As the platform: a request whose URL does not parse has no url.* attributes.
+      }
+      if (headers["user-agent"] !== undefined) server.attribute("user_agent.original", headers["user-agent"])
+      const redacted = Headers.redact(headers, redactedNames)
+      for (const name in redacted) server.attribute(`http.request.header.${name}`, String(redacted[name]))
+      if (request.socket.remoteAddress !== undefined)
+        server.attribute("client.address", request.socket.remoteAddress)
+      // The router names the matched route on the platform's span.
+      server.attribute("http.route", route)
+      const span = tracer.span(
+        spanName("POST", route),
+        Option.some(server),
+        Context.empty(),
+        [],
+        now,
+        "server",
+        {
+          kind: "server",
+          attributes: { "http.request.method": "POST", "http.route": route }
+        }
+      )
+      span.attribute("http.request.method", "POST")
+      span.attribute("http.route", route)
+      return { server, span }
+    }
+
+    return (request, response) => {
+      const route =
+        request.url === OVERLAP_ROUTE ? OVERLAP_ROUTE : request.url === BATCH_ROUTE ? BATCH_ROUTE : undefined
+      if (route === undefined || request.method !== "POST" || !authorized(request)) return false
+      const started = performance.now()
+      const spans = traced ? openSpans(request, route) : undefined
+      const span = spans?.span
+      const declared = request.headers["content-length"]
+      if (declared !== undefined && Number(declared) > maxBodyBytes) {
+        send(response, route, tooLarge(maxBodyBytes), started, spans)
+        return true
+      }
+      const chunks: Array<Buffer> = []
+      let bytes = 0
+      let done = false
+      request.on("data", (chunk: Buffer) => {
+        if (done) return
+        bytes += chunk.length
+        if (bytes > maxBodyBytes) {
+          done = true
+          // The rest of the body is not read (Node discards it): the connection is not reused.
+          response.shouldKeepAlive = false
+          send(response, route, tooLarge(maxBodyBytes), started, spans)
+          return
+        }
+        chunks.push(chunk)
+      })
+      request.on("error", (error) => {
+        if (done) return
+        done = true
+        send(
+          response,
+          route,
+          errorReply(400, "INVALID_REQUEST", `request body could not be read: ${error.message}`),
+          started,
+          spans
+        )
+      })
+      request.on("end", () => {
+        if (done) return
+        done = true
+        let reply: Reply
+        try {
+          const text =
+            chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")
+          reply = answer(route, text, span)
+        } catch (cause) {
+          // A defect must cost this request only, never the process or its listener.
+          runFork(Effect.logError("overlap query failed", cause).pipe(Effect.annotateLogs({ route })))
+          reply = errorReply(
+            500,
+            "INTERNAL",
+            `the query failed: ${cause instanceof Error ? cause.message : String(cause)}`
+          )
+        }
+        send(response, route, reply, started, spans)
+      })
+      return true
+    }
+  })
