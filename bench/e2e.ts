@@ -426,7 +426,9 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     )
 
     // Latency at half the peak: paced traffic, a probe every 50 ms.
-    const rate = blocksPerSecond / 2
+    // KVRELAY_BENCH_E2E_RATE fixes the paced rate (blocks/s), so two builds compare at one load.
+    const fixedRate = Number(process.env["KVRELAY_BENCH_E2E_RATE"] ?? Number.NaN)
+    const rate = Number.isFinite(fixedRate) && fixedRate > 0 ? fixedRate : blocksPerSecond / 2
     const durationMs = ctx.quick ? 2_000 : 6_000
     const tickMs = 10
     const batchesPerTick = Math.max(1, Math.round((rate * tickMs) / 1000 / BLOCKS))
@@ -473,13 +475,29 @@ const startOtlpSink = (): Promise<{
   readonly url: string
   readonly close: () => void
   readonly requests: () => number
+  /** Spans received by name, so a span per event or per message would show. */
+  readonly spans: () => ReadonlyMap<string, number>
 }> =>
   new Promise((resolve) => {
     let requests = 0
+    const spans = new Map<string, number>()
     const server = createServer((req, res) => {
       requests++
-      req.resume()
+      const chunks: Array<Buffer> = []
+      req.on("data", (chunk: Buffer) => chunks.push(chunk))
       req.on("end", () => {
+        try {
+          const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as {
+            resourceSpans?: ReadonlyArray<{
+              scopeSpans?: ReadonlyArray<{ spans?: ReadonlyArray<{ name: string }> }>
+            }>
+          }
+          for (const resource of body.resourceSpans ?? [])
+            for (const scope of resource.scopeSpans ?? [])
+              for (const span of scope.spans ?? []) spans.set(span.name, (spans.get(span.name) ?? 0) + 1)
+        } catch {
+          // Not JSON: counted as a request only.
+        }
         res.writeHead(200, { "content-type": "application/json" })
         res.end("{}")
       })
@@ -488,10 +506,17 @@ const startOtlpSink = (): Promise<{
       resolve({
         url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
         close: () => server.close(),
-        requests: () => requests
+        requests: () => requests,
+        spans: () => spans
       })
     )
   })
+
+const spanSummary = (spans: ReadonlyMap<string, number>): string => {
+  const top = [...spans].sort((a, b) => b[1] - a[1]).slice(0, 4)
+  const total = [...spans.values()].reduce((a, b) => a + b, 0)
+  return `${total} spans: ${top.map(([name, n]) => `${name} ${n}`).join(", ")}`
+}
 
 const median = (values: ReadonlyArray<number>): number => {
   const sorted = [...values].sort((a, b) => a - b)
@@ -555,7 +580,7 @@ export const benchEndToEnd = async (ctx: BenchContext): Promise<void> => {
     "blocks/s",
     onPeak,
     offPeak,
-    `OTLP export on (${sink.requests()} export requests), median of ${rounds}${cpu(on)}; target ratio ≥ 0.9`
+    `OTLP export on (${sink.requests()} export requests, ${spanSummary(sink.spans())}), median of ${rounds}${cpu(on)}; target ratio ≥ 0.9`
   )
   record(
     ctx,
