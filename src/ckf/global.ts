@@ -324,25 +324,21 @@ const EMPTY_HASHES = new Uint32Array(0)
 const ROW_U32 = CKF_LANE_COUNT * 2
 const REP16 = 0x0001_0001
 const HIGH16 = 0x8000_8000
-/** Queries up to this many blocks hash and load every position up front (`prepareRange`). */
-const EAGER_POSITIONS = 256
 
 export class GlobalCkfIndexer {
   private readonly shared: GlobalCkfShared
   // Query scratch, per position of the current query and valid while `stamps[pos]` equals
   // `generation`: the fingerprint repeated in both halves of a u32, and the offsets of its two
-  // rows in the table (each position is hashed at most once per query).
+  // rows in the table. A position is hashed on its first test only, so a query costs the
+  // positions its lanes visit (about 15 of 256 for one lane), not its length.
   private queryHashes: Uint32Array = EMPTY_HASHES
   private generation = 0
   private stamps = new Uint32Array(0)
   private reps = new Uint32Array(0)
   private rowsA = new Uint32Array(0)
   private rowsB = new Uint32Array(0)
-  private readonly depths = new Uint32Array(CKF_LANE_COUNT)
   private readonly mixed = new Uint32Array(2)
-  private mixedAll = new Uint32Array(0)
-  /** Keeps the row loads of `prepareRange` from being optimised away. */
-  touchSink = 0
+  private readonly depths = new Uint32Array(CKF_LANE_COUNT)
   // Counters of the query in progress (reported through `PrefixSearchStats`).
   private probeCalls = 0
   private laneProbes = 0
@@ -354,8 +350,8 @@ export class GlobalCkfIndexer {
    * Whether `lane` holds the fingerprint of position `pos` of the current query in bucket a or b
    * (`bit` = 1 << lane; the result is `bit` or 0). Only the asking lane's words are tested: the
    * searches of 16 lanes look at different positions, so a full 16-lane probe per position would
-   * mostly test lanes that never ask. Each position is hashed at most once per query; a lane's
-   * test is cheaper than remembering its outcome, so revisits test again.
+   * mostly test lanes that never ask. A lane's test is cheaper than remembering its outcome, so
+   * revisits test again; the hash is what is shared.
    */
   private hitAt(pos: number, lane: number, bit: number): number {
     this.laneProbes++
@@ -374,45 +370,14 @@ export class GlobalCkfIndexer {
     return z === 0 ? 0 : bit
   }
 
-  /**
-   * Hash positions `from..n` of the current query and load their two rows before the lanes search.
-   * The loads are independent, so the table's cache misses overlap instead of each search step
-   * waiting for its own; 16 lanes of random depth visit most positions of a query anyway.
-   */
-  private prepareRange(from: number, n: number): void {
-    const addressing = this.shared.addressing
-    const mixed = this.mixedAll
-    addressing.mixBatch(this.queryHashes, 2 * from, n - from, mixed, 0)
-    for (let pos = from; pos < n; pos++) {
-      addressing.prepareMixedAt(mixed, 2 * (pos - from))
-      this.recordPrepared(pos)
-    }
-    // A separate tight loop, so that many loads are in flight at once; a row spans two cache lines.
-    const t = this.shared.table.words
-    const rowsA = this.rowsA
-    const rowsB = this.rowsB
-    let touched = 0
-    for (let pos = from; pos < n; pos++) {
-      const a = rowsA[pos]!
-      const b = rowsB[pos]!
-      touched |= t[a]! | t[a + 16]! | t[b]! | t[b + 16]!
-    }
-    this.touchSink = touched
-  }
-
-  /** Hash position `pos` of the current query on its first test. */
+  /** Hash position `pos` of the current query (fingerprint and both rows) on its first test. */
   private preparePosition(pos: number): void {
     const addressing = this.shared.addressing
     const mixed = this.mixed
     addressing.mixBatch(this.queryHashes, 2 * pos, 1, mixed, 0)
     addressing.prepareMixedAt(mixed, 0)
-    this.recordPrepared(pos)
-  }
-
-  /** Keeps the addressing's last fingerprint and buckets as position `pos` of this query. */
-  private recordPrepared(pos: number): void {
-    const addressing = this.shared.addressing
-    this.reps[pos] = (addressing.fp << 16) | addressing.fp
+    const fp = addressing.fp
+    this.reps[pos] = (fp << 16) | fp
     this.rowsA[pos] = addressing.a * ROW_U32
     this.rowsB[pos] = addressing.b * ROW_U32
     this.stamps[pos] = this.generation
@@ -424,7 +389,9 @@ export class GlobalCkfIndexer {
    * verification of the `window` positions below the tentative depth, and the fallback rescan of
    * the gap after the last binary predecessor when the first verification miss is the window's
    * left edge). This is exactly the answer `findPrefixDepths` gives the lane: its grouping and
-   * lock-step only share probe calls between lanes, and probes have no side effects.
+   * lock-step only share probe calls between lanes, and probes have no side effects. (Running
+   * the lanes in lock-step here measured slower: the bookkeeping cost more than the overlapped
+   * cache misses saved.)
    */
   private laneDepth(n: number, window: number, lane: number): number {
     const bit = 1 << lane
@@ -560,7 +527,7 @@ export class GlobalCkfIndexer {
    * given, without re-chaining.
    *
    * Every lane gets the `findPrefixDepths` answer. In `stats`, `probeCalls` counts the positions
-   * hashed and `laneProbes` the (lane, position) lookups; the other counters are per lane, as in
+   * hashed and `laneProbes` the (lane, position) tests; the other counters are per lane, as in
    * `findPrefixDepths`.
    */
   findPrefixMatches(hashes: Uint32Array, stats?: PrefixSearchStats): GlobalCkfQueryResult | "Unavailable" {
@@ -581,18 +548,7 @@ export class GlobalCkfIndexer {
       this.reserveQuery(n)
       this.queryHashes = hashes
       try {
-        // A lane that misses position 0 has depth 0; a query no lane holds costs one hash.
-        let active = 0
-        for (let m = captured; m !== 0; m &= m - 1) {
-          const lane = 31 - Math.clz32(m & -m)
-          active |= this.hitAt(0, lane, 1 << lane)
-        }
-        if (active !== 0 && n > 1 && n <= EAGER_POSITIONS) this.prepareRange(1, n)
-        const window = shared.verificationWindow
-        for (let m = active; m !== 0; m &= m - 1) {
-          const lane = 31 - Math.clz32(m & -m)
-          depths[lane] = this.laneDepth(n, window, lane)
-        }
+        this.search(n, captured, shared.verificationWindow)
       } finally {
         // The caller owns the buffer; the indexer must not keep it alive or read it later.
         this.queryHashes = EMPTY_HASHES
@@ -613,11 +569,24 @@ export class GlobalCkfIndexer {
     return { capturedReadyLanes: captured, lanes }
   }
 
+  /** Every captured lane's depth into `depths` (zeroed by the caller). */
+  private search(n: number, captured: number, window: number): void {
+    // A lane that misses position 0 has depth 0; a query no lane holds costs one hash.
+    let active = 0
+    for (let m = captured; m !== 0; m &= m - 1) {
+      const lane = 31 - Math.clz32(m & -m)
+      active |= this.hitAt(0, lane, 1 << lane)
+    }
+    for (let m = active; m !== 0; m &= m - 1) {
+      const lane = 31 - Math.clz32(m & -m)
+      this.depths[lane] = this.laneDepth(n, window, lane)
+    }
+  }
+
   private reserveQuery(n: number): void {
     if (n > this.stamps.length) {
       const capacity = Math.max(n, this.stamps.length * 2, 64)
       this.stamps = new Uint32Array(capacity)
-      this.mixedAll = new Uint32Array(2 * Math.min(capacity, EAGER_POSITIONS))
       this.reps = new Uint32Array(capacity)
       this.rowsA = new Uint32Array(capacity)
       this.rowsB = new Uint32Array(capacity)

@@ -1,0 +1,257 @@
+import fc from "fast-check"
+import { describe, expect, it } from "vitest"
+import { DEFAULT_SEED, prepare } from "../../src/ckf/addressing.js"
+import { GlobalCkfIndexer, GlobalCkfManifest } from "../../src/ckf/global.js"
+import {
+  CacheSemanticsId,
+  DcCkfFormatIdentity,
+  DcId,
+  IndexerDomainId,
+  LaneLease,
+  PoolId,
+  ProducerIdentity,
+  RoutingScopeId
+} from "../../src/ckf/identity.js"
+import { newPrefixSearchStats } from "../../src/ckf/search.js"
+import { hashPairs } from "../../src/ckf/u64.js"
+
+// The indexer's query path (its own lock-step search, lazy per-position hashing, per-lane tests)
+// checked against references that share none of it: addressing through the bigint `prepare`, a
+// slot-by-slot compare on each lane's own words, and per lane either the linear scan (the first
+// miss) or the §8.2 search written plainly.
+
+const LANES = 16
+const DOMAIN = new IndexerDomainId(
+  new CacheSemanticsId(new Uint8Array(16).fill(3), "explicit"),
+  new RoutingScopeId(new Uint8Array(16).fill(4), "explicit")
+)
+const CONSUMER = 21n
+
+/** Small deterministic PRNG, so that fast-check shrinks one seed instead of every slot. */
+const mulberry = (seed: number) => {
+  let a = seed >>> 0
+  return (): number => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/** Slot `s` (0..3) of bucket `b` in `[lo, hi]` word pairs: lo holds slots 0 and 1, hi 2 and 3. */
+const slotOf = (words: Uint32Array, b: number, s: number): number =>
+  (words[2 * b + (s >> 1)]! >>> (16 * (s & 1))) & 0xffff
+
+const setSlot = (words: Uint32Array, b: number, s: number, fp: number): void => {
+  const i = 2 * b + (s >> 1)
+  const shift = 16 * (s & 1)
+  words[i] = ((words[i]! & ~(0xffff << shift)) | (fp << shift)) >>> 0
+}
+
+const bucketHolds = (words: Uint32Array, b: number, fp: number): boolean => {
+  for (let s = 0; s < 4; s++) if (slotOf(words, b, s) === fp) return true
+  return false
+}
+
+/** Put `fp` in an empty slot of bucket a or b (either first, at random), else over a random slot. */
+const insert = (words: Uint32Array, a: number, b: number, fp: number, random: () => number): void => {
+  const order = random() < 0.5 ? [a, b] : [b, a]
+  for (const bucket of order) {
+    for (let s = 0; s < 4; s++) {
+      if (slotOf(words, bucket, s) === 0) {
+        setSlot(words, bucket, s, fp)
+        return
+      }
+    }
+  }
+  setSlot(words, order[0]!, Math.floor(random() * 4), fp)
+}
+
+/** The §8.2 search for one lane, plainly (as in search.test.ts): the answer every lane must get. */
+const referenceLaneDepth = (n: number, window: number, hit: (pos: number) => boolean): number => {
+  if (n === 0 || !hit(0)) return 0
+  let lower = 0
+  let pred = 0
+  let upper = n
+  for (let pos = 1; pos < n; pos *= 2) {
+    if (!hit(pos)) {
+      upper = pos
+      break
+    }
+    pred = lower
+    lower = pos
+  }
+  while (upper - lower > 1) {
+    const mid = lower + Math.floor((upper - lower) / 2)
+    if (hit(mid)) {
+      pred = lower
+      lower = mid
+    } else {
+      upper = mid
+    }
+  }
+  const start = Math.max(0, upper - window)
+  for (let pos = start; pos < upper; pos++) {
+    if (hit(pos)) continue
+    if (pos > start || pred >= start) return pos
+    for (let q = pred + 1; q < start; q++) if (!hit(q)) return q
+    return start
+  }
+  return upper
+}
+
+interface LaneSpec {
+  /** Tracked prefix length, before clamping to the query. */
+  readonly depth: number
+  /** Positions of the prefix left out (capacity holes). */
+  readonly holes: ReadonlyArray<number>
+  /** Share of slots filled with random fingerprints first (0: an empty lane but its prefix). */
+  readonly fill: number
+}
+
+const laneArb: fc.Arbitrary<LaneSpec> = fc.record({
+  depth: fc.oneof(
+    fc.constantFrom(0, 1, 2, 254, 255, 256, 257, 300),
+    fc.nat({ max: 300 }),
+    fc.nat({ max: 16 })
+  ),
+  holes: fc.oneof(
+    { weight: 3, arbitrary: fc.constant([]) },
+    fc.array(fc.nat({ max: 300 }), { maxLength: 3 })
+  ),
+  fill: fc.constantFrom(0, 0, 0.05, 0.3, 0.5, 0.9, 1)
+})
+
+describe("GlobalCkfIndexer.findPrefixMatches against a linear scan of each lane", () => {
+  it("agrees with the first miss where a lane's hits are a prefix, and with §8.2 always", () => {
+    let prefixClosed = 0
+    let overReported = 0
+    let deepLanes = 0
+    fc.assert(
+      fc.property(
+        // 2 .. 2048 buckets: from every query block colliding to mostly empty lanes.
+        fc.constantFrom(1, 2, 4, 7, 11),
+        fc.oneof(fc.constantFrom(0, 1, 2, 255, 256, 257), fc.nat({ max: 300 })),
+        fc.integer({ min: 1, max: 8 }),
+        fc.array(laneArb, { minLength: LANES, maxLength: LANES }),
+        // Lanes left out of the ready mask, and lanes never installed at all.
+        fc.integer({ min: 0, max: 0xffff }),
+        fc.integer({ min: 0, max: 0xffff }),
+        fc.integer({ min: 0, max: 0x7fff_ffff }),
+        (bucketLog, n, window, specs, readyBits, installedBits, seed) => {
+          const random = mulberry(seed)
+          const bucketCount = 1 << bucketLog
+          const format = new DcCkfFormatIdentity(DEFAULT_SEED, bucketCount)
+          const pools = specs.map((_, lane) => new PoolId(DOMAIN, new DcId(BigInt(500 + lane))))
+          const manifest = new GlobalCkfManifest(CONSUMER, DOMAIN, format, pools)
+          const indexer = new GlobalCkfIndexer(manifest, { verificationWindow: window })
+          const query = Array.from(
+            { length: n },
+            () => (BigInt(Math.floor(random() * 2 ** 32)) << 32n) | BigInt(Math.floor(random() * 2 ** 32))
+          )
+          const addresses = query.map((h) => prepare(h, bucketCount))
+
+          let ready = 0
+          const laneWords: Array<Uint32Array> = []
+          specs.forEach((spec, lane) => {
+            const words = new Uint32Array(2 * bucketCount)
+            laneWords.push(words)
+            if ((installedBits & (1 << lane)) === 0 && lane !== 0) return
+            for (let b = 0; b < bucketCount; b++) {
+              for (let s = 0; s < 4; s++) {
+                if (random() < spec.fill) setSlot(words, b, s, 1 + Math.floor(random() * 65535))
+              }
+            }
+            const depth = Math.min(spec.depth, n)
+            for (let pos = 0; pos < depth; pos++) {
+              if (spec.holes.includes(pos)) continue
+              const p = addresses[pos]!
+              insert(words, p.bucketA, p.bucketB, p.fingerprint, random)
+            }
+            const ingestor = indexer.claimLane(lane)
+            if (ingestor instanceof Error) throw ingestor
+            const identity = new ProducerIdentity(pools[lane]!, 1n, 1n, format)
+            const lease = new LaneLease(CONSUMER, lane, 1n)
+            expect(ingestor.assign(identity, lease)).toBeUndefined()
+            const outcome = ingestor.installSnapshot({ identity, lease, sequence: 1n, words: words.slice() })
+            expect(outcome._tag).toBe("SnapshotInstalled")
+            if (lane !== 0 && (readyBits & (1 << lane)) === 0) indexer.retireLaneReadiness(lane)
+            else ready |= 1 << lane
+          })
+
+          // A second query on the same indexer, sharing some positions with the first: nothing
+          // of the first query's per-position scratch may leak into it.
+          const second = query.map((h) =>
+            random() < 0.3 ? (BigInt(Math.floor(random() * 2 ** 32)) << 32n) | 7n : h
+          )
+          for (const q of [query, second, query]) {
+            const qAddresses = q.map((h) => prepare(h, bucketCount))
+            const stats = newPrefixSearchStats()
+            const result = indexer.findPrefixMatches(hashPairs(q), stats)
+            if (result === "Unavailable") throw new Error("lane 0 is always installed and ready")
+            expect(result.capturedReadyLanes).toBe(ready)
+            expect(result.lanes).toHaveLength(LANES)
+            for (let lane = 0; lane < LANES; lane++) {
+              const match = result.lanes[lane]
+              if ((ready & (1 << lane)) === 0) {
+                expect(match).toBeUndefined()
+                continue
+              }
+              const words = laneWords[lane]!
+              const hits = qAddresses.map(
+                (p) =>
+                  bucketHolds(words, p.bucketA, p.fingerprint) || bucketHolds(words, p.bucketB, p.fingerprint)
+              )
+              let linear = 0
+              while (linear < n && hits[linear]) linear++
+              const closed = hits.every((hit, pos) => hit === pos < linear)
+              const depth = match!.prefixDepth
+              expect(match!.physicalLane).toBe(lane)
+              expect(match!.poolId.equals(pools[lane]!)).toBe(true)
+              // Exactly what the §8.2 search answers over this lane's own words ...
+              expect(depth).toBe(referenceLaneDepth(n, window, (pos) => hits[pos]!))
+              // ... which is never below the first miss and always a miss or n ...
+              expect(depth).toBeGreaterThanOrEqual(linear)
+              expect(depth === n || !hits[depth]).toBe(true)
+              // ... and is the first miss whenever the lane's hits form a prefix.
+              if (closed) {
+                expect(depth).toBe(linear)
+                prefixClosed++
+              } else if (depth > linear) {
+                overReported++
+              }
+              if (depth >= 128) deepLanes++
+            }
+            // Every position is hashed at most once per query.
+            expect(stats.probeCalls).toBeLessThanOrEqual(n)
+          }
+        }
+      ),
+      { numRuns: 400 }
+    )
+    // The runs covered both kinds of lanes and long prefixes.
+    expect(prefixClosed).toBeGreaterThan(500)
+    expect(overReported).toBeGreaterThan(0)
+    expect(deepLanes).toBeGreaterThan(50)
+  })
+
+  it("answers an empty query with depth 0 in every ready lane, and no ready lane as Unavailable", () => {
+    const format = new DcCkfFormatIdentity(DEFAULT_SEED, 8)
+    const pools = [0, 1].map((lane) => new PoolId(DOMAIN, new DcId(BigInt(700 + lane))))
+    const indexer = new GlobalCkfIndexer(new GlobalCkfManifest(CONSUMER, DOMAIN, format, pools))
+    expect(indexer.findPrefixMatches(new Uint32Array(0))).toBe("Unavailable")
+    const ingestor = indexer.claimLane(1)
+    if (ingestor instanceof Error) throw ingestor
+    const identity = new ProducerIdentity(pools[1]!, 1n, 1n, format)
+    const lease = new LaneLease(CONSUMER, 1, 1n)
+    ingestor.assign(identity, lease)
+    const words = new Uint32Array(16).fill(0xffff_ffff)
+    ingestor.installSnapshot({ identity, lease, sequence: 1n, words })
+    const result = indexer.findPrefixMatches(new Uint32Array(0))
+    if (result === "Unavailable") throw new Error("lane 1 is ready")
+    expect(result.capturedReadyLanes).toBe(0b10)
+    expect(result.lanes[1]?.prefixDepth).toBe(0)
+    expect(result.lanes.filter((m) => m !== undefined)).toHaveLength(1)
+  })
+})
