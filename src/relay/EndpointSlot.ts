@@ -35,9 +35,7 @@ import {
   Either,
   ExecutionStrategy,
   Exit,
-  Fiber,
   FiberId,
-  Queue,
   Scope,
   Stream,
   SubscriptionRef
@@ -73,6 +71,7 @@ import { loopStep } from "../domain/supervised.js"
 import { compareArrays } from "../domain/text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
+import { raceNextFault } from "./internal/FaultWaiter.js"
 import {
   collectPendingWhile,
   drainReadyFaults,
@@ -642,21 +641,22 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
             waits.push(Effect.as(Effect.sleep(retryDelay), RETRY))
           const others = Effect.raceAll(waits)
           if (active === undefined) return others
-          // A fault taken in the same instant another input won is kept, not lost.
-          return Effect.raceWith(Effect.interruptible(Queue.take(active.attachment.faults)), others, {
-            onSelfDone: (exit, other) =>
-              Effect.as(
-                Fiber.interrupt(other),
-                Exit.isSuccess(exit)
-                  ? ({ _tag: "Fault", action: { _tag: "Fault", fault: exit.value } } as SlotInput)
-                  : POOL_UNAVAILABLE
-              ),
-            onOtherDone: (exit, take) =>
-              Effect.flatMap(Fiber.interrupt(take), (taken) => {
-                if (Exit.isSuccess(taken)) pending.push(taken.value)
-                return Exit.isSuccess(exit) ? Effect.succeed(exit.value) : Effect.failCause(exit.cause)
-              })
-          })
+          // Never a `Queue.take` raced against the other inputs: an interrupted taker drops the
+          // fault an offer already handed it. The other inputs are level-triggered (re-read on the
+          // next turn), so dropping their result when a fault wins loses nothing.
+          return Effect.map(
+            raceNextFault(active.attachment.faults, others, (fault) => pending.push(fault)),
+            (raced): SlotInput => {
+              switch (raced._tag) {
+                case "Fault":
+                  return { _tag: "Fault", action: { _tag: "Fault", fault: raced.fault } }
+                case "Done":
+                  return raced.value
+                case "ShutDown":
+                  return POOL_UNAVAILABLE
+              }
+            }
+          )
         })
 
       const drain = Effect.gen(function* () {

@@ -12,9 +12,10 @@
  * - capacity omissions are never faults.
  */
 
-import { Effect, Exit, Fiber, Option, Queue } from "effect"
-import { type CkfFailureAction, failureDisposition } from "../ckf/failure.js"
+import { Effect, Fiber, Option, Queue } from "effect"
+import type { CkfFailureAction } from "../ckf/failure.js"
 import type { PoolId } from "../ckf/identity.js"
+import { handBackWake, makeWaiter, queuedNow } from "./internal/FaultWaiter.js"
 import type { ActorFault } from "./PoolActor.js"
 import { DEFAULT_FAULT_CAPACITY } from "./PoolActor.js"
 
@@ -122,124 +123,7 @@ export class PendingActorFaults {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Waiting for a fault or for the guarded effect, without ever losing a fault
-
-/**
- * Effect's `Queue.take` is not cancel-safe the way tokio's `recv` is: an offer hands its item to
- * a waiting taker's Deferred at once, and a taker interrupted before it resumes drops that item.
- * A fault offered in the same scheduler turn that the guarded effect ended was lost that way when
- * the two were raced. So no take here is ever raced: the collector parks in `Queue.take` itself,
- * and the guarded effect's end wakes it by offering a wake-up to the same queue.
- *
- * The wake-up is an `ActorFault` with the capacity-omission disposition, on which no reader acts
- * (`push` drops it), so the queue keeps its element type; the collector removes its own wake-up
- * before it returns. Another reader of the same queue that meets a wake-up (a retirement drain
- * running beside a collector) hands it back to its collector.
- */
-const WAKE_DISPOSITION = failureDisposition("BoundedRelocationFailure")
-
-/** Every wake-up object, with the collector that offered it. */
-const wakeOwners = new WeakMap<ActorFault, FaultWaiter>()
-
-type WakeableFaults = Queue.Dequeue<ActorFault> & Queue.Enqueue<unknown>
-
-class FaultWaiter {
-  /** In `Queue.take`, or about to enter it: the end of the guarded effect must wake it. */
-  private parked = false
-  /** The wake-up is in the queue (or on its way to a taker) and not yet taken back. */
-  private wakeQueued = false
-  /** The guarded effect ended. */
-  private done = false
-  private readonly wake: ActorFault
-
-  constructor(private readonly faults: WakeableFaults) {
-    this.wake = {
-      workerId: "",
-      dpRank: 0,
-      sourceEpoch: 0,
-      eventId: undefined,
-      category: "Resource",
-      disposition: WAKE_DISPOSITION,
-      message: "wake-up of a pending-fault collector (never a fault)"
-    }
-    wakeOwners.set(this.wake, this)
-  }
-
-  /** Runs in the guarded effect's fiber as it ends (success, failure or interruption). */
-  finished(): void {
-    this.done = true
-    if (this.parked) this.offerWake()
-  }
-
-  /** Another reader took this collector's wake-up. */
-  handBack(): void {
-    this.wakeQueued = false
-    if (this.parked) this.offerWake()
-  }
-
-  private offerWake(): void {
-    // A full queue needs no wake-up: the parked take returns one of its faults, and the
-    // collector sees `done` before it parks again.
-    this.wakeQueued = Queue.unsafeOffer(this.faults, this.wake)
-  }
-
-  /** The next fault, or `undefined` once the guarded effect ended or the queue was shut down. */
-  next(): Effect.Effect<ActorFault | undefined> {
-    return Effect.gen(this, function* () {
-      for (;;) {
-        if (this.done) return undefined
-        this.parked = true
-        const taken = yield* Effect.exit(Queue.take(this.faults)).pipe(
-          Effect.ensuring(
-            Effect.sync(() => {
-              this.parked = false
-            })
-          )
-        )
-        // A take on a shut-down queue interrupts itself: nothing more will arrive.
-        if (Exit.isFailure(taken)) return undefined
-        const item = taken.value
-        const owner = wakeOwners.get(item)
-        if (owner === undefined) return item
-        if (owner === this) this.wakeQueued = false
-        else owner.handBack()
-      }
-    })
-  }
-
-  /**
-   * Takes back a wake-up still in the queue. The faults queued ahead of it go to `keep`; the
-   * ones behind it stay queued, as they would have without the wake-up.
-   */
-  close(keep: (fault: ActorFault) => void): Effect.Effect<void> {
-    return Effect.gen(this, function* () {
-      this.parked = false
-      // Our wake-up, if queued, is among the items queued now; a handed-back one goes to the back.
-      let budget = queuedNow(this.faults)
-      while (this.wakeQueued && budget-- > 0) {
-        const polled = yield* Queue.poll(this.faults)
-        if (Option.isNone(polled)) break
-        const owner = wakeOwners.get(polled.value)
-        if (owner === undefined) keep(polled.value)
-        else if (owner === this) this.wakeQueued = false
-        else owner.handBack()
-      }
-      // Not found: another reader holds it and hands it back to a collector that no longer waits.
-      this.wakeQueued = false
-    })
-  }
-}
-
-/** Items queued now; 0 once the queue is shut down (its `size` and `poll` would interrupt). */
-const queuedNow = (faults: Queue.Dequeue<ActorFault>): number =>
-  Math.max(
-    0,
-    Option.getOrElse(faults.unsafeSize(), () => 0)
-  )
-
-/** `undefined` for a queue nobody can offer to (no such queue exists; the caller then just waits). */
-const makeWaiter = (faults: Queue.Dequeue<ActorFault>): FaultWaiter | undefined =>
-  Queue.isEnqueue(faults) ? new FaultWaiter(faults) : undefined
+// Waiting for a fault or for the guarded effect, without ever losing a fault (internal/FaultWaiter)
 
 /** Moves every fault already queued into `pending` without waiting (the seed's `drain_ready`). */
 export const drainReadyFaults = (
@@ -252,9 +136,7 @@ export const drainReadyFaults = (
     while (!pending.hasProducerFence() && budget-- > 0) {
       const fault = yield* Queue.poll(faults)
       if (Option.isNone(fault)) return
-      const owner = wakeOwners.get(fault.value)
-      if (owner === undefined) pending.push(fault.value)
-      else owner.handBack()
+      if (!handBackWake(fault.value)) pending.push(fault.value)
     }
   })
 

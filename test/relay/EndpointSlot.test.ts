@@ -8,7 +8,18 @@
  */
 
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Fiber, Option, Queue, SubscriptionRef, TestClock } from "effect"
+import {
+  Clock,
+  Deferred,
+  Effect,
+  Fiber,
+  HashMap,
+  Logger,
+  Option,
+  Queue,
+  SubscriptionRef,
+  TestClock
+} from "effect"
 import { CkfBuildError } from "../../src/ckf/errors.js"
 import { failureDisposition } from "../../src/ckf/failure.js"
 import { DcId } from "../../src/ckf/identity.js"
@@ -191,6 +202,55 @@ describe("EndpointSlot", () => {
       yield* slot.stopSlot
     })
   )
+
+  // Effect's `Queue.take` hands an offered item straight to a waiting taker; a taker interrupted
+  // before it resumes drops it. A fault offered while a membership change wakes the slot (the
+  // same value set again: a wake-up with nothing to refresh) lands `turns` scheduler turns after
+  // the set, inside the window for some turn counts. Every one must still reach the slot.
+  it.scoped("a fault offered while a membership change wakes the slot is still handled", () => {
+    const reported: Array<string> = []
+    const logger = Logger.make(({ message, annotations }) => {
+      const text = Array.isArray(message) ? message.join(" ") : String(message)
+      const error = HashMap.get(annotations, "error")
+      if (text.includes("actor failed an admitted mutation") && Option.isSome(error)) {
+        reported.push(String(error.value))
+      }
+    })
+    return Effect.gen(function* () {
+      const injected: Array<Queue.Queue<ActorFault>> = []
+      const makeActor: MakePoolActor = (state, scope, options) =>
+        Effect.gen(function* () {
+          const actor = yield* makePoolActor(state, scope, options)
+          const faults = yield* Queue.bounded<ActorFault>(16)
+          injected.push(faults)
+          return { ...actor, faults }
+        })
+      const slot = yield* setup({ registry: { makeActor } })
+      yield* until(() => slot.status.lifecycle === "active", "generation 1")
+      const membership = yield* SubscriptionRef.get(slot.metadata)
+      const disposition = failureDisposition("PrecommitAllocationFailure")
+      for (let turns = 0; turns <= 40; turns++) {
+        const message = `injected after ${turns} turns`
+        yield* SubscriptionRef.set(slot.metadata, membership)
+        for (let i = 0; i < turns; i++) yield* Effect.yieldNow()
+        yield* Queue.offer(injected[0]!, {
+          workerId: "7001",
+          dpRank: 0,
+          sourceEpoch: 0,
+          eventId: turns,
+          category: "Resource",
+          disposition,
+          message
+        })
+        yield* until(() => reported.includes(message), `the fault offered after ${turns} turns is handled`)
+        // Let the slot settle back into its wait before the next round.
+        yield* Effect.yieldNow().pipe(Effect.repeatN(50))
+      }
+      // The rank is inactive (its socket never connects): every fault was stale; none fenced.
+      expect(slot.generation()).toBe(1n)
+      yield* slot.stopSlot
+    }).pipe(Effect.provide(Logger.replace(Logger.defaultLogger, logger)))
+  })
 
   it.scoped("runtime configs refresh the load capacity in place and ranks report their exact blocks", () =>
     Effect.gen(function* () {
