@@ -1,0 +1,142 @@
+/**
+ * The SUB receive loop takes what is queued on its socket in batches (`RECEIVE_BATCH`): over a
+ * real PUB socket on 127.0.0.1, every message still reaches `deliver` once, alone and in order,
+ * and a defect while handling one message drops only that one. Waits poll with a bounded
+ * deadline.
+ */
+
+import { it } from "@effect/vitest"
+import { Deferred, Effect } from "effect"
+import { describe, expect } from "vitest"
+import * as zmq from "zeromq"
+import { type IngestMessage, RECEIVE_BATCH, subscribe } from "../../src/transport/ZmqSocket.js"
+import { eventually } from "../integration/zmqHelpers.js"
+
+const TOPIC = "batch-test"
+
+/** Frame 1 carries the message's number; the decoder hands it on as the sequence. */
+const decode = (frames: Array<Buffer>): IngestMessage => ({
+  _tag: "Batch",
+  publisherId: 1n,
+  sequence: frames[1]!.readUInt32BE(0),
+  events: [],
+  blocks: 0,
+  ignored: 0
+})
+
+const frame = (n: number): Buffer => {
+  const out = Buffer.alloc(4)
+  out.writeUInt32BE(n, 0)
+  return out
+}
+
+/** A bound PUB socket, closed with the scope. */
+const publisher = Effect.acquireRelease(
+  Effect.promise(async () => {
+    const socket = new zmq.Publisher({ sendHighWaterMark: 100_000, linger: 0 })
+    await socket.bind("tcp://127.0.0.1:*")
+    return socket
+  }),
+  (socket) => Effect.sync(() => socket.close())
+)
+
+const send = (socket: zmq.Publisher, n: number) =>
+  Effect.promise(() => socket.send([TOPIC, frame(n), Buffer.alloc(200, n & 0xff)]))
+
+/** PUB/SUB drops what is sent before the subscription arrives: send probes until one lands. */
+const PROBE = 0xffff_ffff
+const prime = (socket: zmq.Publisher, seen: ReadonlyArray<number>) =>
+  eventually(
+    Effect.gen(function* () {
+      yield* send(socket, PROBE)
+      return seen.includes(PROBE)
+    }),
+    "the subscription to reach the publisher"
+  )
+
+describe("ZeroMQ receive loop", () => {
+  it.scopedLive("a backlog taken in batches reaches deliver whole, one message at a time, in order", () =>
+    Effect.gen(function* () {
+      const pub = yield* publisher
+      const seen: Array<number> = []
+      const gate = yield* Deferred.make<void>()
+      let blocked = false
+      yield* subscribe({
+        endpoint: pub.lastEndpoint!,
+        topic: TOPIC,
+        decode,
+        deliver: (message) =>
+          Effect.suspend(() => {
+            if (message._tag !== "Batch") return Effect.die(new Error(`unexpected ${message._tag}`))
+            seen.push(message.sequence)
+            // The first real message holds the loop, so everything after it queues on the socket.
+            if (message.sequence === 0 && !blocked) {
+              blocked = true
+              return Deferred.await(gate)
+            }
+            return Effect.void
+          })
+      })
+      yield* prime(pub, seen)
+      const total = 4 * RECEIVE_BATCH + 5
+      for (let n = 0; n < total; n++) yield* send(pub, n)
+      yield* eventually(
+        Effect.sync(() => seen.includes(0)),
+        "the first message to hold the loop"
+      )
+      yield* Deferred.succeed(gate, undefined)
+      yield* eventually(
+        Effect.sync(() => seen.filter((n) => n !== PROBE).length >= total),
+        "every message to be delivered"
+      )
+      expect(seen.filter((n) => n !== PROBE)).toEqual(Array.from({ length: total }, (_, n) => n))
+    })
+  )
+
+  it.scopedLive("a defect while handling one message of a batch drops that message only", () =>
+    Effect.gen(function* () {
+      const pub = yield* publisher
+      const seen: Array<number> = []
+      const gate = yield* Deferred.make<void>()
+      let blocked = false
+      const poisoned = RECEIVE_BATCH + 3
+      yield* subscribe({
+        endpoint: pub.lastEndpoint!,
+        topic: TOPIC,
+        decode,
+        deliver: (message) =>
+          Effect.suspend(() => {
+            if (message._tag !== "Batch") return Effect.die(new Error(`unexpected ${message._tag}`))
+            if (message.sequence === poisoned) return Effect.die(new Error("handler defect"))
+            seen.push(message.sequence)
+            if (message.sequence === 0 && !blocked) {
+              blocked = true
+              return Deferred.await(gate)
+            }
+            return Effect.void
+          })
+      })
+      yield* prime(pub, seen)
+      const total = 3 * RECEIVE_BATCH
+      for (let n = 0; n < total; n++) yield* send(pub, n)
+      yield* eventually(
+        Effect.sync(() => seen.includes(0)),
+        "the first message to hold the loop"
+      )
+      yield* Deferred.succeed(gate, undefined)
+      yield* eventually(
+        Effect.sync(() => seen.includes(total - 1)),
+        "the messages after the defect to be delivered"
+      )
+      // The subscription goes on after the defect.
+      yield* send(pub, total)
+      yield* eventually(
+        Effect.sync(() => seen.includes(total)),
+        "a message sent after the defect"
+      )
+      expect(seen.filter((n) => n !== PROBE)).toEqual(
+        Array.from({ length: total + 1 }, (_, n) => n).filter((n) => n !== poisoned)
+      )
+    })
+  )
+})
