@@ -365,8 +365,10 @@ export class Xxh3Seeded {
    * from the first block's own local hash when `hasParent` is false.
    *
    * `hashPair` written out with locals only: its limb helpers hand the high word back through a
-   * module-level variable, which boxes a heap number per product, and chaining a prompt or a
-   * stored batch is the hot path of canonical addressing.
+   * module-level variable, which boxes a heap number per product, and chaining a stored batch is
+   * the hot path of canonical addressing. The 128-bit product is the same as the word path's,
+   * written out again on purpose: as a shared function writing [hi, lo] to a typed array, both
+   * ran at half the speed (8-block chains 0.5 → 0.9 µs, CPU time).
    */
   chainInto(
     local: Uint32Array,
