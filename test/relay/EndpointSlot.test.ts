@@ -252,6 +252,25 @@ describe("EndpointSlot", () => {
     }).pipe(Effect.provide(Logger.replace(Logger.defaultLogger, logger)))
   })
 
+  it.scoped("an actor fault queue shut down under the slot fences and replaces the generation", () =>
+    Effect.gen(function* () {
+      const injected: Array<Queue.Queue<ActorFault>> = []
+      const makeActor: MakePoolActor = (state, scope, options) =>
+        Effect.gen(function* () {
+          const actor = yield* makePoolActor(state, scope, options)
+          const faults = yield* Queue.bounded<ActorFault>(16)
+          injected.push(faults)
+          return { ...actor, faults }
+        })
+      const slot = yield* setup({ registry: { makeActor } })
+      yield* until(() => slot.status.lifecycle === "active", "generation 1")
+      yield* Queue.shutdown(injected[0]!)
+      yield* until(() => slot.generation() === 2n && slot.status.lifecycle === "active", "generation 2")
+      expect((yield* slot.refresh).pools.map((d) => d.producer.layoutGeneration)).toEqual([2n])
+      yield* slot.stopSlot
+    })
+  )
+
   it.scoped("runtime configs refresh the load capacity in place and ranks report their exact blocks", () =>
     Effect.gen(function* () {
       const slot = yield* setup()
