@@ -324,6 +324,15 @@ const EMPTY_HASHES = new Uint32Array(0)
 const ROW_U32 = CKF_LANE_COUNT * 2
 const REP16 = 0x0001_0001
 const HIGH16 = 0x8000_8000
+/** A query of at most this many blocks per lane still hitting position 0 is prepared up front. */
+const EAGER_BLOCKS_PER_LANE = 4
+
+const popcount16 = (mask: number): number => {
+  let v = mask - ((mask >>> 1) & 0x5555)
+  v = (v & 0x3333) + ((v >>> 2) & 0x3333)
+  v = (v + (v >>> 4)) & 0x0f0f
+  return (v + (v >>> 8)) & 0x1f
+}
 
 export class GlobalCkfIndexer {
   private readonly shared: GlobalCkfShared
@@ -338,6 +347,9 @@ export class GlobalCkfIndexer {
   private rowsA = new Uint32Array(0)
   private rowsB = new Uint32Array(0)
   private readonly mixed = new Uint32Array(2)
+  private mixedAll = new Uint32Array(0)
+  /** Keeps the row loads of `prepareRange` from being optimised away. */
+  touchSink = 0
   private readonly depths = new Uint32Array(CKF_LANE_COUNT)
   // Counters of the query in progress (reported through `PrefixSearchStats`).
   private probeCalls = 0
@@ -370,12 +382,48 @@ export class GlobalCkfIndexer {
     return z === 0 ? 0 : bit
   }
 
+  /**
+   * Hash positions `from..n` of the current query and load their two rows before the lanes search.
+   * The loads are independent, so the table's cache misses overlap instead of each search step
+   * waiting for its own.
+   */
+  private prepareRange(from: number, n: number): void {
+    const addressing = this.shared.addressing
+    if (this.mixedAll.length < 2 * n) this.mixedAll = new Uint32Array(2 * Math.max(n, 64))
+    const mixed = this.mixedAll
+    addressing.mixBatch(this.queryHashes, 2 * from, n - from, mixed, 0)
+    const stamps = this.stamps
+    const generation = this.generation
+    for (let pos = from; pos < n; pos++) {
+      if (stamps[pos] === generation) continue
+      addressing.prepareMixedAt(mixed, 2 * (pos - from))
+      this.recordPrepared(pos)
+    }
+    // A separate tight loop, so that many loads are in flight at once; a row spans two cache lines.
+    const t = this.shared.table.words
+    const rowsA = this.rowsA
+    const rowsB = this.rowsB
+    let touched = 0
+    for (let pos = from; pos < n; pos++) {
+      const a = rowsA[pos]!
+      const b = rowsB[pos]!
+      touched |= t[a]! | t[a + 16]! | t[b]! | t[b + 16]!
+    }
+    this.touchSink = touched
+  }
+
   /** Hash position `pos` of the current query (fingerprint and both rows) on its first test. */
   private preparePosition(pos: number): void {
     const addressing = this.shared.addressing
     const mixed = this.mixed
     addressing.mixBatch(this.queryHashes, 2 * pos, 1, mixed, 0)
     addressing.prepareMixedAt(mixed, 0)
+    this.recordPrepared(pos)
+  }
+
+  /** Keeps the addressing's last fingerprint and buckets as position `pos` of this query. */
+  private recordPrepared(pos: number): void {
+    const addressing = this.shared.addressing
     const fp = addressing.fp
     this.reps[pos] = (fp << 16) | fp
     this.rowsA[pos] = addressing.a * ROW_U32
@@ -390,8 +438,8 @@ export class GlobalCkfIndexer {
    * the gap after the last binary predecessor when the first verification miss is the window's
    * left edge). This is exactly the answer `findPrefixDepths` gives the lane: its grouping and
    * lock-step only share probe calls between lanes, and probes have no side effects. (Running
-   * the lanes in lock-step here measured slower: the bookkeeping cost more than the overlapped
-   * cache misses saved.)
+   * the lanes in lock-step here measured slower, and their galloping as one pass per position no
+   * faster: the bookkeeping cost what the overlapped cache misses saved.)
    */
   private laneDepth(n: number, window: number, lane: number): number {
     const bit = 1 << lane
@@ -416,8 +464,10 @@ export class GlobalCkfIndexer {
       }
     }
     const start = upper > window ? upper - window : 0
+    // The window ends at `lower` = upper - 1, a hit already seen (position 0 or a probed hit):
+    // probing it again cannot change the answer, so the scan stops short of it.
     for (let pos = start; pos < upper; pos++) {
-      if (this.hitAt(pos, lane, bit) !== 0) continue
+      if (pos === lower || this.hitAt(pos, lane, bit) !== 0) continue
       if (pos > start) return pos
       // A miss at the window's left edge: the terminal branch may rest on a false hit (a capacity
       // hole below it or a false positive at it), so rescan the gap after the predecessor of the
@@ -577,6 +627,11 @@ export class GlobalCkfIndexer {
       const lane = 31 - Math.clz32(m & -m)
       active |= this.hitAt(0, lane, 1 << lane)
     }
+    if (active === 0) return
+    // Many lanes on a short query visit most of its positions (16 lanes, 64 blocks: 43 of 63),
+    // and hashing them in one batch and loading their rows together then beats stalling on each
+    // row as a lane first reaches it; a long query's lanes visit few (16 × 256: 77 of 255).
+    if (n > 1 && n <= EAGER_BLOCKS_PER_LANE * popcount16(active)) this.prepareRange(1, n)
     for (let m = active; m !== 0; m &= m - 1) {
       const lane = 31 - Math.clz32(m & -m)
       this.depths[lane] = this.laneDepth(n, window, lane)
