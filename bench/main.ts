@@ -23,6 +23,7 @@ import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
 import { benchOverlapHttp } from "./overlapHttp.js"
+import { benchWorkerIngest } from "./workerIngest.js"
 import { benchZmqIngest } from "./zmq.js"
 
 export interface BenchOptions {
@@ -48,6 +49,7 @@ const suites: ReadonlyArray<Suite> = [
   ["pool_actor", benchActor],
   ["hub_fanout", benchHubFanout],
   ["zmq_ingest", benchZmqIngest],
+  ["worker_ingest", benchWorkerIngest],
   ["membership", benchMembershipChurn],
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
