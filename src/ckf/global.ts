@@ -325,7 +325,7 @@ const ROW_U32 = CKF_LANE_COUNT * 2
 const REP16 = 0x0001_0001
 const HIGH16 = 0x8000_8000
 /** A query of at most this many blocks per lane still hitting position 0 is prepared up front. */
-const EAGER_BLOCKS_PER_LANE = 4
+const EAGER_BLOCKS_PER_LANE = 8
 
 const popcount16 = (mask: number): number => {
   let v = mask - ((mask >>> 1) & 0x5555)
