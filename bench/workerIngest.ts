@@ -22,7 +22,7 @@
  */
 
 import { type ChildProcess, spawn } from "node:child_process"
-import { writeFileSync } from "node:fs"
+import { readFileSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -56,7 +56,14 @@ const BLOCKS_PER_MESSAGE = 8
 const POST_BATCH = 64
 
 type Layout = "a" | "b-clone" | "b-transfer" | "c"
-const LAYOUTS: ReadonlyArray<Layout> = ["a", "b-clone", "b-transfer", "c"]
+const ALL_LAYOUTS: ReadonlyArray<Layout> = ["a", "b-clone", "b-transfer", "c"]
+/** `KVRELAY_BENCH_WORKER_LAYOUTS=a,c` runs only those (for profiling one layout); a always runs. */
+const LAYOUTS: ReadonlyArray<Layout> = ALL_LAYOUTS.filter(
+  (layout) =>
+    layout === "a" ||
+    process.env.KVRELAY_BENCH_WORKER_LAYOUTS === undefined ||
+    process.env.KVRELAY_BENCH_WORKER_LAYOUTS.split(",").includes(layout)
+)
 
 // ---------------------------------------------------------------------------------------------
 // The relay side's pieces, shared by the main thread and the workers
@@ -135,6 +142,21 @@ const subscribePool = (
       ),
     { discard: true }
   )
+
+/**
+ * CPU seconds of the calling thread (Linux `/proc/thread-self/stat`, 10 ms ticks): what each
+ * thread's work costs, apart from the zmq I/O threads and the other threads of the process.
+ */
+const threadCpuSeconds = (): number => {
+  try {
+    const stat = readFileSync("/proc/thread-self/stat", "utf8")
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    // Fields 14 and 15 of stat(5) (utime, stime) are at 11 and 12 after the command name.
+    return (Number(fields[11]) + Number(fields[12])) / 100
+  } catch {
+    return Number.NaN
+  }
+}
 
 /** Blocks of the Stored/Removed events of a decoded message (0 for anything else). */
 const blocksOf = (message: IngestMessage): number => (message._tag === "Batch" ? message.blocks : 0)
@@ -262,7 +284,7 @@ type FromWorker =
   | { readonly _tag: "clone"; readonly batches: ReadonlyArray<readonly [number, ReadonlyArray<RouterEvent>]> }
   | { readonly _tag: "packed"; readonly strings: ReadonlyArray<string>; readonly words: Uint32Array }
   | { readonly _tag: "deltas"; readonly bytes: number; readonly count: number }
-  | { readonly _tag: "done"; readonly elu: number }
+  | { readonly _tag: "done"; readonly elu: number; readonly cpuSeconds: number }
   | { readonly _tag: "closed" }
 
 const runWorker = async (init: WorkerInit): Promise<void> => {
@@ -284,14 +306,20 @@ const runWorker = async (init: WorkerInit): Promise<void> => {
   const eluStart = performance.eventLoopUtilization()
   let handshakes = 0
   const totalEndpoints = init.pools.reduce((n, p) => n + p.endpoints.length, 0)
+  let cpuAtConnect = 0
+  let eluAtConnect = eluStart
   const onHandshake = () => {
     handshakes++
-    if (handshakes === totalEndpoints) port.postMessage({ _tag: "connected" } satisfies FromWorker)
+    if (handshakes !== totalEndpoints) return
+    cpuAtConnect = threadCpuSeconds()
+    eluAtConnect = performance.eventLoopUtilization()
+    port.postMessage({ _tag: "connected" } satisfies FromWorker)
   }
   const done = () =>
     port.postMessage({
       _tag: "done",
-      elu: performance.eventLoopUtilization(eluStart).utilization
+      elu: performance.eventLoopUtilization(eluAtConnect).utilization,
+      cpuSeconds: threadCpuSeconds() - cpuAtConnect
     } satisfies FromWorker)
 
   if (init.mode === "pools") {
@@ -510,6 +538,9 @@ interface RoundResult {
   readonly cpuMicrosPerEvent: number
   readonly mainElu: number
   readonly workerElu: ReadonlyArray<number>
+  /** Main thread CPU per event, and each worker's (µs). */
+  readonly mainCpuMicrosPerEvent: number
+  readonly workerCpuMicrosPerEvent: ReadonlyArray<number>
   readonly publisherSeconds: number
   readonly publisherCpuSeconds: number
   readonly seconds: number
@@ -551,6 +582,7 @@ const runRound = async (
   let workersConnected = 0
   let workersDone = 0
   const workerElu: Array<number> = []
+  const workerCpu: Array<number> = []
   let poolsDone = 0
   let deltas = 0
   let deltaBytes = 0
@@ -602,6 +634,7 @@ const runRound = async (
       else if (message._tag === "done") {
         workersDone++
         workerElu.push(message.elu)
+        workerCpu.push(message.cpuSeconds)
       } else onMessage(message)
     })
     worker.on("error", (error) => {
@@ -708,6 +741,7 @@ const runRound = async (
     // Subscriptions travel after the handshake: a message published before one arrives is dropped.
     await new Promise((resolve) => setTimeout(resolve, 300))
     const cpu = process.cpuUsage()
+    const mainCpuStart = threadCpuSeconds()
     const elu = performance.eventLoopUtilization()
     const start = performance.now()
     const published = ask<{ seconds: number; cpuSeconds: number }>(child, { cmd: "run" })
@@ -715,17 +749,21 @@ const runRound = async (
     await waitUntil(finished, 300_000, `layout ${layout} to apply every block`, () => workerError)
     if (layout === "c") endAt = performance.now()
     const used = process.cpuUsage(cpu)
+    const mainCpu = threadCpuSeconds() - mainCpuStart
     const mainElu = performance.eventLoopUtilization(elu).utilization
     const pub = await published
     if (layout === "b-clone" || layout === "b-transfer")
       await waitUntil(() => workersDone === 1, 10_000, "worker")
     const seconds = (endAt - start) / 1000
     const blocks = blocksPerPool * POOLS
+    const events = blocks / BLOCKS_PER_MESSAGE
     if (deltas === 0 || deltaBytes === 0) throw new Error(`layout ${layout} published no deltas`)
     return {
       blocksPerSecond: blocks / seconds,
       blocks,
-      cpuMicrosPerEvent: (used.user + used.system) / (blocks / BLOCKS_PER_MESSAGE),
+      cpuMicrosPerEvent: (used.user + used.system) / events,
+      mainCpuMicrosPerEvent: (mainCpu * 1e6) / events,
+      workerCpuMicrosPerEvent: workerCpu.map((seconds) => (seconds * 1e6) / events),
       mainElu,
       workerElu,
       publisherSeconds: pub.seconds,
@@ -833,7 +871,11 @@ export const benchWorkerIngest = async (ctx: BenchContext): Promise<void> => {
         results.get(layout)!.push(result)
         ctx.log(
           `  worker_ingest round ${r + 1} ${layout.padEnd(10)} ${Math.round(result.blocksPerSecond).toLocaleString("en-US").padStart(10)} blocks/s` +
-            `  ${result.cpuMicrosPerEvent.toFixed(1)} µs CPU/event  main ELU ${result.mainElu.toFixed(2)}` +
+            `  CPU/event ${result.cpuMicrosPerEvent.toFixed(1)} µs (main thread ${result.mainCpuMicrosPerEvent.toFixed(1)}` +
+            (result.workerCpuMicrosPerEvent.length === 0
+              ? ""
+              : `, workers ${result.workerCpuMicrosPerEvent.map((u) => u.toFixed(1)).join("/")}`) +
+            `)  main ELU ${result.mainElu.toFixed(2)}` +
             (result.workerElu.length === 0
               ? ""
               : `  worker ELU ${result.workerElu.map((u) => u.toFixed(2)).join("/")}`) +
