@@ -82,6 +82,8 @@ interface PoolUnit {
   readonly actor: PoolActor
   /** Admits the batch's events in order; the actor's mailbox bounds it. */
   readonly admit: (events: ReadonlyArray<RouterEvent>) => Effect.Effect<void>
+  /** Distinct blocks the pool's CKF holds: every layout must end with all of them. */
+  readonly uniqueBlocks: () => number
 }
 
 /**
@@ -118,7 +120,7 @@ const makePoolUnit = (
       events.length === 1
         ? Effect.orDie(actor.admitEvent(0, events[0]!))
         : Effect.orDie(Effect.forEach(events, (event) => actor.admitEvent(0, event), { discard: true }))
-    return { actor, admit }
+    return { actor, admit, uniqueBlocks: () => state.stats().aggregation.uniqueBlockCount }
   })
 
 /** SUBs on every endpoint of `pool`, delivering each decoded Batch to `deliver`. */
@@ -284,7 +286,12 @@ type FromWorker =
   | { readonly _tag: "clone"; readonly batches: ReadonlyArray<readonly [number, ReadonlyArray<RouterEvent>]> }
   | { readonly _tag: "packed"; readonly strings: ReadonlyArray<string>; readonly words: Uint32Array }
   | { readonly _tag: "deltas"; readonly bytes: number; readonly count: number }
-  | { readonly _tag: "done"; readonly elu: number; readonly cpuSeconds: number }
+  | {
+      readonly _tag: "done"
+      readonly elu: number
+      readonly cpuSeconds: number
+      readonly uniqueBlocks: number
+    }
   | { readonly _tag: "closed" }
 
 const runWorker = async (init: WorkerInit): Promise<void> => {
@@ -315,8 +322,10 @@ const runWorker = async (init: WorkerInit): Promise<void> => {
     eluAtConnect = performance.eventLoopUtilization()
     port.postMessage({ _tag: "connected" } satisfies FromWorker)
   }
+  let uniqueBlocks = 0
   const done = () =>
     port.postMessage({
+      uniqueBlocks,
       _tag: "done",
       elu: performance.eventLoopUtilization(eluAtConnect).utilization,
       cpuSeconds: threadCpuSeconds() - cpuAtConnect
@@ -362,6 +371,7 @@ const runWorker = async (init: WorkerInit): Promise<void> => {
                     Effect.zipRight(Effect.orDie(unit.actor.flush)),
                     Effect.tap(() =>
                       Effect.sync(() => {
+                        uniqueBlocks += unit.uniqueBlocks()
                         poolsDone++
                         if (poolsDone === init.pools.length) {
                           postDeltas()
@@ -584,6 +594,7 @@ const runRound = async (
   const workerElu: Array<number> = []
   const workerCpu: Array<number> = []
   let poolsDone = 0
+  let uniqueBlocks = 0
   let deltas = 0
   let deltaBytes = 0
   let endAt = 0
@@ -596,7 +607,8 @@ const runRound = async (
     deltas++
     deltaBytes += bytes.length
   }
-  const markPoolDone = () => {
+  const markPoolDone = (unit: PoolUnit) => {
+    uniqueBlocks += unit.uniqueBlocks()
     poolsDone++
     if (poolsDone === POOLS) endAt = performance.now()
   }
@@ -619,7 +631,7 @@ const runRound = async (
       if (blocks < blocksPerPool) return admitted
       return admitted.pipe(
         Effect.zipRight(Effect.orDie(unit.actor.flush)),
-        Effect.tap(() => Effect.sync(markPoolDone)),
+        Effect.tap(() => Effect.sync(() => markPoolDone(unit))),
         Effect.forkDaemon,
         Effect.asVoid
       )
@@ -635,6 +647,7 @@ const runRound = async (
         workersDone++
         workerElu.push(message.elu)
         workerCpu.push(message.cpuSeconds)
+        if (layout === "c") uniqueBlocks += message.uniqueBlocks
       } else onMessage(message)
     })
     worker.on("error", (error) => {
@@ -746,7 +759,7 @@ const runRound = async (
     const start = performance.now()
     const published = ask<{ seconds: number; cpuSeconds: number }>(child, { cmd: "run" })
     const finished = () => (layout === "c" ? workersDone === POOLS / 2 : poolsDone === POOLS)
-    await waitUntil(finished, 300_000, `layout ${layout} to apply every block`, () => workerError)
+    await waitUntil(finished, 120_000, `layout ${layout} to apply every block`, () => workerError)
     if (layout === "c") endAt = performance.now()
     const used = process.cpuUsage(cpu)
     const mainCpu = threadCpuSeconds() - mainCpuStart
@@ -758,6 +771,11 @@ const runRound = async (
     const blocks = blocksPerPool * POOLS
     const events = blocks / BLOCKS_PER_MESSAGE
     if (deltas === 0 || deltaBytes === 0) throw new Error(`layout ${layout} published no deltas`)
+    // Every hash of the workload is distinct: a lost, repeated or garbled event shows here.
+    if (uniqueBlocks !== blocks)
+      throw new Error(
+        `layout ${layout} ended with ${uniqueBlocks} distinct blocks in its CKFs, expected ${blocks}`
+      )
     return {
       blocksPerSecond: blocks / seconds,
       blocks,
