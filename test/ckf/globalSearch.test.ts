@@ -14,6 +14,7 @@ import {
 } from "../../src/ckf/identity.js"
 import { newPrefixSearchStats } from "../../src/ckf/search.js"
 import { hashPairs } from "../../src/ckf/u64.js"
+import { referenceLaneDepth } from "./referenceSearch.js"
 
 // The indexer's query path (its own lock-step search, lazy per-position hashing, per-lane tests)
 // checked against references that share none of it: addressing through the bigint `prepare`, a
@@ -66,39 +67,6 @@ const insert = (words: Uint32Array, a: number, b: number, fp: number, random: ()
     }
   }
   setSlot(words, order[0]!, Math.floor(random() * 4), fp)
-}
-
-/** The §8.2 search for one lane, plainly (as in search.test.ts): the answer every lane must get. */
-const referenceLaneDepth = (n: number, window: number, hit: (pos: number) => boolean): number => {
-  if (n === 0 || !hit(0)) return 0
-  let lower = 0
-  let pred = 0
-  let upper = n
-  for (let pos = 1; pos < n; pos *= 2) {
-    if (!hit(pos)) {
-      upper = pos
-      break
-    }
-    pred = lower
-    lower = pos
-  }
-  while (upper - lower > 1) {
-    const mid = lower + Math.floor((upper - lower) / 2)
-    if (hit(mid)) {
-      pred = lower
-      lower = mid
-    } else {
-      upper = mid
-    }
-  }
-  const start = Math.max(0, upper - window)
-  for (let pos = start; pos < upper; pos++) {
-    if (hit(pos)) continue
-    if (pos > start || pred >= start) return pos
-    for (let q = pred + 1; q < start; q++) if (!hit(q)) return q
-    return start
-  }
-  return upper
 }
 
 interface LaneSpec {
