@@ -216,29 +216,7 @@ const program = (ctx: BenchContext) =>
     // ---- 16 relays, each holding its prefixes of the prompts
     const relays: Array<BenchRelay> = []
     for (let dc = 0; dc < LANES; dc++) relays.push(yield* startRelay(`dc-${dc}`, expected))
-    let storedBlocks = 0
-    for (let dc = 0; dc < LANES; dc++) {
-      const actor = relays[dc]!.attachment.actor
-      const eventIds = new Array<number>(8).fill(0)
-      for (let p = 0; p < promptCount; p++) {
-        const held = heldPrefix(p, dc)
-        if (held === 0) continue
-        const worker = p % 8
-        eventIds[worker] = eventIds[worker]! + 1
-        const prompt = prompts[p]!
-        yield* actor.admitEvent(
-          0,
-          stored(
-            `${worker}`,
-            eventIds[worker]!,
-            prompt.external.subarray(0, 2 * held),
-            prompt.local.subarray(0, 2 * held)
-          )
-        )
-        storedBlocks += held
-      }
-      yield* Effect.orDie(actor.flush)
-    }
+    const storedBlocks = yield* storePrefixes(relays, prompts, promptCount)
 
     // ---- the consumer over HTTP, and its own HTTP API
     const connector = yield* Layer.build(
@@ -497,6 +475,42 @@ const program = (ctx: BenchContext) =>
       (published * 1000) / loadElapsed,
       `${applied}/${published} relay deltas installed (${totalEvents} events of ${INGEST_BLOCKS_PER_EVENT} blocks), catch-up ${catchUpMs.toFixed(0)} ms, ${faults} lane faults`
     )
+  })
+
+/**
+ * Each of the relays stores its held prefix (`heldPrefix`) of the first `promptCount` prompts,
+ * spread over 8 workers; returns the blocks stored.
+ */
+export const storePrefixes = (
+  relays: ReadonlyArray<BenchRelay>,
+  prompts: ReturnType<typeof makePrompts>,
+  promptCount: number
+) =>
+  Effect.gen(function* () {
+    let storedBlocks = 0
+    for (let dc = 0; dc < relays.length; dc++) {
+      const actor = relays[dc]!.attachment.actor
+      const eventIds = new Array<number>(8).fill(0)
+      for (let p = 0; p < promptCount; p++) {
+        const held = heldPrefix(p, dc)
+        if (held === 0) continue
+        const worker = p % 8
+        eventIds[worker] = eventIds[worker]! + 1
+        const prompt = prompts[p]!
+        yield* actor.admitEvent(
+          0,
+          stored(
+            `${worker}`,
+            eventIds[worker]!,
+            prompt.external.subarray(0, 2 * held),
+            prompt.local.subarray(0, 2 * held)
+          )
+        )
+        storedBlocks += held
+      }
+      yield* Effect.orDie(actor.flush)
+    }
+    return storedBlocks
   })
 
 export const benchGlobal = async (ctx: BenchContext): Promise<void> => {

@@ -29,14 +29,14 @@ import { GlobalView, make as makeView } from "../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../src/transport/http/GlobalHttpServer.js"
 import {
   type BenchRelay,
-  heldPrefix,
   INGEST_BLOCKS_PER_EVENT,
   LANES,
   makePrompts,
   readyLanes,
   sequencesOf,
   startRelay,
-  stored
+  stored,
+  storePrefixes
 } from "./global.js"
 import { type BenchContext, gc, HashStream, record } from "./harness.js"
 
@@ -282,27 +282,7 @@ export const startGlobal = (promptCount: number) =>
     const prompts = makePrompts(promptCount, 0xbeef)
     const relays: Array<BenchRelay> = []
     for (let dc = 0; dc < LANES; dc++) relays.push(yield* startRelay(`dc-${dc}`, expected))
-    for (let dc = 0; dc < LANES; dc++) {
-      const actor = relays[dc]!.attachment.actor
-      const eventIds = new Array<number>(8).fill(0)
-      for (let p = 0; p < promptCount; p++) {
-        const held = heldPrefix(p, dc)
-        if (held === 0) continue
-        const worker = p % 8
-        eventIds[worker] = eventIds[worker]! + 1
-        const prompt = prompts[p]!
-        yield* actor.admitEvent(
-          0,
-          stored(
-            `${worker}`,
-            eventIds[worker]!,
-            prompt.external.subarray(0, 2 * held),
-            prompt.local.subarray(0, 2 * held)
-          )
-        )
-      }
-      yield* Effect.orDie(actor.flush)
-    }
+    yield* storePrefixes(relays, prompts, promptCount)
     const connector = yield* Layer.build(
       RelayConnector.layerHttp().pipe(Layer.provide(NodeHttpClient.layerUndici))
     )
