@@ -14,7 +14,7 @@ import {
 } from "../../src/ckf/identity.js"
 import { newPrefixSearchStats } from "../../src/ckf/search.js"
 import { hashPairs } from "../../src/ckf/u64.js"
-import { referenceLaneDepth } from "./referenceSearch.js"
+import { mulberry, referenceLaneDepth } from "./referenceSearch.js"
 
 // The indexer's query path (its own lock-step search, lazy per-position hashing, per-lane tests)
 // checked against references that share none of it: addressing through the bigint `prepare`, a
@@ -27,18 +27,6 @@ const DOMAIN = new IndexerDomainId(
   new RoutingScopeId(new Uint8Array(16).fill(4), "explicit")
 )
 const CONSUMER = 21n
-
-/** Small deterministic PRNG, so that fast-check shrinks one seed instead of every slot. */
-const mulberry = (seed: number) => {
-  let a = seed >>> 0
-  return (): number => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 /** Slot `s` (0..3) of bucket `b` in `[lo, hi]` word pairs: lo holds slots 0 and 1, hi 2 and 3. */
 const slotOf = (words: Uint32Array, b: number, s: number): number =>

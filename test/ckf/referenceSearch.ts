@@ -1,3 +1,15 @@
+/** Small deterministic PRNG, so that fast-check shrinks one seed instead of every generated value. */
+export const mulberry = (seed: number) => {
+  let a = seed >>> 0
+  return (): number => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
 /**
  * The algorithm of ckf-core.md §8.2 for one lane, written plainly: no grouping, no lock-step, no
  * scratch. The real search must give every lane exactly this answer whatever the other lanes do.

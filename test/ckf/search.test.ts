@@ -7,7 +7,7 @@ import {
   newPrefixSearchStats,
   type PrefixSearchStats
 } from "../../src/ckf/search.js"
-import { referenceLaneDepth } from "./referenceSearch.js"
+import { mulberry, referenceLaneDepth } from "./referenceSearch.js"
 
 const LANES = 16
 
@@ -23,18 +23,6 @@ const probeOf =
     for (let lane = 0; lane < LANES; lane++) if (columns[lane]?.[pos] === 1) mask |= 1 << lane
     return mask
   }
-
-/** Small deterministic PRNG so that fast-check shrinks one seed instead of 16 × n booleans. */
-const mulberry = (seed: number) => {
-  let a = seed >>> 0
-  return (): number => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 const prefixColumns = (n: number, depths: ReadonlyArray<number>): Columns =>
   depths.map((d) => {
