@@ -946,18 +946,6 @@ export class DcCkfState {
     return slot >= 0 && this.owners.ownsAt(slot, m)
   }
 
-  /** Whether a member owns a hash given as halves. */
-  ownsHalves(workerId: string, dpRank: number, hi: number, lo: number): boolean {
-    const m = this.owners.memberIndex(memberKey(workerId, dpRank))
-    if (m < 0) return false
-    const owners = this.owners
-    const key = this.mixSingle(hi, lo)
-    owners.key[0] = key[0]!
-    owners.key[1] = key[1]!
-    const slot = owners.find()
-    return slot >= 0 && owners.ownsAt(slot, m)
-  }
-
   /** One bucket word (diagnostic and test use). */
   wordAt(bucket: number): bigint {
     return toBigInt(this.words32[2 * bucket + 1]!, this.words32[2 * bucket]!)
