@@ -109,6 +109,19 @@ const setup = (
     return { registry, metadata, status, projection, generation, refresh: registry.catalog, stopSlot }
   })
 
+/** Real pool actors whose fault queues the test holds (one per generation, in order). */
+const injectableFaults = () => {
+  const injected: Array<Queue.Queue<ActorFault>> = []
+  const makeActor: MakePoolActor = (state, scope, options) =>
+    Effect.gen(function* () {
+      const actor = yield* makePoolActor(state, scope, options)
+      const faults = yield* Queue.bounded<ActorFault>(16)
+      injected.push(faults)
+      return { ...actor, faults }
+    })
+  return { injected, makeActor }
+}
+
 describe("EndpointSlot", () => {
   it.scoped("a failed start retries after 100 ms, doubling", () =>
     Effect.gen(function* () {
@@ -166,14 +179,7 @@ describe("EndpointSlot", () => {
 
   it.scoped("a producer fence fault replaces the generation; a stale resource fault keeps it", () =>
     Effect.gen(function* () {
-      const injected: Array<Queue.Queue<ActorFault>> = []
-      const makeActor: MakePoolActor = (state, scope, options) =>
-        Effect.gen(function* () {
-          const actor = yield* makePoolActor(state, scope, options)
-          const faults = yield* Queue.bounded<ActorFault>(16)
-          injected.push(faults)
-          return { ...actor, faults }
-        })
+      const { injected, makeActor } = injectableFaults()
       const slot = yield* setup({ registry: { makeActor } })
       yield* until(() => slot.status.lifecycle === "active", "generation 1")
       const fault = (point: Parameters<typeof failureDisposition>[0]): ActorFault => {
@@ -217,14 +223,7 @@ describe("EndpointSlot", () => {
       }
     })
     return Effect.gen(function* () {
-      const injected: Array<Queue.Queue<ActorFault>> = []
-      const makeActor: MakePoolActor = (state, scope, options) =>
-        Effect.gen(function* () {
-          const actor = yield* makePoolActor(state, scope, options)
-          const faults = yield* Queue.bounded<ActorFault>(16)
-          injected.push(faults)
-          return { ...actor, faults }
-        })
+      const { injected, makeActor } = injectableFaults()
       const slot = yield* setup({ registry: { makeActor } })
       yield* until(() => slot.status.lifecycle === "active", "generation 1")
       const membership = yield* SubscriptionRef.get(slot.metadata)
@@ -254,14 +253,7 @@ describe("EndpointSlot", () => {
 
   it.scoped("an actor fault queue shut down under the slot fences and replaces the generation", () =>
     Effect.gen(function* () {
-      const injected: Array<Queue.Queue<ActorFault>> = []
-      const makeActor: MakePoolActor = (state, scope, options) =>
-        Effect.gen(function* () {
-          const actor = yield* makePoolActor(state, scope, options)
-          const faults = yield* Queue.bounded<ActorFault>(16)
-          injected.push(faults)
-          return { ...actor, faults }
-        })
+      const { injected, makeActor } = injectableFaults()
       const slot = yield* setup({ registry: { makeActor } })
       yield* until(() => slot.status.lifecycle === "active", "generation 1")
       yield* Queue.shutdown(injected[0]!)
