@@ -35,6 +35,16 @@ const joinSoon = <A, E>(fiber: Fiber.Fiber<A, E>, what: string) =>
 const queued = (faults: Queue.Queue<ActorFault>) =>
   Queue.takeAll(faults).pipe(Effect.map((chunk) => [...chunk]))
 
+/** A race of a fresh fault queue against an effect that never ends, settled a few turns in. */
+const raceAgainstNever = Effect.gen(function* () {
+  const faults = yield* Queue.bounded<ActorFault>(16)
+  const interrupted = yield* Deferred.make<void>()
+  const never = Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
+  const race = yield* Effect.fork(raceNextFault(faults, never, () => undefined))
+  yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+  return { faults, interrupted, race }
+})
+
 describe("raceNextFault", () => {
   it.effect("a fault offered as the other effect ends is returned, kept or still queued, once", () =>
     Effect.gen(function* () {
@@ -71,11 +81,7 @@ describe("raceNextFault", () => {
 
   it.effect("a fault wins over an effect that never ends, and the effect is interrupted", () =>
     Effect.gen(function* () {
-      const faults = yield* Queue.bounded<ActorFault>(16)
-      const interrupted = yield* Deferred.make<void>()
-      const never = Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
-      const race = yield* Effect.fork(raceNextFault(faults, never, () => undefined))
-      yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+      const { faults, interrupted, race } = yield* raceAgainstNever
       yield* Queue.offer(faults, fault(1))
       expect(yield* joinSoon(race, "the race")).toEqual({ _tag: "Fault", fault: fault(1) })
       expect(yield* Deferred.isDone(interrupted)).toBe(true)
@@ -100,11 +106,7 @@ describe("raceNextFault", () => {
 
   it.effect("a queue shut down under the waiter ends the race as ShutDown and interrupts the effect", () =>
     Effect.gen(function* () {
-      const faults = yield* Queue.bounded<ActorFault>(16)
-      const interrupted = yield* Deferred.make<void>()
-      const never = Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
-      const race = yield* Effect.fork(raceNextFault(faults, never, () => undefined))
-      yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+      const { faults, interrupted, race } = yield* raceAgainstNever
       yield* Queue.shutdown(faults)
       expect(yield* joinSoon(race, "the race")).toEqual({ _tag: "ShutDown" })
       expect(yield* Deferred.isDone(interrupted)).toBe(true)
@@ -113,11 +115,7 @@ describe("raceNextFault", () => {
 
   it.effect("interrupting the race interrupts the effect and leaves the queue as it was", () =>
     Effect.gen(function* () {
-      const faults = yield* Queue.bounded<ActorFault>(16)
-      const interrupted = yield* Deferred.make<void>()
-      const never = Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
-      const race = yield* Effect.fork(raceNextFault(faults, never, () => undefined))
-      yield* Effect.yieldNow().pipe(Effect.repeatN(5))
+      const { faults, interrupted, race } = yield* raceAgainstNever
       yield* Fiber.interrupt(race)
       expect(yield* Deferred.isDone(interrupted)).toBe(true)
       yield* Queue.offer(faults, fault(3))
