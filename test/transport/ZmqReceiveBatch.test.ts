@@ -54,29 +54,39 @@ const prime = (socket: zmq.Publisher, seen: ReadonlyArray<number>) =>
     "the subscription to reach the publisher"
   )
 
+/**
+ * A subscription that records each message's sequence and holds the loop on message 0 until
+ * `gate` opens, so everything after it queues on the socket; message `poisoned` is a defect.
+ */
+const gatedSubscription = (pub: zmq.Publisher, poisoned = -1) =>
+  Effect.gen(function* () {
+    const seen: Array<number> = []
+    const gate = yield* Deferred.make<void>()
+    let blocked = false
+    yield* subscribe({
+      endpoint: pub.lastEndpoint!,
+      topic: TOPIC,
+      decode,
+      deliver: (message) =>
+        Effect.suspend(() => {
+          if (message._tag !== "Batch") return Effect.die(new Error(`unexpected ${message._tag}`))
+          if (message.sequence === poisoned) return Effect.die(new Error("handler defect"))
+          seen.push(message.sequence)
+          if (message.sequence === 0 && !blocked) {
+            blocked = true
+            return Deferred.await(gate)
+          }
+          return Effect.void
+        })
+    })
+    return { seen, gate }
+  })
+
 describe("ZeroMQ receive loop", () => {
   it.scopedLive("a backlog taken in batches reaches deliver whole, one message at a time, in order", () =>
     Effect.gen(function* () {
       const pub = yield* publisher
-      const seen: Array<number> = []
-      const gate = yield* Deferred.make<void>()
-      let blocked = false
-      yield* subscribe({
-        endpoint: pub.lastEndpoint!,
-        topic: TOPIC,
-        decode,
-        deliver: (message) =>
-          Effect.suspend(() => {
-            if (message._tag !== "Batch") return Effect.die(new Error(`unexpected ${message._tag}`))
-            seen.push(message.sequence)
-            // The first real message holds the loop, so everything after it queues on the socket.
-            if (message.sequence === 0 && !blocked) {
-              blocked = true
-              return Deferred.await(gate)
-            }
-            return Effect.void
-          })
-      })
+      const { seen, gate } = yield* gatedSubscription(pub)
       yield* prime(pub, seen)
       const total = 4 * RECEIVE_BATCH + 5
       for (let n = 0; n < total; n++) yield* send(pub, n)
@@ -96,26 +106,8 @@ describe("ZeroMQ receive loop", () => {
   it.scopedLive("a defect while handling one message of a batch drops that message only", () =>
     Effect.gen(function* () {
       const pub = yield* publisher
-      const seen: Array<number> = []
-      const gate = yield* Deferred.make<void>()
-      let blocked = false
       const poisoned = RECEIVE_BATCH + 3
-      yield* subscribe({
-        endpoint: pub.lastEndpoint!,
-        topic: TOPIC,
-        decode,
-        deliver: (message) =>
-          Effect.suspend(() => {
-            if (message._tag !== "Batch") return Effect.die(new Error(`unexpected ${message._tag}`))
-            if (message.sequence === poisoned) return Effect.die(new Error("handler defect"))
-            seen.push(message.sequence)
-            if (message.sequence === 0 && !blocked) {
-              blocked = true
-              return Deferred.await(gate)
-            }
-            return Effect.void
-          })
-      })
+      const { seen, gate } = yield* gatedSubscription(pub, poisoned)
       yield* prime(pub, seen)
       const total = 3 * RECEIVE_BATCH
       for (let n = 0; n < total; n++) yield* send(pub, n)
