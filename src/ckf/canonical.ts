@@ -34,7 +34,9 @@ import {
   DcCkfState,
   type DcCkfStats,
   type RankReplacement,
-  STORE_UNCHANGED
+  REMOVED,
+  STORE_UNCHANGED,
+  STORED
 } from "./state.js"
 import { sequenceHashesInto } from "./tokens.js"
 
@@ -144,31 +146,10 @@ export class CanonicalCkfState extends DcCkfState {
   private lastWorkerId = ""
   private lastDpRank = -1
   private lastKey = ""
-  private readonly removedData: { readonly _tag: "Removed"; blockHashes: Uint32Array } = {
-    _tag: "Removed",
-    blockHashes: new Uint32Array(0)
-  }
-  /** The Stored data handed to the core, reused: its hashes are a view of `canon`. */
-  private readonly storedData: { readonly _tag: "Stored"; blockHashes: Uint32Array } = {
-    _tag: "Stored",
-    blockHashes: new Uint32Array(0)
-  }
   private readonly scratch = new Uint32Array(2)
   private parentNotFound = 0
   private invalidSequences = 0
   private lineageUnknownRemovals = 0
-  /** The event handed to the external-addressed core, reused. */
-  private readonly inner: {
-    workerId: string
-    dpRank: number
-    storageTier: "device"
-    data: CkfStoredData | { readonly _tag: "Removed"; readonly blockHashes: Uint32Array }
-  } = {
-    workerId: "",
-    dpRank: 0,
-    storageTier: "device",
-    data: { _tag: "Stored", blockHashes: new Uint32Array(0) }
-  }
 
   constructor(config: CkfConfig) {
     super(config)
@@ -209,9 +190,8 @@ export class CanonicalCkfState extends DcCkfState {
     }
     const key = this.keyOf(event.workerId, event.dpRank)
     const lineage = this.lineage
-    const inner = this.inner
-    inner.workerId = event.workerId
-    inner.dpRank = event.dpRank
+    const workerId = event.workerId
+    const dpRank = event.dpRank
     if (data._tag === "Stored") {
       const n = data.blockHashes.length >>> 1
       const canon = this.canonFor(n)
@@ -236,15 +216,12 @@ export class CanonicalCkfState extends DcCkfState {
         added[i] = fresh
         anyAdded |= fresh
       }
-      const stored = this.storedData
-      stored.blockHashes = canon.subarray(0, 2 * n)
-      inner.data = stored
-      if (anyAdded === 0) return super.applyEvent(inner)
+      if (anyAdded === 0) return this.applyHashes(STORED, workerId, dpRank, canon, n)
       // A newly mapped external hash whose canonical hash the member already owned (before or
       // earlier in this batch) is an alias: the store reports it as unchanged.
       const codes = this.codesFor(n)
       this.storeCodes = codes
-      const outcome = super.applyEvent(inner)
+      const outcome = this.applyHashes(STORED, workerId, dpRank, canon, n)
       this.storeCodes = undefined
       for (let i = 0; i < n; i++) {
         if (added[i] === 0 || codes[i] !== STORE_UNCHANGED) continue
@@ -276,10 +253,7 @@ export class CanonicalCkfState extends DcCkfState {
       }
       resolved++
     }
-    const removed = this.removedData
-    removed.blockHashes = canon.subarray(0, 2 * resolved)
-    inner.data = removed
-    const outcome = super.applyEvent(inner)
+    const outcome = this.applyHashes(REMOVED, workerId, dpRank, canon, resolved)
     if (unknown === 0) return outcome
     this.lineageUnknownRemovals += unknown
     return { ...outcome, unknownRemovals: outcome.unknownRemovals + unknown }

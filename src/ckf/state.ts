@@ -150,6 +150,13 @@ const STORE_CHUNK = 256
 
 const saturating = (value: number): number => Math.min(value, Number.MAX_SAFE_INTEGER)
 
+/** The event kinds of `applyHashes`. */
+export const STORED = 0
+export const REMOVED = 1
+export const CLEARED = 2
+export type AppliedKind = typeof STORED | typeof REMOVED | typeof CLEARED
+const EMPTY_KEYS = new Uint32Array(0)
+
 export class DcCkfState {
   readonly config: CkfConfig
   readonly format: DcCkfFormatIdentity
@@ -247,26 +254,42 @@ export class DcCkfState {
   /** Apply one event; never throws for bad data, errors are returned in the outcome. */
   applyEvent(event: CkfEvent): DcCkfEventOutcome {
     const data = event.data
-    if (event.storageTier !== "device" && data._tag !== "Cleared") return IGNORED_OUTCOME
+    if (data._tag === "Cleared") return this.applyHashes(CLEARED, event.workerId, event.dpRank, EMPTY_KEYS, 0)
+    if (event.storageTier !== "device") return IGNORED_OUTCOME
+    const hashes = data.blockHashes
+    return this.applyHashes(
+      data._tag === "Stored" ? STORED : REMOVED,
+      event.workerId,
+      event.dpRank,
+      hashes,
+      hashes.length >>> 1
+    )
+  }
+
+  /**
+   * `applyEvent` of a device-tier event given by its kind and the first `count` hash pairs of
+   * `hashes`: a subclass that computes the hashes into a scratch buffer (the canonical producer)
+   * hands them over without an event object or an array view per event.
+   */
+  protected applyHashes(
+    kind: AppliedKind,
+    workerId: string,
+    dpRank: number,
+    hashes: Uint32Array,
+    count: number
+  ): DcCkfEventOutcome {
     this.pendingEvents++
     let firstError: KvCacheEventErrorKind | undefined
     let unknown = 0
-    switch (data._tag) {
-      case "Stored": {
-        const code = this.storeBatch(event.workerId, event.dpRank, data.blockHashes)
-        if (code < 0) firstError = errorKindOf(code)
-        break
-      }
-      case "Removed": {
-        unknown = this.removeBatch(event.workerId, event.dpRank, data.blockHashes)
-        if (this.batchError < 0) firstError = errorKindOf(this.batchError)
-        break
-      }
-      case "Cleared": {
-        const code = this.removeMemberCode(event.workerId, event.dpRank)
-        if (code < 0) firstError = errorKindOf(code)
-        break
-      }
+    if (kind === STORED) {
+      const code = this.storeBatch(workerId, dpRank, hashes, count)
+      if (code < 0) firstError = errorKindOf(code)
+    } else if (kind === REMOVED) {
+      unknown = this.removeBatch(workerId, dpRank, hashes, count)
+      if (this.batchError < 0) firstError = errorKindOf(this.batchError)
+    } else {
+      const code = this.removeMemberCode(workerId, dpRank)
+      if (code < 0) firstError = errorKindOf(code)
     }
     if (unknown !== 0) this.unknownRemovals = saturating(this.unknownRemovals + unknown)
     const boundary = this.pendingEvents >= this.config.publishEveryNEvents
@@ -292,8 +315,14 @@ export class DcCkfState {
     const keys = this.keysFor(count)
     this.addressing.mixBatch(hashes, 0, count, keys, 0)
     const owners = this.owners
+    const slots = this.slots16
+    const mask = this.addressing.mask
     let touched = 0
-    for (let i = 0; i < count; i++) touched |= owners.touchAt(keys, 2 * i)
+    for (let i = 0; i < count; i++) {
+      touched |= owners.touchAt(keys, 2 * i)
+      // Bucket a of `prepareMixedAt`: the filter's first probe, loaded with the owner slot.
+      touched |= slots[(((keys[2 * i + 1]! >>> 16) | (keys[2 * i]! << 16)) & mask) << 2]!
+    }
     this.touchSink = touched
     return keys
   }
@@ -303,8 +332,7 @@ export class DcCkfState {
    * gives the fingerprint and buckets), and its owner-table home is loaded before any block is
    * applied. Returns the first error code, or 0.
    */
-  private storeBatch(workerId: string, dpRank: number, hashes: Uint32Array): number {
-    const count = hashes.length >>> 1
+  private storeBatch(workerId: string, dpRank: number, hashes: Uint32Array, count: number): number {
     const keys = this.mixAndTouch(hashes, count)
     return this.storeKeys(workerId, dpRank, keys, count, false)
   }
@@ -345,10 +373,9 @@ export class DcCkfState {
   }
 
   /** Removals of one Removed event; returns the unknown count, the first error in `batchError`. */
-  private removeBatch(workerId: string, dpRank: number, hashes: Uint32Array): number {
+  private removeBatch(workerId: string, dpRank: number, hashes: Uint32Array, count: number): number {
     this.batchError = 0
-    if (this.member(workerId, dpRank) < 0) return hashes.length >>> 1
-    const count = hashes.length >>> 1
+    if (this.member(workerId, dpRank) < 0) return count
     const keys = this.mixAndTouch(hashes, count)
     let unknown = 0
     for (let i = 0; i < count; i++) {
