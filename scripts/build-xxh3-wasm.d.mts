@@ -1,4 +1,4 @@
-export type WasmModuleName = "xxh3Long" | "xxh3Tokens"
+export type WasmModuleName = "xxh3Long" | "xxh3Tokens" | "ckfProbe"
 export declare const WASM_MODULES: Record<
   WasmModuleName,
   {

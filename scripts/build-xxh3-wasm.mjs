@@ -24,6 +24,14 @@ export const WASM_MODULES = {
     constant: "XXH3_TOKENS_WASM_BASE64",
     title: "The assembled XXH3 token-addressing module (see xxh3Tokens.wat), base64.",
     features: {}
+  },
+  ckfProbe: {
+    watPath: here("../src/ckf/wasm/ckfProbe.wat"),
+    generatedPath: here("../src/ckf/ckfProbeWasm.generated.ts"),
+    constant: "CKF_PROBE_WASM_BASE64",
+    title: "The assembled 16-lane probe of the global consumer (see ckfProbe.wat), base64.",
+    // SIMD (i16x8.eq, narrowing, bitmask) beyond the MVP.
+    features: { simd: true }
   }
 }
 

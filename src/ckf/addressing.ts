@@ -100,6 +100,11 @@ export class CkfAddressing {
     this.b = a ^ this.delta[f]!
   }
 
+  /** The seed's 8-byte-input bitflip as [hi, lo] (for the global consumer's wasm probe). */
+  get bitflip8(): Uint32Array {
+    return this.bitflip
+  }
+
   /** The block hash of a `mixed` value, in place on `v = [hi, lo]` (XXH3 of 8 bytes is a bijection). */
   unmix(v: Uint32Array): void {
     xxh3U64Invert(this.bitflip, v)

@@ -33,6 +33,7 @@ import type {
   PoolId,
   ProducerIdentity
 } from "./identity.js"
+import { CkfProbeWasm, PROBE_MAX_POSITIONS } from "./probeWasm.js"
 import type { DcCkfDelta, DcCkfSnapshot } from "./publisher.js"
 import type { PrefixSearchConfig, PrefixSearchStats } from "./search.js"
 import { nextSequenceHash, sequenceHashes } from "./tokens.js"
@@ -336,6 +337,8 @@ const popcount16 = (mask: number): number => {
 
 export class GlobalCkfIndexer {
   private readonly shared: GlobalCkfShared
+  /** The wasm probe over the table's memory, where the host has WebAssembly SIMD. */
+  private readonly probe: CkfProbeWasm | undefined
   // Query scratch, per position of the current query and valid while `stamps[pos]` equals
   // `generation`: the fingerprint repeated in both halves of a u32, and the offsets of its two
   // rows in the table. A position is hashed on its first test only, so a query costs the
@@ -496,13 +499,17 @@ export class GlobalCkfIndexer {
     }
     const problem = formatProblem(manifest.format)
     if (problem !== undefined) throw new GlobalCkfBuildError({ kind: "InvalidFormat", reason: problem })
+    const addressing = new CkfAddressing(manifest.format.seed, manifest.format.bucketCount)
+    // The table lives in the probe's memory; without one (no SIMD, or that memory could not be
+    // had) it is a plain array and queries take the TypeScript probe.
+    const probe = CkfProbeWasm.make(addressing)
     let table: TransposedCkfTable
     try {
-      table = new TransposedCkfTable(manifest.format.bucketCount)
+      table = new TransposedCkfTable(manifest.format.bucketCount, probe?.words)
     } catch {
       throw new GlobalCkfBuildError({ kind: "AllocationFailed" })
     }
-    const addressing = new CkfAddressing(manifest.format.seed, manifest.format.bucketCount)
+    this.probe = probe
     this.shared = new GlobalCkfShared(manifest, table, addressing, window)
     sharedOf.set(this, this.shared)
   }
@@ -529,6 +536,11 @@ export class GlobalCkfIndexer {
 
   get bucketCount(): number {
     return this.shared.table.bucketCount
+  }
+
+  /** Whether queries of up to `PROBE_MAX_POSITIONS` blocks run on the wasm search. */
+  get usesWasmSearch(): boolean {
+    return this.probe !== undefined
   }
 
   readyLanes(): number {
@@ -576,9 +588,11 @@ export class GlobalCkfIndexer {
    * exactly as workers publish them (each already chains its prefix), so they are probed as
    * given, without re-chaining.
    *
-   * Every lane gets the `findPrefixDepths` answer. In `stats`, `probeCalls` counts the positions
-   * hashed and `laneProbes` the (lane, position) tests; the other counters are per lane, as in
-   * `findPrefixDepths`.
+   * Every lane gets the `findPrefixDepths` answer. A query of up to `PROBE_MAX_POSITIONS` blocks
+   * runs on the wasm search where the host has it (`usesWasmSearch`), a longer one on the
+   * TypeScript search below; both give every lane the same answer. In `stats`, `probeCalls`
+   * counts the positions hashed and `laneProbes` the (lane, position) tests; the other counters
+   * are per lane, as in `findPrefixDepths`.
    */
   findPrefixMatches(hashes: Uint32Array, stats?: PrefixSearchStats): GlobalCkfQueryResult | "Unavailable" {
     const shared = this.shared
@@ -594,7 +608,17 @@ export class GlobalCkfIndexer {
     this.leftEdgeLanes = 0
     this.activatedLanes = 0
     this.provenanceSkips = 0
-    if (n > 0) {
+    const probe = n <= PROBE_MAX_POSITIONS ? this.probe : undefined
+    if (n > 0 && probe !== undefined) {
+      probe.search(hashes, n, captured, shared.verificationWindow)
+      depths.set(probe.depths)
+      const counters = probe.counters
+      this.probeCalls = counters[0]!
+      this.laneProbes = counters[1]!
+      this.leftEdgeLanes = counters[2]!
+      this.activatedLanes = counters[3]!
+      this.provenanceSkips = counters[4]!
+    } else if (n > 0) {
       this.reserveQuery(n)
       this.queryHashes = hashes
       try {

@@ -22,13 +22,19 @@ export class TransposedCkfTable {
   /** Word (bucket, lane) is `[words[2i], words[2i + 1]]` = `[lo, hi]` with `i = bucket * 16 + lane`. */
   readonly words: Uint32Array
 
-  /** Throws `RangeError` when the buffer cannot be allocated. */
-  constructor(bucketCount: number) {
+  /**
+   * Throws `RangeError` when the buffer cannot be allocated. `storage` (zeroed, exactly
+   * `bucketCount * 32` u32s) is used instead of a fresh buffer: the wasm probe's memory.
+   */
+  constructor(bucketCount: number, storage?: Uint32Array) {
     if (!Number.isInteger(bucketCount) || bucketCount < 1) {
       throw new RangeError(`bucket count ${bucketCount} must be a positive integer`)
     }
+    if (storage !== undefined && storage.length !== bucketCount * ROW_U32) {
+      throw new RangeError(`table storage has ${storage.length} words, expected ${bucketCount * ROW_U32}`)
+    }
     this.bucketCount = bucketCount
-    this.words = new Uint32Array(bucketCount * ROW_U32)
+    this.words = storage ?? new Uint32Array(bucketCount * ROW_U32)
   }
 
   /**
