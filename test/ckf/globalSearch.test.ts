@@ -205,6 +205,67 @@ for (const engine of ["wasm", "typescript"] as const)
       expect(deepLanes).toBeGreaterThan(50)
     })
 
+    it("rescans the fallback gap from the last binary predecessor, not from position 0", () => {
+      // Lane l tracks 2^k + 1 blocks (k = 2 + l % 7) with holes at the window's left edge and at
+      // position 3 (below the predecessor for k >= 3, which the rescan must not reach) or at the
+      // predecessor's successor: galloping ends at 2^k, every binary step misses, and the
+      // verification misses at its left edge.
+      const bucketCount = 2048
+      const format = new DcCkfFormatIdentity(DEFAULT_SEED, bucketCount)
+      const pools = Array.from(
+        { length: LANES },
+        (_, lane) => new PoolId(DOMAIN, new DcId(BigInt(900 + lane)))
+      )
+      for (let window = 2; window <= 8; window++) {
+        const random = mulberry(window)
+        const indexer = new GlobalCkfIndexer(new GlobalCkfManifest(CONSUMER, DOMAIN, format, pools), {
+          verificationWindow: window
+        })
+        const n = 300
+        const query = Array.from(
+          { length: n },
+          () => (BigInt(Math.floor(random() * 2 ** 32)) << 32n) | BigInt(Math.floor(random() * 2 ** 32))
+        )
+        const addresses = query.map((h) => prepare(h, bucketCount))
+        const laneWords = pools.map((pool, lane) => {
+          const k = 2 + (lane % 7)
+          const depth = (1 << k) + 1
+          const holes = [depth - window, lane < 7 ? 3 : (1 << (k - 1)) + 1]
+          const words = new Uint32Array(2 * bucketCount)
+          for (let pos = 0; pos < depth; pos++) {
+            if (holes.includes(pos)) continue
+            insert(
+              words,
+              addresses[pos]!.bucketA,
+              addresses[pos]!.bucketB,
+              addresses[pos]!.fingerprint,
+              random
+            )
+          }
+          const ingestor = indexer.claimLane(lane)
+          if (ingestor instanceof Error) throw ingestor
+          const identity = new ProducerIdentity(pool, 1n, 1n, format)
+          const lease = new LaneLease(CONSUMER, lane, 1n)
+          ingestor.assign(identity, lease)
+          ingestor.installSnapshot({ identity, lease, sequence: 1n, words: words.slice() })
+          return words
+        })
+        const stats = newPrefixSearchStats()
+        const result = indexer.findPrefixMatches(hashPairs(query), stats)
+        if (result === "Unavailable") throw new Error("every lane is ready")
+        laneWords.forEach((words, lane) => {
+          const hit = (pos: number): boolean => {
+            const p = addresses[pos]!
+            return (
+              bucketHolds(words, p.bucketA, p.fingerprint) || bucketHolds(words, p.bucketB, p.fingerprint)
+            )
+          }
+          expect(result.lanes[lane]!.prefixDepth).toBe(referenceLaneDepth(n, window, hit))
+        })
+        expect(stats.activatedLanes).toBeGreaterThan(0)
+      }
+    })
+
     it("answers queries at the wasm search's length limit and one past it (the TypeScript search)", () => {
       const random = mulberry(99)
       const bucketCount = 8192
