@@ -201,4 +201,54 @@ describe("ZMTP subscriber against libzmq", () => {
       expect([stats.connects, stats.disconnects]).toEqual([2, 1])
     })
   )
+
+  it.scopedLive("a consumer that is behind: reading pauses at the high-water mark, then resumes", () =>
+    Effect.gen(function* () {
+      const hwm = 1000
+      const pub = yield* bound(() => new zmq.Publisher({ sendHighWaterMark: 1000 }))
+      const sub = yield* collect(pub.lastEndpoint!, "", { highWaterMark: hwm, drain: false })
+      yield* eventually(
+        Effect.sync(() => sub.connection.includes(true)),
+        "the handshake"
+      )
+      // Nothing drains: send 20 MB, far more than the mark, the TCP buffers and the publisher's
+      // own HWM hold together; the publisher drops the rest, as it would for a libzmq SUB.
+      const payload = Buffer.alloc(1000, 1)
+      const total = 20_000
+      let sent = 0
+      const publish = Effect.promise(async () => {
+        for (; sent < total; sent++) await pub.send(["", payload])
+      })
+      yield* eventually(
+        Effect.gen(function* () {
+          if (sent < total) yield* publish
+          return sub.subscriber.stats().paused
+        }),
+        "reading to pause"
+      )
+      yield* publish
+      const atMark = sub.subscriber.stats()
+      // A chunk read before the pause takes effect adds at most a chunk's worth of messages.
+      expect(atMark.queued).toBeGreaterThanOrEqual(hwm)
+      expect(atMark.queued).toBeLessThan(hwm + 200)
+      expect(atMark.bufferedBytes).toBeLessThan(64 * 1024 + 1000)
+      // Draining resumes reading: more than the mark arrives, and then a last message.
+      const received: Array<Array<Buffer>> = []
+      yield* sub.subscriber.receiveBatch(received, 32).pipe(Effect.forever, Effect.forkScoped)
+      yield* eventually(
+        Effect.sync(() => received.length > hwm + 200 && !sub.subscriber.stats().paused),
+        "reading to resume"
+      )
+      yield* eventually(
+        Effect.gen(function* () {
+          yield* sendAll(pub, [["last", "x"]])
+          return received.some((frames) => frames[0]!.toString() === "last")
+        }),
+        "a message sent after the backlog",
+        20_000
+      )
+      expect(received.length).toBeLessThan(total + 1000)
+      expect(sub.connection).toEqual([true])
+    })
+  )
 })
