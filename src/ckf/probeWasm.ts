@@ -11,26 +11,33 @@
  * table's full size, and never again (a growth would detach every view of it).
  */
 
-import type { CkfAddressing } from "./addressing.js"
+import { ALTERNATE_BUCKET_DOMAIN, type CkfAddressing } from "./addressing.js"
 import { CKF_PROBE_WASM_BASE64 } from "./ckfProbeWasm.generated.js"
 import { CKF_LANE_COUNT } from "./config.js"
 import { instantiateWasm } from "./internal/wasm.js"
 
 interface CkfProbeExports {
   readonly memory: { readonly buffer: ArrayBuffer; grow(pages: number): number }
-  readonly init: (bitflipHi: number, bitflipLo: number, mask: number) => void
+  readonly init: (
+    bitflipHi: number,
+    bitflipLo: number,
+    mask: number,
+    bitflip2Hi: number,
+    bitflip2Lo: number
+  ) => void
   readonly probeAt: (pos: number) => number
   readonly search: (n: number, captured: number, window: number) => number
 }
 
 /** Longest query the module's scratch holds. */
 export const PROBE_MAX_POSITIONS = 16_384
+/** LE32(secret, 0) ^ LE32(secret, 4) of XXH3's default secret. */
+const SECRET_0_XOR_4 = BigInt((0x396c_feb8 ^ 0xbe4b_a423) >>> 0)
 // Byte offsets of ckfProbe.wat's memory layout.
-const DELTA = 1024
-const INPUT = 328_704
-const DEPTHS = 459_968
-const COUNTERS = 460_032
-const TABLE = 524_288
+const INPUT = 66_560
+const DEPTHS = 197_824
+const COUNTERS = 197_888
+const TABLE = 262_144
 /** u32s per transposed row. */
 const ROW_U32 = CKF_LANE_COUNT * 2
 
@@ -74,8 +81,15 @@ export class CkfProbeWasm {
     const exports = instantiateWasm<CkfProbeExports>(CKF_PROBE_WASM_BASE64, TABLE + bucketCount * ROW_U32 * 4)
     if (exports === undefined) return undefined
     const bitflip = addressing.bitflip8
-    exports.init(bitflip[0]!, bitflip[1]!, addressing.mask)
-    new Uint32Array(exports.memory.buffer, DELTA, 65_536).set(addressing.delta)
+    // XXH3's 1..3-byte bitflip of the alternate-bucket seed: (LE32(secret, 0) ^ LE32(secret, 4)) + seed.
+    const bitflip2 = BigInt.asUintN(64, SECRET_0_XOR_4 + (addressing.seed ^ ALTERNATE_BUCKET_DOMAIN))
+    exports.init(
+      bitflip[0]!,
+      bitflip[1]!,
+      addressing.mask,
+      Number(bitflip2 >> 32n),
+      Number(bitflip2 & 0xffff_ffffn)
+    )
     return new CkfProbeWasm(exports, bucketCount)
   }
 

@@ -8,19 +8,20 @@
 ;; wabt; the tests check the committed bytes against a fresh build). Uses 128-bit SIMD.
 ;;
 ;; Memory layout (one exported memory, grown once by the caller and never again):
-;;   [1024, 263168)    delta(fp) for every fingerprint, u32 (copied from CkfAddressing.delta)
-;;   [263168, 328704)  per query position, 0 until probed, then 0x10000 | the lanes' hit mask
-;;   [328704, 459776)  the query's block hashes, [hi, lo] u32 pairs (16384 positions)
-;;   [459776, 460032)  per lane (16 x u32 each): lower bound, its predecessor, upper bound, depth
-;;   [460032, 460052)  the last search's counters: probes, lane tests, left-edge lanes,
+;;   [1024, 66560)     per query position, 0 until probed, then 0x10000 | the lanes' hit mask
+;;   [66560, 197632)   the query's block hashes, [hi, lo] u32 pairs (16384 positions)
+;;   [197632, 197888)  per lane (16 x u32 each): lower bound, its predecessor, upper bound, depth
+;;   [197888, 197908)  the last search's counters: probes, lane tests, left-edge lanes,
 ;;                     activated lanes, provenance skips
-;;   [524288, ...)     the transposed table: per bucket 16 lanes x one u64 word = 128 bytes
+;;   [262144, ...)     the transposed table: per bucket 16 lanes x one u64 word = 128 bytes
 (module
   (memory (export "memory") 1)
 
   ;; XXH3's 4..8-byte bitflip of the format's seed, and the bucket mask.
   (global $bitflip (mut i64) (i64.const 0))
   (global $mask (mut i32) (i32.const 0))
+  ;; XXH3's 1..3-byte bitflip of the alternate-bucket seed (seed ^ GOLDEN).
+  (global $bitflip2 (mut i64) (i64.const 0))
   ;; Counters of the search in progress.
   (global $probes (mut i32) (i32.const 0))
   (global $tests (mut i32) (i32.const 0))
@@ -28,19 +29,24 @@
   (global $activated (mut i32) (i32.const 0))
   (global $skips (mut i32) (i32.const 0))
 
-  (func $init (export "init") (param $bfHi i32) (param $bfLo i32) (param $mask i32)
+  (func $init (export "init") (param $bfHi i32) (param $bfLo i32) (param $mask i32) (param $bf2Hi i32)
+    (param $bf2Lo i32)
+    (global.set $bitflip2
+      (i64.or (i64.shl (i64.extend_i32_u (local.get $bf2Hi)) (i64.const 32))
+        (i64.extend_i32_u (local.get $bf2Lo))))
     (global.set $bitflip
       (i64.or (i64.shl (i64.extend_i32_u (local.get $bfHi)) (i64.const 32))
         (i64.extend_i32_u (local.get $bfLo))))
     (global.set $mask (local.get $mask)))
 
-  ;; Hit mask (bit = lane) of position $pos, whose hash is at 328704 + 8 pos.
+  ;; Hit mask (bit = lane) of position $pos, whose hash is at 66560 + 8 pos.
   (func $probeAt (export "probeAt") (param $pos i32) (result i32)
     (local $h i64) (local $fp i32) (local $a i32)
     (local $ra i32) (local $rb i32) (local $rep v128)
     (local $v0 v128) (local $v1 v128) (local $v2 v128) (local $v3 v128)
     ;; The pair [hi, lo] read as one little-endian u64 is XXH3's input64 = lo << 32 | hi.
-    (local.set $h (i64.xor (i64.load offset=328704 (i32.shl (local.get $pos) (i32.const 3)))
+    (local $d i64) (local $delta i32)
+    (local.set $h (i64.xor (i64.load offset=66560 (i32.shl (local.get $pos) (i32.const 3)))
       (global.get $bitflip)))
     ;; rrmxmx(input64 ^ bitflip, 8)
     (local.set $h (i64.xor (local.get $h)
@@ -55,46 +61,58 @@
     (local.set $fp (select (local.get $fp) (i32.const 1) (local.get $fp)))
     (local.set $a (i32.and (i32.wrap_i64 (i64.shr_u (local.get $h) (i64.const 16))) (global.get $mask)))
     (local.set $ra (i32.shl (local.get $a) (i32.const 7)))
-    (local.set $rb (i32.shl
-      (i32.xor (local.get $a) (i32.load offset=1024 (i32.shl (local.get $fp) (i32.const 2))))
-      (i32.const 7)))
+    ;; delta(fp) = XXH3(LE16(fp), seed ^ GOLDEN) & mask (0 -> 1): the 1..3-byte path, combined =
+    ;; c1 << 16 | c2 << 24 | c3 | len << 8 with c3 = c2 for two bytes, then XXH64's avalanche.
+    (local.set $d (i64.xor (global.get $bitflip2) (i64.extend_i32_u
+      (i32.or
+        (i32.or (i32.shl (i32.and (local.get $fp) (i32.const 0xff)) (i32.const 16))
+          (i32.shl (i32.shr_u (local.get $fp) (i32.const 8)) (i32.const 24)))
+        (i32.or (i32.shr_u (local.get $fp) (i32.const 8)) (i32.const 0x200))))))
+    (local.set $d (i64.xor (local.get $d) (i64.shr_u (local.get $d) (i64.const 33))))
+    (local.set $d (i64.mul (local.get $d) (i64.const 0xc2b2ae3d27d4eb4f)))
+    (local.set $d (i64.xor (local.get $d) (i64.shr_u (local.get $d) (i64.const 29))))
+    (local.set $d (i64.mul (local.get $d) (i64.const 0x165667b19e3779f9)))
+    (local.set $delta (i32.and (i32.wrap_i64 (i64.xor (local.get $d) (i64.shr_u (local.get $d) (i64.const 32))))
+      (global.get $mask)))
+    (local.set $delta (select (local.get $delta) (i32.const 1) (local.get $delta)))
+    (local.set $rb (i32.shl (i32.xor (local.get $a) (local.get $delta)) (i32.const 7)))
     (local.set $rep (i16x8.splat (local.get $fp)))
     ;; Per 16 bytes (two lanes' words, four slots each): slots equal to the fingerprint in a or b.
     ;; The fingerprint is never 0, so an empty slot never matches.
     ;; Lanes 0..3
     (local.set $v0 (v128.or
-      (i16x8.eq (v128.load offset=524288 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524288 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262144 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262144 (local.get $rb)) (local.get $rep))))
     (local.set $v1 (v128.or
-      (i16x8.eq (v128.load offset=524304 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524304 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262160 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262160 (local.get $rb)) (local.get $rep))))
     ;; Narrowing keeps the order: lane l's four slots become bytes 4l..4l+3, one i32 per lane.
     (local.set $v0 (i32x4.ne (i8x16.narrow_i16x8_s (local.get $v0) (local.get $v1)) (v128.const i64x2 0 0)))
     ;; Lanes 4..7
     (local.set $v2 (v128.or
-      (i16x8.eq (v128.load offset=524320 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524320 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262176 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262176 (local.get $rb)) (local.get $rep))))
     (local.set $v3 (v128.or
-      (i16x8.eq (v128.load offset=524336 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524336 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262192 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262192 (local.get $rb)) (local.get $rep))))
     (local.set $v1 (i32x4.ne (i8x16.narrow_i16x8_s (local.get $v2) (local.get $v3)) (v128.const i64x2 0 0)))
     ;; Lanes 0..7, one i16 each
     (local.set $v0 (i16x8.narrow_i32x4_s (local.get $v0) (local.get $v1)))
     ;; Lanes 8..11
     (local.set $v2 (v128.or
-      (i16x8.eq (v128.load offset=524352 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524352 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262208 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262208 (local.get $rb)) (local.get $rep))))
     (local.set $v3 (v128.or
-      (i16x8.eq (v128.load offset=524368 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524368 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262224 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262224 (local.get $rb)) (local.get $rep))))
     (local.set $v1 (i32x4.ne (i8x16.narrow_i16x8_s (local.get $v2) (local.get $v3)) (v128.const i64x2 0 0)))
     ;; Lanes 12..15
     (local.set $v2 (v128.or
-      (i16x8.eq (v128.load offset=524384 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524384 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262240 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262240 (local.get $rb)) (local.get $rep))))
     (local.set $v3 (v128.or
-      (i16x8.eq (v128.load offset=524400 (local.get $ra)) (local.get $rep))
-      (i16x8.eq (v128.load offset=524400 (local.get $rb)) (local.get $rep))))
+      (i16x8.eq (v128.load offset=262256 (local.get $ra)) (local.get $rep))
+      (i16x8.eq (v128.load offset=262256 (local.get $rb)) (local.get $rep))))
     (local.set $v2 (i32x4.ne (i8x16.narrow_i16x8_s (local.get $v2) (local.get $v3)) (v128.const i64x2 0 0)))
     ;; Lanes 8..15, then all 16 lanes one byte each, then one bit each
     (local.set $v1 (i16x8.narrow_i32x4_s (local.get $v1) (local.get $v2)))
@@ -103,11 +121,11 @@
   ;; The hit mask of $pos in this query, probed on its first use (bit 16 marks it probed).
   (func $hit (param $pos i32) (result i32)
     (local $m i32)
-    (local.set $m (i32.load offset=263168 (i32.shl (local.get $pos) (i32.const 2))))
+    (local.set $m (i32.load offset=1024 (i32.shl (local.get $pos) (i32.const 2))))
     (if (i32.eqz (local.get $m))
       (then
         (local.set $m (i32.or (call $probeAt (local.get $pos)) (i32.const 0x10000)))
-        (i32.store offset=263168 (i32.shl (local.get $pos) (i32.const 2)) (local.get $m))
+        (i32.store offset=1024 (i32.shl (local.get $pos) (i32.const 2)) (local.get $m))
         (global.set $probes (i32.add (global.get $probes) (i32.const 1)))))
     (local.get $m))
 
@@ -154,8 +172,8 @@
         (br $scan)))
     (local.get $upper))
 
-  ;; Every lane of $captured's depth for the $n positions at 328704 (n <= 16384) into 459968 +
-  ;; 4 lane (0 for the others), the counters into 460032; returns the lanes that hit position 0.
+  ;; Every lane of $captured's depth for the $n positions at 66560 (n <= 16384) into 197824 +
+  ;; 4 lane (0 for the others), the counters into 197888; returns the lanes that hit position 0.
   ;; The lanes run in lock-step: each phase first probes every position its lanes will test
   ;; (galloping: the powers of two, the same for every lane; a binary round: each open lane's
   ;; midpoint; verification: each lane's window), so that their cache misses overlap, then moves
@@ -170,13 +188,13 @@
     (global.set $activated (i32.const 0))
     (global.set $skips (i32.const 0))
     ;; Depths start at 0.
-    (v128.store offset=459968 (i32.const 0) (v128.const i64x2 0 0))
-    (v128.store offset=459984 (i32.const 0) (v128.const i64x2 0 0))
-    (v128.store offset=460000 (i32.const 0) (v128.const i64x2 0 0))
-    (v128.store offset=460016 (i32.const 0) (v128.const i64x2 0 0))
+    (v128.store offset=197824 (i32.const 0) (v128.const i64x2 0 0))
+    (v128.store offset=197840 (i32.const 0) (v128.const i64x2 0 0))
+    (v128.store offset=197856 (i32.const 0) (v128.const i64x2 0 0))
+    (v128.store offset=197872 (i32.const 0) (v128.const i64x2 0 0))
     ;; No position of this query is probed yet (4 at a time; the region holds a multiple of 4).
-    (local.set $p (i32.const 263168))
-    (local.set $end (i32.add (i32.const 263168) (i32.shl (local.get $n) (i32.const 2))))
+    (local.set $p (i32.const 1024))
+    (local.set $end (i32.add (i32.const 1024) (i32.shl (local.get $n) (i32.const 2))))
     (block $cleared
       (loop $clear
         (br_if $cleared (i32.ge_u (local.get $p) (local.get $end)))
@@ -217,9 +235,9 @@
             (local.set $lo (local.get $pos))
             (local.set $pos (i32.shl (local.get $pos) (i32.const 1)))
             (br $sample)))
-        (i32.store offset=459776 (local.get $at) (local.get $lo))
-        (i32.store offset=459840 (local.get $at) (local.get $pr))
-        (i32.store offset=459904 (local.get $at) (local.get $up))
+        (i32.store offset=197632 (local.get $at) (local.get $lo))
+        (i32.store offset=197696 (local.get $at) (local.get $pr))
+        (i32.store offset=197760 (local.get $at) (local.get $up))
         (if (i32.gt_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1))
           (then (local.set $open (i32.or (local.get $open) (local.get $bit)))))
         (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
@@ -231,8 +249,8 @@
           (local.set $m (local.get $open))
           (loop $probeMids
             (local.set $at (i32.shl (i32.ctz (local.get $m)) (i32.const 2)))
-            (local.set $lo (i32.load offset=459776 (local.get $at)))
-            (local.set $up (i32.load offset=459904 (local.get $at)))
+            (local.set $lo (i32.load offset=197632 (local.get $at)))
+            (local.set $up (i32.load offset=197760 (local.get $at)))
             (drop (call $hit (i32.add (local.get $lo)
               (i32.shr_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1)))))
             (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
@@ -242,18 +260,18 @@
             (local.set $lane (i32.ctz (local.get $m)))
             (local.set $bit (i32.shl (i32.const 1) (local.get $lane)))
             (local.set $at (i32.shl (local.get $lane) (i32.const 2)))
-            (local.set $lo (i32.load offset=459776 (local.get $at)))
-            (local.set $up (i32.load offset=459904 (local.get $at)))
+            (local.set $lo (i32.load offset=197632 (local.get $at)))
+            (local.set $up (i32.load offset=197760 (local.get $at)))
             (local.set $mid (i32.add (local.get $lo)
               (i32.shr_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1))))
             (if (call $test (local.get $mid) (local.get $bit))
               (then
-                (i32.store offset=459840 (local.get $at) (local.get $lo))
+                (i32.store offset=197696 (local.get $at) (local.get $lo))
                 (local.set $lo (local.get $mid))
-                (i32.store offset=459776 (local.get $at) (local.get $mid)))
+                (i32.store offset=197632 (local.get $at) (local.get $mid)))
               (else
                 (local.set $up (local.get $mid))
-                (i32.store offset=459904 (local.get $at) (local.get $mid))))
+                (i32.store offset=197760 (local.get $at) (local.get $mid))))
             (if (i32.le_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1))
               (then (local.set $open (i32.xor (local.get $open) (local.get $bit)))))
             (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
@@ -263,7 +281,7 @@
       (local.set $m (local.get $active))
       (loop $probeWindows
         (local.set $at (i32.shl (i32.ctz (local.get $m)) (i32.const 2)))
-        (local.set $up (i32.load offset=459904 (local.get $at)))
+        (local.set $up (i32.load offset=197760 (local.get $at)))
         (local.set $pos (select (i32.sub (local.get $up) (local.get $window)) (i32.const 0)
           (i32.gt_u (local.get $up) (local.get $window))))
         (block $windowProbed
@@ -278,19 +296,19 @@
       (loop $verifyLanes
         (local.set $lane (i32.ctz (local.get $m)))
         (local.set $at (i32.shl (local.get $lane) (i32.const 2)))
-        (i32.store offset=459968 (local.get $at)
+        (i32.store offset=197824 (local.get $at)
           (call $verify
-            (i32.load offset=459904 (local.get $at))
-            (i32.load offset=459776 (local.get $at))
-            (i32.load offset=459840 (local.get $at))
+            (i32.load offset=197760 (local.get $at))
+            (i32.load offset=197632 (local.get $at))
+            (i32.load offset=197696 (local.get $at))
             (local.get $window)
             (i32.shl (i32.const 1) (local.get $lane))))
         (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
         (br_if $verifyLanes (local.get $m))))
-    (i32.store offset=460032 (i32.const 0) (global.get $probes))
-    (i32.store offset=460036 (i32.const 0) (global.get $tests))
-    (i32.store offset=460040 (i32.const 0) (global.get $leftEdge))
-    (i32.store offset=460044 (i32.const 0) (global.get $activated))
-    (i32.store offset=460048 (i32.const 0) (global.get $skips))
+    (i32.store offset=197888 (i32.const 0) (global.get $probes))
+    (i32.store offset=197892 (i32.const 0) (global.get $tests))
+    (i32.store offset=197896 (i32.const 0) (global.get $leftEdge))
+    (i32.store offset=197900 (i32.const 0) (global.get $activated))
+    (i32.store offset=197904 (i32.const 0) (global.get $skips))
     (local.get $active))
 )
