@@ -11,6 +11,8 @@ import * as zmq from "zeromq"
 import type { RouterEvent } from "../domain/events.js"
 import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
 import { InjectedLoopFault, LoopFaults } from "../domain/supervised.js"
+import { parseTcpEndpoint } from "./zmtp/Endpoint.js"
+import { makeZmtpSubscriber } from "./zmtp/ZmtpSubscriber.js"
 
 export class ZmqError extends Data.TaggedError("ZmqError")<{
   readonly operation: string
@@ -211,14 +213,32 @@ export interface ReceiveLoop {
 /** The name tests arm in `LoopFaults` to make a receive loop die at its next message. */
 export const RECEIVE_LOOP = "transport.zmq-receive"
 
+/** Messages a ZMTP receive takes at most; like `RECEIVE_BATCH`, the turn budget is checked between batches. */
+export const ZMTP_RECEIVE_BATCH = 32
+
 /**
- * A SUB socket (RCVHWM 100000, prefix subscription) whose receive loop runs in a fiber of the
- * current Scope until the Scope closes. A bad endpoint fails the acquisition; a peer that is not
- * up yet is retried by ZeroMQ in the background.
+ * The receive side of a subscription: an effect that appends the next batch of messages to
+ * `into`. A `tcp://` endpoint is read by the ZMTP subscriber (`./zmtp/`), which parses every
+ * message of a TCP chunk in one pass; any other endpoint (ipc, inproc, a source address) by a
+ * zeromq.js SUB with its socket monitor. Both keep RCVHWM messages at most and reconnect on
+ * their own, and both give each message as the same `Array<Buffer>` of frames.
  */
-export const subscribe = (options: SubscriptionOptions): Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =>
+const openReceiver = (
+  options: SubscriptionOptions,
+  into: Array<Array<Buffer>>
+): Effect.Effect<Effect.Effect<void, ZmqError>, ZmqError, Scope.Scope> =>
   Effect.gen(function* () {
-    const faults = yield* LoopFaults
+    const address = parseTcpEndpoint(options.endpoint)
+    if (address !== undefined) {
+      const subscriber = yield* makeZmtpSubscriber({
+        endpoint: options.endpoint,
+        address,
+        topic: options.topic,
+        highWaterMark: EVENT_HWM,
+        ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection })
+      })
+      return subscriber.receiveBatch(into, ZMTP_RECEIVE_BATCH)
+    }
     const socket = yield* acquireSocket(
       () => new zmq.Subscriber({ receiveHighWaterMark: EVENT_HWM, linger: 0 })
     )
@@ -241,11 +261,23 @@ export const subscribe = (options: SubscriptionOptions): Effect.Effect<ReceiveLo
     }
     yield* connectSocket(socket, options.endpoint)
     socket.subscribe(options.topic)
+    return receiveBatch(socket, options.endpoint, into)
+  })
+
+/**
+ * A SUB (RCVHWM 100000, prefix subscription; ZMTP over `node:net` for `tcp://`, zeromq.js
+ * otherwise) whose receive loop runs in a fiber of the current Scope until the Scope closes. A
+ * bad endpoint fails the acquisition (zeromq.js); a peer that is not up yet is retried in the
+ * background.
+ */
+export const subscribe = (options: SubscriptionOptions): Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const faults = yield* LoopFaults
     const { decode, deliver, endpoint } = options
     // One receive effect per batch of queued messages, not per message: an Effect.tryPromise, its
     // fiber suspension and the operators around it cost about as much as decoding the message.
     const batch: Array<Array<Buffer>> = []
-    const receive = receiveBatch(socket, endpoint, batch)
+    const receive = yield* openReceiver(options, batch)
     const handleOne = (frames: Array<Buffer>): Effect.Effect<void> =>
       faults.take(RECEIVE_LOOP)
         ? Effect.die(new InjectedLoopFault(RECEIVE_LOOP))

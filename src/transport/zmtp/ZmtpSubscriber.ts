@@ -69,7 +69,8 @@ export interface ZmtpSubscriber {
   readonly stats: () => ZmtpSubscriberStats
 }
 
-const protocolErrorsTotal = Metric.counter("kv_dc_relay_zmtp_protocol_errors_total", {
+/** `kv_dc_relay_zmtp_protocol_errors_total{reason}`, on the relay's `/metrics`. */
+export const protocolErrorsTotal = Metric.counter("kv_dc_relay_zmtp_protocol_errors_total", {
   description: "ZMTP connections of event subscribers closed for a protocol error, by reason",
   incremental: true
 })

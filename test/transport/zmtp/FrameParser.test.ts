@@ -69,13 +69,11 @@ const body = fc.oneof(
 const item: fc.Arbitrary<Item> = fc.oneof(
   {
     weight: 5,
-    arbitrary: fc
-      .array(fc.tuple(body, fc.boolean()), { minLength: 1, maxLength: 5 })
-      .map((frames) => ({
-        kind: "message" as const,
-        frames: frames.map(([b]) => b),
-        long: frames.map(([, l]) => l)
-      }))
+    arbitrary: fc.array(fc.tuple(body, fc.boolean()), { minLength: 1, maxLength: 5 }).map((frames) => ({
+      kind: "message" as const,
+      frames: frames.map(([b]) => b),
+      long: frames.map(([, l]) => l)
+    }))
   },
   {
     weight: 1,
