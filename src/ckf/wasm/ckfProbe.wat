@@ -129,6 +129,12 @@
         (global.set $probes (i32.add (global.get $probes) (i32.const 1)))))
     (local.get $m))
 
+  ;; Probes $pos, not yet probed in this query, and records its mask.
+  (func $fill (param $pos i32)
+    (i32.store offset=1024 (i32.shl (local.get $pos) (i32.const 2))
+      (i32.or (call $probeAt (local.get $pos)) (i32.const 0x10000)))
+    (global.set $probes (i32.add (global.get $probes) (i32.const 1))))
+
   ;; One lane's test of $pos ($bit or 0), counted.
   (func $test (param $pos i32) (param $bit i32) (result i32)
     (global.set $tests (i32.add (global.get $tests) (i32.const 1)))
@@ -147,7 +153,9 @@
         (br_if $scanned (i32.ge_u (local.get $pos) (local.get $upper)))
         (if (i32.ne (local.get $pos) (local.get $lower))
           (then
-            (if (i32.eqz (call $test (local.get $pos) (local.get $bit)))
+            ;; The window was probed before the lanes' scans (the search's last phase).
+            (global.set $tests (i32.add (global.get $tests) (i32.const 1)))
+            (if (i32.eqz (i32.and (i32.load offset=1024 (i32.shl (local.get $pos) (i32.const 2))) (local.get $bit)))
               (then
                 (if (i32.gt_u (local.get $pos) (local.get $start)) (then (return (local.get $pos))))
                 ;; A miss at the window's left edge.
@@ -181,7 +189,7 @@
   (func $search (export "search") (param $n i32) (param $captured i32) (param $window i32) (result i32)
     (local $p i32) (local $end i32) (local $active i32) (local $open i32) (local $m i32)
     (local $lane i32) (local $bit i32) (local $at i32) (local $pos i32)
-    (local $lo i32) (local $pr i32) (local $up i32) (local $mid i32)
+    (local $lo i32) (local $pr i32) (local $up i32) (local $mid i32) (local $t i32)
     (global.set $probes (i32.const 0))
     (global.set $tests (i32.const 0))
     (global.set $leftEdge (i32.const 0))
@@ -212,7 +220,8 @@
       (block $probed
         (loop $gallopProbe
           (br_if $probed (i32.ge_u (local.get $pos) (local.get $n)))
-          (drop (call $hit (local.get $pos)))
+          (if (i32.eqz (i32.load offset=1024 (i32.shl (local.get $pos) (i32.const 2))))
+            (then (call $fill (local.get $pos))))
           (local.set $pos (i32.shl (local.get $pos) (i32.const 1)))
           (br $gallopProbe)))
       (local.set $m (local.get $active))
@@ -227,7 +236,8 @@
         (block $missed
           (loop $sample
             (br_if $missed (i32.ge_u (local.get $pos) (local.get $n)))
-            (if (i32.eqz (call $test (local.get $pos) (local.get $bit)))
+            (local.set $t (i32.add (local.get $t) (i32.const 1)))
+            (if (i32.eqz (i32.and (i32.load offset=1024 (i32.shl (local.get $pos) (i32.const 2))) (local.get $bit)))
               (then
                 (local.set $up (local.get $pos))
                 (br $missed)))
@@ -251,8 +261,10 @@
             (local.set $at (i32.shl (i32.ctz (local.get $m)) (i32.const 2)))
             (local.set $lo (i32.load offset=197632 (local.get $at)))
             (local.set $up (i32.load offset=197760 (local.get $at)))
-            (drop (call $hit (i32.add (local.get $lo)
-              (i32.shr_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1)))))
+            (local.set $mid (i32.add (local.get $lo)
+              (i32.shr_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1))))
+            (if (i32.eqz (i32.load offset=1024 (i32.shl (local.get $mid) (i32.const 2))))
+              (then (call $fill (local.get $mid))))
             (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
             (br_if $probeMids (local.get $m)))
           (local.set $m (local.get $open))
@@ -264,7 +276,8 @@
             (local.set $up (i32.load offset=197760 (local.get $at)))
             (local.set $mid (i32.add (local.get $lo)
               (i32.shr_u (i32.sub (local.get $up) (local.get $lo)) (i32.const 1))))
-            (if (call $test (local.get $mid) (local.get $bit))
+            (local.set $t (i32.add (local.get $t) (i32.const 1)))
+            (if (i32.and (i32.load offset=1024 (i32.shl (local.get $mid) (i32.const 2))) (local.get $bit))
               (then
                 (i32.store offset=197696 (local.get $at) (local.get $lo))
                 (local.set $lo (local.get $mid))
@@ -277,6 +290,7 @@
             (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
             (br_if $moveLanes (local.get $m)))
           (br $round)))
+      (global.set $tests (i32.add (global.get $tests) (local.get $t)))
       ;; Verification: probe every lane's window, then scan each lane's.
       (local.set $m (local.get $active))
       (loop $probeWindows
@@ -287,7 +301,8 @@
         (block $windowProbed
           (loop $probeWindow
             (br_if $windowProbed (i32.ge_u (local.get $pos) (local.get $up)))
-            (drop (call $hit (local.get $pos)))
+            (if (i32.eqz (i32.load offset=1024 (i32.shl (local.get $pos) (i32.const 2))))
+              (then (call $fill (local.get $pos))))
             (local.set $pos (i32.add (local.get $pos) (i32.const 1)))
             (br $probeWindow)))
         (local.set $m (i32.and (local.get $m) (i32.sub (local.get $m) (i32.const 1))))
