@@ -88,6 +88,7 @@ const scriptedActor = (producer: ProducerIdentity, queue: Queue.Queue<DcCkfDelta
         }),
       retirePublicationLease: Effect.void,
       admitEvent: () => unused,
+      admitEventsNow: () => false,
       replaceRanks: () => unused,
       replaceRank: () => unused,
       resetRank: () => unused,

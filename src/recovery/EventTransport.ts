@@ -10,11 +10,15 @@ import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
 import type { KvEventSource } from "../domain/sources.js"
 import type { WorkerQueryTransport } from "./WorkerQuery.js"
 
-/** Receives each decoded live batch with the publisher id that routes it. */
+/**
+ * Receives each decoded live batch with the publisher id that routes it. Returns `undefined` when
+ * it handled the batch synchronously (the hot path builds no effect), else the effect that
+ * completes the handling; the transport runs that before it hands over the source's next batch.
+ */
 export type LiveBatchHandler = (
   publisherId: bigint,
   events: ReadonlyArray<RouterEvent>
-) => Effect.Effect<void>
+) => Effect.Effect<void> | undefined
 
 export type MalformedCounts = Readonly<Record<MalformedReason, number>>
 

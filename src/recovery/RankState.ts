@@ -193,6 +193,20 @@ export class RankState {
     return { _tag: "Apply", eventId: id, group }
   }
 
+  /**
+   * Whether `observeLiveGroup` would answer `Apply` for a group with this id (and a Cleared event
+   * in it when `hasClear`), without observing it: the live hot path admits such a group at once
+   * and leaves every other case to `observeLiveGroup`. Pure. (A restart needs no flag here: its
+   * id 1 is never contiguous with the cursor above 1 that makes it one.)
+   */
+  appliesLive(eventId: number, hasClear: boolean, recoverable: boolean): boolean {
+    if (hasClear || this.recoveryInflight) return false
+    const cursor = this.cursor
+    // Initial: applied only when there is nothing to recover from.
+    if (cursor === undefined) return !recoverable
+    return eventId === cursor + 1
+  }
+
   commitLiveAdmission(eventId: number): void {
     this.cursor = eventId
     this.clearMaxSeenIfCaughtUp(eventId)

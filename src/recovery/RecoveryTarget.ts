@@ -30,6 +30,12 @@ export interface RecoveryTarget {
     sourceEpoch: SourceEpoch,
     event: RouterEvent
   ) => Effect.Effect<void, RecoveryTargetError>
+  /**
+   * The live hot path: admits every event in order synchronously and returns true when all fit
+   * at once; returns false, having admitted none, when any would wait or fail (the caller then
+   * uses `admitEvent`). Optional: without it every admission goes through `admitEvent`.
+   */
+  readonly admitEventsNow?: (sourceEpoch: SourceEpoch, events: ReadonlyArray<RouterEvent>) => boolean
   readonly replaceRank: (
     sourceEpoch: SourceEpoch,
     workerId: WorkerId,

@@ -13,6 +13,14 @@ export class SlotLock {
   private readonly waiters: Array<() => void> = []
   private readonly unlock = Effect.sync(() => this.release())
 
+  /**
+   * Nobody holds or waits for the lock. Synchronous code may then act as if it held it, since
+   * nothing can interleave with it, as long as it neither yields nor leaves work for later.
+   */
+  get free(): boolean {
+    return !this.held
+  }
+
   /** Runs `effect` holding the lock; interruption while waiting or holding never leaks it. */
   withLock<A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> {
     return Effect.uninterruptibleMask((restore) => {

@@ -269,6 +269,14 @@ export interface SourceSupervisor {
   /** One event envelope, routed by its publisher id with a single lookup. */
   readonly handleLiveBatch: (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Effect.Effect<void>
   /**
+   * `handleLiveBatch` for the transport's hot path: `undefined` when the batch was handled
+   * synchronously, else the effect that completes it (to be run before the source's next batch).
+   */
+  readonly handleLiveBatchNow: (
+    publisherId: bigint,
+    events: ReadonlyArray<RouterEvent>
+  ) => Effect.Effect<void> | undefined
+  /**
    * Fence one active publisher after a direct transport discontinuity. Unlike a protocol rejection,
    * the same generation may reactivate once a replacement socket is preconnected; the reset barrier
    * makes any already-enqueued old event visible before that.
@@ -972,37 +980,73 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
     // -------------------------------------------------------------------------------------------
     // Live batches (recovery-events.md §3.2)
 
-    const handleLiveBatch = (publisherId: bigint, events: ReadonlyArray<RouterEvent>): Effect.Effect<void> =>
-      Effect.suspend(() => {
-        const active = publisherBindings.get(publisherId)
-        if (active === undefined) {
-          countDrop("unknown-publisher")
-          return Effect.logDebug("Dropping KV event batch from an inactive or ambiguous source").pipe(
-            Effect.annotateLogs({ publisherId: publisherId.toString() })
-          )
-        }
-        const { binding, slot } = active
-        const expected = binding.source
-        const foreign = events.find(
-          (event) => event.workerId !== expected.workerId || event.dpRank !== expected.dpRank
+    const admitEventsNow = target.admitEventsNow
+
+    /**
+     * A live batch: `undefined` when it was handled synchronously, else the effect that handles
+     * it. The hot path is a batch that is one commit group the rank applies (`appliesLive`), on a
+     * slot nobody holds, whose events the target admits at once: that is exactly what the locked
+     * path below would do, without an effect. Anything else, including a target that would make
+     * the admission wait, takes the locked path from the start (the hot path changed nothing).
+     */
+    const handleLiveBatchNow = (
+      publisherId: bigint,
+      events: ReadonlyArray<RouterEvent>
+    ): Effect.Effect<void> | undefined => {
+      const active = publisherBindings.get(publisherId)
+      if (active === undefined) {
+        countDrop("unknown-publisher")
+        return Effect.logDebug("Dropping KV event batch from an inactive or ambiguous source").pipe(
+          Effect.annotateLogs({ publisherId: publisherId.toString() })
         )
-        if (foreign !== undefined) {
-          countDrop("foreign-payload")
-          return Effect.logError(
-            "Dropping KV event batch whose payload disagrees with its source advertisement"
-          ).pipe(
-            Effect.annotateLogs({
-              publisherId: publisherId.toString(),
-              expectedWorkerId: expected.workerId,
-              expectedDpRank: expected.dpRank,
-              eventWorkerId: foreign.workerId,
-              eventDpRank: foreign.dpRank
-            })
-          )
+      }
+      const { binding, slot } = active
+      const expected = binding.source
+      const first = events[0]
+      let foreign: RouterEvent | undefined
+      let oneGroup = true
+      let hasClear = false
+      for (let i = 0; i < events.length; i++) {
+        const event = events[i]!
+        if (event.workerId !== expected.workerId || event.dpRank !== expected.dpRank) {
+          foreign = event
+          break
         }
-        if (events.length === 0) return Effect.void
-        return slot.lock.withLock(handleLiveBatchLocked(slot, binding, commitGroups(events)))
-      })
+        if (event.eventId !== first!.eventId) oneGroup = false
+        if (event.data._tag === "Cleared") hasClear = true
+      }
+      if (foreign !== undefined) {
+        countDrop("foreign-payload")
+        return Effect.logError(
+          "Dropping KV event batch whose payload disagrees with its source advertisement"
+        ).pipe(
+          Effect.annotateLogs({
+            publisherId: publisherId.toString(),
+            expectedWorkerId: expected.workerId,
+            expectedDpRank: expected.dpRank,
+            eventWorkerId: foreign.workerId,
+            eventDpRank: foreign.dpRank
+          })
+        )
+      }
+      if (first === undefined) return undefined
+      if (
+        oneGroup &&
+        admitEventsNow !== undefined &&
+        slot.lock.free &&
+        slot.active === binding &&
+        !slot.resetPending &&
+        slot.rank.appliesLive(first.eventId, hasClear, binding.recoverable) &&
+        admitEventsNow(binding.epoch, events)
+      ) {
+        slot.rank.commitLiveAdmission(first.eventId)
+        return undefined
+      }
+      return slot.lock.withLock(handleLiveBatchLocked(slot, binding, commitGroups(events)))
+    }
+
+    const handleLiveBatch = (publisherId: bigint, events: ReadonlyArray<RouterEvent>): Effect.Effect<void> =>
+      Effect.suspend(() => handleLiveBatchNow(publisherId, events) ?? Effect.void)
 
     const admitGroupOrFence = (
       slot: SourceSlot,
@@ -1283,6 +1327,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       syncMembership,
       syncMembershipWithReadySources,
       handleLiveBatch,
+      handleLiveBatchNow,
       fenceTransport,
       handleTargetFault,
       rejectSource,

@@ -169,6 +169,12 @@ export interface PoolActor {
     sourceEpoch: SourceEpoch,
     event: RouterEvent
   ) => Effect.Effect<void, RelayShuttingDown>
+  /**
+   * `admitEvent` of every event, in order, when all of them fit now (permits and mailbox room,
+   * nobody waiting for permits, the actor accepting): true once they are queued. Otherwise false
+   * with nothing queued, and the caller admits them one by one with `admitEvent`.
+   */
+  readonly admitEventsNow: (sourceEpoch: SourceEpoch, events: ReadonlyArray<RouterEvent>) => boolean
   /** One transactional rebuild of several ranks; any failure leaves every rank unchanged. */
   readonly replaceRanks: (replacements: ReadonlyArray<RankReplacement>) => Effect.Effect<void, KvDcRelayError>
   readonly replaceRank: (
@@ -940,9 +946,12 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             }
           }
         }
-        // One mailbox operation per batch amortizes its cost; with nothing queued this waits for
-        // one command (or for the mailbox to end).
-        const [chunk, done] = yield* mailbox.takeN(queued === 0 ? 1 : Math.min(queued, COMMANDS_PER_TURN))
+        // One mailbox operation per batch amortizes its cost. With nothing queued this waits, then
+        // takes everything that arrived (`takeN(1)` would take one command and come back for the
+        // rest of an admitter's burst); a batch larger than a turn still yields at the bound below.
+        const [chunk, done] = yield* queued === 0
+          ? mailbox.takeAll
+          : mailbox.takeN(Math.min(queued, COMMANDS_PER_TURN))
         const batch = Chunk.toReadonlyArray(chunk)
         for (let i = 0; i < batch.length; i++) {
           // Biased as the seed's select: a fence is seen before the next command.
@@ -1084,6 +1093,30 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     const span = <A, E>(name: string, effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
       Effect.withSpan(effect, `PoolActor.${name}`, { attributes: spanAttributes })
 
+    const admitEventsNow = (sourceEpoch: SourceEpoch, events: ReadonlyArray<RouterEvent>): boolean => {
+      const n = events.length
+      if (!accepting || n === 0) return n === 0
+      const size = mailbox.unsafeSize()
+      if (Option.isNone(size) || mailboxCapacity - size.value < n) return false
+      let total = 0
+      for (let i = 0; i < n; i++) total += weightOf(eventPayloadWeight(events[i]!))
+      // One acquisition for all: it succeeds exactly when one per event in turn would.
+      if (!permits.tryAcquire(total)) return false
+      let event = events[0]!
+      let weight = weightOf(eventPayloadWeight(event))
+      // Refused only by a mailbox that is closing; with the first one queued, the rest fit.
+      if (!mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight })) {
+        permits.release(total)
+        return false
+      }
+      for (let i = 1; i < n; i++) {
+        event = events[i]!
+        weight = weightOf(eventPayloadWeight(event))
+        mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight })
+      }
+      return true
+    }
+
     const actor: PoolActor = {
       identity,
       admitEvent: (sourceEpoch, event) =>
@@ -1091,6 +1124,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
           const weight = weightOf(eventPayloadWeight(event))
           return enqueueNow({ _tag: "Apply", sourceEpoch, event, weight }, weight)
         }),
+      admitEventsNow,
       replaceRanks: (replacements) =>
         span(
           "replaceRanks",

@@ -226,6 +226,7 @@ export const make = (
       actor,
       admitEvent: (sourceEpoch, event) =>
         actor.admitEvent(sourceEpoch, event).pipe(Effect.mapError(toRecoveryTargetError)),
+      admitEventsNow: actor.admitEventsNow,
       replaceRank,
       completeInitialRecovery: (workerId, dpRank) =>
         Effect.suspend(() =>

@@ -163,7 +163,7 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
     }).pipe(Scope.extend(scope))
     // Made after the supervisor, so it closes first: no batch reaches a shut-down supervisor.
     const pool = yield* options.eventTransport
-      .subscribe(supervisor.handleLiveBatch, { kvBlockSize })
+      .subscribe(supervisor.handleLiveBatchNow, { kvBlockSize })
       .pipe(Scope.extend(scope))
     const connectingPoll = Duration.decode(options.connectingPoll ?? CONNECTING_POLL)
     const steadyPoll = Duration.decode(options.steadyPoll ?? STEADY_POLL)

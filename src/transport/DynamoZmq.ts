@@ -21,6 +21,7 @@ import {
 } from "./msgpack.js"
 import {
   blockCount,
+  type Delivered,
   type IngestMessage,
   type MalformedReason,
   type ReceiveLoop,
@@ -173,7 +174,7 @@ export interface DynamoSubscriptionOptions {
   readonly endpoint: string
   readonly topic: string
   /** Every decoded or malformed message, in arrival order. */
-  readonly deliver: (message: IngestMessage) => Effect.Effect<void>
+  readonly deliver: (message: IngestMessage) => Delivered
   readonly onConnection?: (connected: boolean) => void
 }
 

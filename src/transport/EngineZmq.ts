@@ -28,6 +28,7 @@ import {
   acquireSocket,
   blockCount,
   connectSocket,
+  type Delivered,
   type IngestMessage,
   type MalformedReason,
   type ReceiveLoop,
@@ -700,7 +701,7 @@ export interface EngineSubscriptionOptions {
   readonly endpoint: string
   readonly source: EngineSourceIdentity
   readonly decode?: EngineDecodeOptions
-  readonly deliver: (message: IngestMessage) => Effect.Effect<void>
+  readonly deliver: (message: IngestMessage) => Delivered
   readonly onConnection?: (connected: boolean) => void
 }
 

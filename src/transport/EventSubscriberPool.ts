@@ -17,7 +17,7 @@
  * cannot be told) and dropped; they never affect another source or stop a subscription.
  */
 
-import { Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
+import { Cause, Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
 import type { RouterEvent } from "../domain/events.js"
 import { type KvEventSource, sourceIdentityKey } from "../domain/sources.js"
 import { supervised } from "../domain/supervised.js"
@@ -25,6 +25,7 @@ import * as RelayMetrics from "../observability/RelayMetrics.js"
 import { subscribeDynamo } from "./DynamoZmq.js"
 import { subscribeEngine } from "./EngineZmq.js"
 import {
+  type Delivered,
   type IngestMessage,
   MALFORMED_REASONS,
   type MalformedReason,
@@ -36,7 +37,8 @@ import {
   type ZmqError
 } from "./ZmqSocket.js"
 
-export type BatchHandler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Effect.Effect<void>
+/** Handles one batch; `undefined` when it was handled synchronously, else the effect that completes it. */
+export type BatchHandler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Delivered
 
 export interface EventSubscriberPoolOptions {
   readonly handler: BatchHandler
@@ -201,23 +203,36 @@ export const makeEventSubscriberPool = (
       for (const reason of MALFORMED_REASONS) retired.malformed[reason] += counts[reason]
     }
 
+    const handlerFailed = (
+      subscription: Subscription,
+      publisherId: bigint,
+      cause: Cause.Cause<unknown>
+    ): Effect.Effect<void> =>
+      Effect.logError("KV event batch handler failed; the batch is dropped").pipe(
+        Effect.zipRight(RelayMetrics.ingestDropped("handler-failed")),
+        Effect.annotateLogs({
+          endpoint: subscription.endpoint,
+          publisherId: String(publisherId),
+          cause: String(cause)
+        })
+      )
+
+    /** Runs the handler; whether it fails synchronously or in its effect, only the batch is dropped. */
     const handle = (
       subscription: Subscription,
       publisherId: bigint,
       events: ReadonlyArray<RouterEvent>
-    ): Effect.Effect<void> =>
-      handler(publisherId, events).pipe(
-        Effect.catchAllCause((cause) =>
-          Effect.logError("KV event batch handler failed; the batch is dropped").pipe(
-            Effect.zipRight(RelayMetrics.ingestDropped("handler-failed")),
-            Effect.annotateLogs({
-              endpoint: subscription.endpoint,
-              publisherId: String(publisherId),
-              cause: String(cause)
-            })
-          )
-        )
-      )
+    ): Delivered => {
+      let rest: Delivered
+      try {
+        rest = handler(publisherId, events)
+      } catch (defect) {
+        return handlerFailed(subscription, publisherId, Cause.die(defect))
+      }
+      return rest === undefined
+        ? undefined
+        : Effect.catchAllCause(rest, (cause) => handlerFailed(subscription, publisherId, cause))
+    }
 
     const makeLane = (subscription: Subscription): Effect.Effect<Lane> =>
       Effect.gen(function* () {
@@ -225,7 +240,7 @@ export const makeEventSubscriberPool = (
         const lane: Lane = { queue, fiber: undefined, sources: new Set<SourceEntry>(), pending: 0 }
         lane.fiber = yield* Queue.take(queue).pipe(
           Effect.flatMap(([publisherId, events]) =>
-            handle(subscription, publisherId, events).pipe(
+            Effect.suspend(() => handle(subscription, publisherId, events) ?? Effect.void).pipe(
               Effect.ensuring(
                 Effect.sync(() => {
                   lane.pending--
@@ -249,7 +264,7 @@ export const makeEventSubscriberPool = (
       lane: Lane,
       publisherId: bigint,
       events: ReadonlyArray<RouterEvent>
-    ): Effect.Effect<void> => {
+    ): Delivered => {
       if (lane.pending === 0 && lane !== subscription.fallback && subscription.lanes.size === 1)
         return handle(subscription, publisherId, events)
       lane.pending++
@@ -279,7 +294,7 @@ export const makeEventSubscriberPool = (
 
     const deliver =
       (subscription: Subscription) =>
-      (message: IngestMessage): Effect.Effect<void> => {
+      (message: IngestMessage): Delivered => {
         if (message._tag === "Malformed") {
           const entry = entryOf(subscription, message.publisherId)
           if (entry !== undefined) entry.malformed[message.reason]++
@@ -317,7 +332,7 @@ export const makeEventSubscriberPool = (
           subscription.unroutedMessages++
           const fallback = subscription.fallback
           return fallback === undefined
-            ? Effect.void
+            ? undefined
             : enqueue(subscription, fallback, message.publisherId, message.events)
         }
         const skipped = message.skipped
@@ -330,10 +345,14 @@ export const makeEventSubscriberPool = (
             for (const reason of SKIP_REASONS) entry.skipped[reason] += skipped[reason]
           break
         }
-        const handled = enqueue(subscription, lane, message.publisherId, message.events)
-        return skipped === undefined || message.ignored === 0
-          ? handled
-          : Effect.zipRight(RelayMetrics.ingestSkipped(skipped), handled)
+        if (skipped === undefined || message.ignored === 0)
+          return enqueue(subscription, lane, message.publisherId, message.events)
+        return Effect.zipRight(
+          RelayMetrics.ingestSkipped(skipped),
+          Effect.suspend(
+            () => enqueue(subscription, lane, message.publisherId, message.events) ?? Effect.void
+          )
+        )
       }
 
     const openSubscription = (first: KvEventSource): Effect.Effect<Subscription> =>

@@ -190,13 +190,22 @@ export const blockCount = (events: ReadonlyArray<RouterEvent>): number => {
   return blocks
 }
 
+/**
+ * What a delivery step returns: `undefined` when it handled the message synchronously (the hot
+ * path, which builds no effect), else the effect that completes the handling.
+ */
+export type Delivered = Effect.Effect<void> | undefined
+
 export interface SubscriptionOptions {
   readonly endpoint: string
   /** Prefix subscription (frame 0). */
   readonly topic: string
   readonly decode: (frames: Array<Buffer>) => IngestMessage
-  /** Called for every message in arrival order; the next receive waits for it. */
-  readonly deliver: (message: IngestMessage) => Effect.Effect<void>
+  /**
+   * Called for every message in arrival order; the next message waits until the returned effect
+   * (if any) has completed.
+   */
+  readonly deliver: (message: IngestMessage) => Delivered
   /** Connection state from the socket monitor (handshake = connected, disconnect = not). */
   readonly onConnection?: (connected: boolean) => void
 }
@@ -278,23 +287,38 @@ export const subscribe = (options: SubscriptionOptions): Effect.Effect<ReceiveLo
     // fiber suspension and the operators around it cost about as much as decoding the message.
     const batch: Array<Array<Buffer>> = []
     const receive = yield* openReceiver(options, batch)
-    const handleOne = (frames: Array<Buffer>): Effect.Effect<void> =>
-      faults.take(RECEIVE_LOOP)
-        ? Effect.die(new InjectedLoopFault(RECEIVE_LOOP))
-        : Effect.suspend(() => deliver(decode(frames))).pipe(
-            // A defect while handling one message must not end the subscription.
-            Effect.catchAllDefect((defect) =>
-              Effect.logError("dropping a message whose handling failed").pipe(
-                Effect.annotateLogs({ endpoint, defect: String(defect) })
+    // A defect while handling one message must not end the subscription: it drops that message.
+    const dropFailed = (defect: unknown): Effect.Effect<void> =>
+      Effect.logError("dropping a message whose handling failed").pipe(
+        Effect.annotateLogs({ endpoint, defect: String(defect) })
+      )
+    /**
+     * Hands `received[start..]` to `deliver` in order. Messages handled synchronously cost no
+     * effect; the first one that returns an effect is run (its defects caught) before the rest.
+     */
+    const deliverFrom = (received: Array<Array<Buffer>>, start: number): Effect.Effect<void> => {
+      for (let i = start; i < received.length; i++) {
+        if (faults.take(RECEIVE_LOOP)) return Effect.die(new InjectedLoopFault(RECEIVE_LOOP))
+        let rest: Delivered
+        try {
+          rest = deliver(decode(received[i]!))
+        } catch (defect) {
+          rest = dropFailed(defect)
+        }
+        if (rest !== undefined) {
+          const next = i + 1
+          const handled = Effect.catchAllDefect(rest, dropFailed)
+          return next === received.length
+            ? handled
+            : Effect.zipRight(
+                handled,
+                Effect.suspend(() => deliverFrom(received, next))
               )
-            )
-          )
-    const handleBatch = Effect.suspend(() => {
-      const received = batch.splice(0, batch.length)
-      return received.length === 1
-        ? handleOne(received[0]!)
-        : Effect.forEach(received, handleOne, { discard: true })
-    })
+        }
+      }
+      return Effect.void
+    }
+    const handleBatch = Effect.suspend(() => deliverFrom(batch.splice(0, batch.length), 0))
     const loop = yield* receive.pipe(
       Effect.zipRight(handleBatch),
       // While messages are queued, `receive` resolves without ever returning to the event loop:

@@ -623,3 +623,34 @@ describe("RankState against a model of the true history", () => {
     )
   })
 })
+
+describe("RankState.appliesLive (the live hot path's check)", () => {
+  it("is true exactly when observeLiveGroup answers Apply, and observes nothing", () => {
+    fc.assert(
+      fc.property(
+        fc.option(fc.integer({ min: 0, max: 6 }), { nil: undefined }),
+        fc.boolean(),
+        fc.integer({ min: 1, max: 8 }),
+        fc.integer({ min: 1, max: 3 }),
+        fc.boolean(),
+        fc.boolean(),
+        fc.boolean(),
+        fc.boolean(),
+        (cursor, inflight, id, size, withClear, recoverable, incrementalGaps, restartsAtFirstId) => {
+          const rank = inflight ? inflightAt(cursor) : liveAt(cursor)
+          const events = Array.from({ length: size }, (_, j) =>
+            withClear && j === size - 1 ? clear(id) : store(id, id * 10 + j)
+          )
+          const group: CommitGroup = { eventId: id, events }
+          const before = rank.clone()
+          const applies = rank.appliesLive(id, withClear, recoverable)
+          // Pure: the state is what it was.
+          expect(rank).toEqual(before)
+          const action = before.observeLiveGroup(group, recoverable, incrementalGaps, restartsAtFirstId)
+          expect(applies).toBe(action._tag === "Apply")
+        }
+      ),
+      { numRuns: 2000 }
+    )
+  })
+})

@@ -494,6 +494,162 @@ describe("SourceSupervisor live batches", () => {
   )
 })
 
+/**
+ * A recording target with the live hot path: `admitEventsNow` takes a batch when it holds at most
+ * `room.events` events (recorded like `admitEvent`, counted in `now`), else refuses it whole.
+ */
+const hotPathTarget = (
+  room = { events: Number.POSITIVE_INFINITY },
+  gate?: Deferred.Deferred<void>,
+  failAdmit?: (event: RouterEvent) => boolean
+) => {
+  const recording = recordingTarget(failAdmit === undefined ? {} : { failAdmit })
+  const counts = { now: 0 }
+  const target: RecoveryTarget = {
+    ...recording.target,
+    admitEvent: (epoch, event) =>
+      gate === undefined
+        ? recording.target.admitEvent(epoch, event)
+        : Effect.zipRight(Deferred.await(gate), recording.target.admitEvent(epoch, event)),
+    admitEventsNow: (epoch, events) => {
+      if (events.length > room.events) return false
+      counts.now++
+      for (const event of events) recording.calls.push(["Admit", epoch, event.eventId])
+      return true
+    }
+  }
+  return { ...recording, target, counts }
+}
+
+/** Lets forked fibers run until they wait (no clock involved). */
+const settle = Effect.repeatN(Effect.yieldNow(), 20)
+
+describe("SourceSupervisor live hot path (admitEventsNow)", () => {
+  const batches: ReadonlyArray<ReadonlyArray<RouterEvent>> = [
+    [store(1)],
+    [store(2)],
+    [store(3, 30), store(3, 31), store(3, 32)],
+    // A live-only gap: reset, then the event.
+    [store(5)],
+    [store(6)],
+    // A duplicate, then a batch of two commit groups (the cursor ends on the second).
+    [store(6)],
+    [store(7), store(8)],
+    [store(9)],
+    [clearedEvent("42", 4, 10)],
+    [store(11)]
+  ]
+
+  it.scoped("gives the outcome of the locked path, and takes only plain in-order groups", () =>
+    Effect.gen(function* () {
+      const run = (target: RecoveryTarget) =>
+        Effect.gen(function* () {
+          const { supervisor } = yield* setup(
+            target,
+            scriptedTransport([]).transport,
+            view([[sourceFor(WORKER, 7n, false), 1]])
+          )
+          for (const batch of batches) yield* supervisor.handleLiveBatch(7n, batch)
+          return slotOf(supervisor)
+        })
+      const locked = recordingTarget()
+      const lockedSlot = yield* run(locked.target)
+      const hot = hotPathTarget()
+      const hotSlot = yield* run(hot.target)
+      expect(hot.calls).toEqual(locked.calls)
+      expect(hotSlot).toEqual(lockedSlot)
+      expect(hotSlot.lastAdmittedId).toBe(11)
+      // 1, 2, the group of 3, 6, 9 and 11; the gap, the duplicate, two groups and the clear are not.
+      expect(hot.counts.now).toBe(6)
+    })
+  )
+
+  it.scoped("a batch the target cannot take at once is admitted by the locked path, in order", () =>
+    Effect.gen(function* () {
+      const gate = yield* Deferred.make<void>()
+      const room = { events: 1 }
+      const { target, admitted, counts } = hotPathTarget(room, gate)
+      const { supervisor } = yield* setup(
+        target,
+        scriptedTransport([]).transport,
+        view([[sourceFor(WORKER, 7n, false), 1]])
+      )
+      yield* supervisor.handleLiveBatch(7n, [store(1)])
+      // Two events, room for one: refused whole, then admitted one by one (waiting at the gate).
+      const second = yield* Effect.fork(supervisor.handleLiveBatch(7n, [store(2, 20), store(2, 21)]))
+      yield* settle
+      expect(admitted()).toEqual([1])
+      expect(slotOf(supervisor).lastAdmittedId).toBe(1)
+      // The next batch waits for the slot behind it.
+      const third = yield* Effect.fork(supervisor.handleLiveBatch(7n, [store(3)]))
+      yield* settle
+      expect(admitted()).toEqual([1])
+      yield* Deferred.succeed(gate, undefined)
+      yield* Fiber.join(second)
+      yield* Fiber.join(third)
+      expect(admitted()).toEqual([1, 2, 2, 3])
+      expect(slotOf(supervisor).lastAdmittedId).toBe(3)
+      expect(counts.now).toBe(1)
+    })
+  )
+
+  it.scoped("a rank fenced pending its reset takes nothing more from the live path", () =>
+    Effect.gen(function* () {
+      let admittedOfFive = 0
+      // Room for one event at a time: the group of 3 goes through admitEvent, which fails half-way.
+      const { admitted, counts, target } = hotPathTarget({ events: 1 }, undefined, (event) => {
+        return event.eventId === 5 && ++admittedOfFive === 2
+      })
+      const { supervisor } = yield* setup(
+        target,
+        scriptedTransport([]).transport,
+        view([[sourceFor(WORKER, 7n, false), 1]])
+      )
+      yield* supervisor.handleLiveBatch(7n, [store(4)])
+      yield* supervisor.handleLiveBatch(7n, [store(5, 50), store(5, 51), store(5, 52)])
+      expect(slotOf(supervisor).resetPending).toBe(true)
+      yield* supervisor.handleLiveBatch(7n, [store(5)])
+      yield* supervisor.handleLiveBatch(7n, [store(6)])
+      expect(admitted()).toEqual([4, 5])
+      expect(counts.now).toBe(1)
+      expect(slotOf(supervisor).lastAdmittedId).toBe(4)
+    })
+  )
+
+  it.scoped("a live batch waits while a reset holds its slot, then applies after it", () =>
+    Effect.gen(function* () {
+      const resetGate = yield* Deferred.make<void>()
+      const hot = hotPathTarget()
+      const target: RecoveryTarget = {
+        ...hot.target,
+        resetRank: (epoch, workerId, dpRank, reason) =>
+          Effect.zipRight(hot.target.resetRank(epoch, workerId, dpRank, reason), Deferred.await(resetGate))
+      }
+      const { supervisor } = yield* setup(
+        target,
+        scriptedTransport([]).transport,
+        view([[sourceFor(WORKER, 7n, false), 1]])
+      )
+      yield* supervisor.handleLiveBatch(7n, [store(1)])
+      // A live-only rank's target fault: reset under the slot lock, then a fresh cursor.
+      const fault = yield* Effect.fork(supervisor.handleTargetFault("42", 4))
+      yield* settle
+      expect(hot.calls).toEqual([
+        ["Admit", 1, 1],
+        ["Reset", 1, "TargetFault"]
+      ])
+      const live = yield* Effect.fork(supervisor.handleLiveBatch(7n, [store(2)]))
+      yield* settle
+      expect(hot.admitted()).toEqual([1])
+      yield* Deferred.succeed(resetGate, undefined)
+      expect(yield* Fiber.join(fault)).toBe("ResetLiveOnly")
+      yield* Fiber.join(live)
+      expect(hot.calls.slice(-1)).toEqual([["Admit", 1, 2]])
+      expect(slotOf(supervisor).lastAdmittedId).toBe(2)
+    })
+  )
+})
+
 describe("SourceSupervisor faults, health and shutdown", () => {
   it.scoped("handleTargetFault restores a recoverable rank and resets a live-only one", () =>
     Effect.gen(function* () {

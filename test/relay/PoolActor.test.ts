@@ -113,6 +113,53 @@ describe("PoolActor", () => {
     })
   )
 
+  it.scoped("admitEventsNow queues all of a batch or none of it", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(64), { mailboxCapacity: 3, pendingBlockPermits: 6 })
+      const release = yield* actor.pause
+      // The consumer holds at the pause: what is admitted now stays queued.
+      yield* settle
+      expect(actor.admitEventsNow(0, [stored(1, [1]), stored(2, [2])])).toBe(true)
+      expect(yield* actor.mailboxDepth).toBe(2)
+      // One slot left: a batch of two is refused whole.
+      expect(actor.admitEventsNow(0, [stored(3, [3]), stored(4, [4])])).toBe(false)
+      expect(yield* actor.mailboxDepth).toBe(2)
+      // Room for one event, but not for its 5 blocks (2 of 6 permits taken): refused, nothing held.
+      expect(actor.admitEventsNow(0, [stored(3, [3, 4, 5, 6, 7])])).toBe(false)
+      expect(yield* actor.mailboxDepth).toBe(2)
+      expect(actor.admitEventsNow(0, [stored(3, [3, 4, 5, 6])])).toBe(true)
+      yield* release
+      yield* actor.flush
+      const diagnostics = yield* actor.diagnostics
+      expect(diagnostics.appliedEvents).toBe(3)
+      expect((yield* actor.stateStats).stats.aggregation.uniqueBlockCount).toBe(6)
+      // Every permit came back: a batch of the whole 6 fits again.
+      expect(actor.admitEventsNow(0, [stored(4, [11, 12, 13]), stored(5, [14, 15, 16])])).toBe(true)
+      yield* actor.flush
+      expect((yield* actor.stateStats).stats.aggregation.uniqueBlockCount).toBe(12)
+    })
+  )
+
+  it.scoped("admitEventsNow never overtakes an admission waiting for permits, nor a stopped actor", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(64), { pendingBlockPermits: 4 })
+      const release = yield* actor.pause
+      yield* actor.admitEvent(0, stored(1, [1, 2, 3]))
+      const waiting = yield* Effect.fork(actor.admitEvent(0, stored(2, [4, 5])))
+      yield* settle
+      expect(Option.isNone(yield* Fiber.poll(waiting))).toBe(true)
+      // One permit is free, but the waiter comes first (FIFO, as the seed's semaphore).
+      expect(actor.admitEventsNow(0, [stored(3, [6])])).toBe(false)
+      yield* release
+      yield* Fiber.join(waiting)
+      yield* actor.flush
+      expect((yield* actor.diagnostics).appliedEvents).toBe(2)
+      yield* actor.shutdown
+      expect(actor.admitEventsNow(0, [stored(3, [6])])).toBe(false)
+      expect(actor.admitEventsNow(0, [])).toBe(true)
+    })
+  )
+
   it.scoped("a receiver that falls behind is lagged without blocking the actor", () =>
     Effect.gen(function* () {
       const actor = yield* spawn(ckfConfig(32), { publicationCapacity: 2 })

@@ -78,6 +78,7 @@ const scriptedActor = Effect.gen(function* () {
       lease = undefined
     }),
     admitEvent: () => unused,
+    admitEventsNow: () => false,
     replaceRanks: () => unused,
     replaceRank: () => unused,
     resetRank: () => unused,

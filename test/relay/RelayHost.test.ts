@@ -16,7 +16,7 @@ import {
   isMaterializable,
   makeConflict
 } from "../../src/discovery/MembershipProjection.js"
-import { storedEvent } from "../../src/domain/events.js"
+import { type RouterEvent, storedEvent } from "../../src/domain/events.js"
 import type { ResolvedIndexerDomain } from "../../src/domain/identity.js"
 import type { ModelCardInstance } from "../../src/domain/json.js"
 import { baseRegistration, canonicalModelId, KvQuerySemantics } from "../../src/domain/model.js"
@@ -104,7 +104,10 @@ const inMemoryTransport = (query: WorkerQueryTransport) => {
       }),
     query
   }
-  return { transport, handler: () => handler }
+  // The handler returns undefined when it handled the batch synchronously.
+  const deliver = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) =>
+    Effect.suspend(() => handler!(publisherId, events) ?? Effect.void)
+  return { transport, handler: () => (handler === undefined ? undefined : deliver) }
 }
 
 describe("RelayHost", () => {

@@ -82,7 +82,70 @@ const gatedSubscription = (pub: zmq.Publisher, poisoned = -1) =>
     return { seen, gate }
   })
 
+/**
+ * Like `gatedSubscription`, but `deliver` handles most messages synchronously (returns
+ * undefined), every fifth through an effect that yields first, and throws for `thrown`.
+ */
+const mixedSubscription = (pub: zmq.Publisher, thrown: number) =>
+  Effect.gen(function* () {
+    const seen: Array<number> = []
+    const gate = yield* Deferred.make<void>()
+    let blocked = false
+    yield* subscribe({
+      endpoint: pub.lastEndpoint!,
+      topic: TOPIC,
+      decode,
+      deliver: (message) => {
+        if (message._tag !== "Batch") throw new Error(`unexpected ${message._tag}`)
+        const n = message.sequence
+        if (n === thrown) throw new Error("synchronous handler defect")
+        if (n === 0 && !blocked) {
+          blocked = true
+          seen.push(n)
+          return Deferred.await(gate)
+        }
+        if (n % 5 !== 0) {
+          seen.push(n)
+          return undefined
+        }
+        return Effect.zipRight(
+          Effect.yieldNow(),
+          Effect.sync(() => void seen.push(n))
+        )
+      }
+    })
+    return { seen, gate }
+  })
+
 describe("ZeroMQ receive loop", () => {
+  it.scopedLive("synchronous and effectful deliveries keep their order; a throw drops its message only", () =>
+    Effect.gen(function* () {
+      const pub = yield* publisher
+      const thrown = RECEIVE_BATCH + 7
+      const { seen, gate } = yield* mixedSubscription(pub, thrown)
+      yield* prime(pub, seen)
+      const total = 3 * RECEIVE_BATCH + 2
+      for (let n = 0; n < total; n++) yield* send(pub, n)
+      yield* eventually(
+        Effect.sync(() => seen.includes(0)),
+        "the first message to hold the loop"
+      )
+      yield* Deferred.succeed(gate, undefined)
+      yield* eventually(
+        Effect.sync(() => seen.includes(total - 1)),
+        "every message after the throw to be delivered"
+      )
+      yield* send(pub, total)
+      yield* eventually(
+        Effect.sync(() => seen.includes(total)),
+        "a message sent after the throw"
+      )
+      expect(seen.filter((n) => n !== PROBE)).toEqual(
+        Array.from({ length: total + 1 }, (_, n) => n).filter((n) => n !== thrown)
+      )
+    })
+  )
+
   it.scopedLive("a backlog taken in batches reaches deliver whole, one message at a time, in order", () =>
     Effect.gen(function* () {
       const pub = yield* publisher
