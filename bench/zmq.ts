@@ -9,8 +9,13 @@
  *    through EventSubscriberPool into a counting handler at peak (publishers far ahead of the
  *    subscriber, so the drain rate is the subscriber's), and p99 publish→handler latency at half
  *    that rate; both against a bare zeromq SUB loop that only counts bytes, in the same run.
+ * 3. Receive alone: the same bare loop over the ZMTP subscriber (src/transport/zmtp/, what the
+ *    relay uses for tcp:// endpoints) against the bare zeromq.js SUB: peak blocks/s, and the main
+ *    thread's CPU per message (/proc/thread-self/stat), which the shared machine's load moves
+ *    less than the rate.
  */
 
+import { readFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { performance } from "node:perf_hooks"
 import { Worker } from "node:worker_threads"
@@ -25,6 +30,8 @@ import { encodeDynamoMessage } from "../src/transport/DynamoZmq.js"
 import { randomPublisherId } from "../src/transport/DynamoZmqPublisher.js"
 import { makeEventSubscriberPool } from "../src/transport/EventSubscriberPool.js"
 import { decodeRouterEvents, encodeRouterEvents } from "../src/transport/msgpack.js"
+import { parseTcpEndpoint } from "../src/transport/zmtp/Endpoint.js"
+import { makeZmtpSubscriber } from "../src/transport/zmtp/ZmtpSubscriber.js"
 import { type BenchContext, HashStream, percentile, record } from "./harness.js"
 
 const BLOCKS_PER_BATCH = 8
@@ -246,6 +253,19 @@ interface RunResult {
   readonly received: number
   readonly p99Ms: number
   readonly p50Ms: number
+  /** Main-thread CPU per received message while publishing and draining, µs. */
+  readonly cpuUsPerMessage: number
+}
+
+/** CPU seconds of the calling thread (Linux `/proc/thread-self/stat`, 10 ms ticks); NaN elsewhere. */
+const threadCpuSeconds = (): number => {
+  try {
+    const stat = readFileSync("/proc/thread-self/stat", "utf8")
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    return (Number(fields[11]) + Number(fields[12])) / 100
+  } catch {
+    return Number.NaN
+  }
 }
 
 const waitFor = async (predicate: () => boolean, timeoutMs: number): Promise<boolean> => {
@@ -274,6 +294,7 @@ const runPhase = async (
   await receiver.start()
   const sendTimes = Array.from({ length: publishers }, () => new SharedArrayBuffer(8 * perPublisher))
   const total = publishers * perPublisher
+  const cpuBefore = threadCpuSeconds()
   const run = request<{ seconds: number }>(worker, { cmd: "run", rate, sendTimes })
   await run
   // Everything arrived, or nothing more arrived for a second (a message lost before the
@@ -288,6 +309,7 @@ const runPhase = async (
     }
     return now >= total || performance.now() - quietSince > 1000
   }, 120_000)
+  const cpuSeconds = threadCpuSeconds() - cpuBefore
   const [first, last] = receiver.firstLast()
   const received = receiver.received()
   const latencies: Array<number> = []
@@ -302,7 +324,8 @@ const runPhase = async (
     blocksPerSecond: last > first ? ((received - 1) * BLOCKS_PER_BATCH * 1000) / (last - first) : 0,
     received,
     p99Ms: percentile(latencies, 99),
-    p50Ms: percentile(latencies, 50)
+    p50Ms: percentile(latencies, 50),
+    cpuUsPerMessage: (cpuSeconds * 1e6) / Math.max(1, received)
   }
 }
 
@@ -403,6 +426,60 @@ const bareReceiver = (endpoints: ReadonlyArray<string>, perPublisher: number) =>
   }
 }
 
+/** The bare loop over the ZMTP subscriber: one receive effect per batch, counting bytes. */
+const bareZmtpReceiver = (endpoints: ReadonlyArray<string>, perPublisher: number) => {
+  const recvTimes = endpoints.map(() => new Float64Array(perPublisher))
+  let received = 0
+  let bytes = 0
+  let first = 0
+  let last = 0
+  let scope: Scope.CloseableScope | undefined
+  const connected = new Set<number>()
+  return {
+    recvTimes,
+    received: () => received,
+    bytes: () => bytes,
+    firstLast: () => [first, last] as const,
+    start: async () => {
+      scope = Effect.runSync(Scope.make())
+      for (const [p, endpoint] of endpoints.entries()) {
+        const times = recvTimes[p]!
+        const batch: Array<Array<Buffer>> = []
+        const count = Effect.sync(() => {
+          const t = absoluteNow()
+          for (const frames of batch) {
+            for (const frame of frames) bytes += frame.length
+            const seq = frames[2]!.readUInt32BE(4)
+            if (seq < perPublisher) times[seq] = t
+            if (received === 0) first = t
+            last = t
+            received++
+          }
+          batch.length = 0
+        })
+        const loop = Effect.gen(function* () {
+          const subscriber = yield* makeZmtpSubscriber({
+            endpoint,
+            address: parseTcpEndpoint(endpoint)!,
+            topic: "kv-events",
+            highWaterMark: 100_000,
+            onConnection: (up) => (up ? connected.add(p) : connected.delete(p))
+          })
+          yield* subscriber
+            .receiveBatch(batch, 32)
+            .pipe(Effect.zipRight(count), Effect.forever, Effect.forkScoped)
+        })
+        await Effect.runPromise(Scope.extend(loop, scope))
+      }
+      await waitFor(() => connected.size === endpoints.length, 10_000)
+      await new Promise((resolve) => setTimeout(resolve, 300))
+    },
+    stop: async () => {
+      if (scope !== undefined) await Effect.runPromise(Scope.close(scope, Exit.void))
+    }
+  }
+}
+
 export const benchZmqIngest = async (ctx: BenchContext): Promise<void> => {
   benchDecode(ctx)
 
@@ -440,7 +517,10 @@ export const benchZmqIngest = async (ctx: BenchContext): Promise<void> => {
     const total = publishers * perPublisher
     let peak: RunResult | undefined
     let barePeak: RunResult | undefined
+    let zmtpPeak: RunResult | undefined
     let bareBytes = 0
+    const bareCpu: Array<number> = []
+    const zmtpCpu: Array<number> = []
     for (let r = 0; r < rounds; r++) {
       const ours = await runPhase(
         worker,
@@ -454,6 +534,20 @@ export const benchZmqIngest = async (ctx: BenchContext): Promise<void> => {
       const baseline = await runPhase(worker, publishers, perPublisher, 0, bare)
       bareBytes = bare.bytes() / Math.max(1, baseline.received)
       if (barePeak === undefined || baseline.blocksPerSecond > barePeak.blocksPerSecond) barePeak = baseline
+      bareCpu.push(baseline.cpuUsPerMessage)
+      const zmtp = await runPhase(
+        worker,
+        publishers,
+        perPublisher,
+        0,
+        bareZmtpReceiver(endpoints, perPublisher)
+      )
+      if (zmtpPeak === undefined || zmtp.blocksPerSecond > zmtpPeak.blocksPerSecond) zmtpPeak = zmtp
+      zmtpCpu.push(zmtp.cpuUsPerMessage)
+    }
+    const median = (values: Array<number>) => {
+      const sorted = [...values].sort((a, b) => a - b)
+      return (sorted[(sorted.length - 1) >> 1]! + sorted[sorted.length >> 1]!) / 2
     }
     record(
       ctx,
@@ -461,7 +555,24 @@ export const benchZmqIngest = async (ctx: BenchContext): Promise<void> => {
       "blocks/s",
       peak!.blocksPerSecond,
       barePeak!.blocksPerSecond,
-      `${publishers} publishers × ${perPublisher} 8-block batches (${Math.round(bareBytes)} B/message) into EventSubscriberPool vs a bare SUB counting bytes; received ${peak!.received}/${total} and ${barePeak!.received}/${total}`
+      `${publishers} publishers × ${perPublisher} 8-block batches (${Math.round(bareBytes)} B/message) into EventSubscriberPool vs a bare SUB counting bytes; received ${peak!.received}/${total} and ${barePeak!.received}/${total}; main thread ${peak!.cpuUsPerMessage.toFixed(1)} µs/message`
+    )
+    record(
+      ctx,
+      "zmtp_receive_peak",
+      "blocks/s",
+      zmtpPeak!.blocksPerSecond,
+      barePeak!.blocksPerSecond,
+      `the bare loop over the ZMTP subscriber vs over a zeromq.js SUB; received ${zmtpPeak!.received}/${total} and ${barePeak!.received}/${total}`
+    )
+    record(
+      ctx,
+      "zmtp_receive_cpu_per_message",
+      "µs",
+      median(zmtpCpu),
+      median(bareCpu),
+      `main-thread CPU per message while receiving, median of ${rounds} rounds each; baseline = the bare zeromq.js SUB; ratio = zeromq.js/ZMTP`,
+      true
     )
 
     // Half of our peak, in messages per second across all publishers.
