@@ -354,6 +354,7 @@ export class GlobalCkfIndexer {
   /** Keeps the row loads of `prepareRange` from being optimised away. */
   touchSink = 0
   private readonly depths = new Uint32Array(CKF_LANE_COUNT)
+  private readonly resultDepths = new Uint32Array(CKF_LANE_COUNT)
   // Counters of the query in progress (reported through `PrefixSearchStats`).
   private probeCalls = 0
   private laneProbes = 0
@@ -595,6 +596,24 @@ export class GlobalCkfIndexer {
    * are per lane, as in `findPrefixDepths`.
    */
   findPrefixMatches(hashes: Uint32Array, stats?: PrefixSearchStats): GlobalCkfQueryResult | "Unavailable" {
+    const captured = this.prefixDepthsInto(hashes, this.resultDepths, stats)
+    if (captured === "Unavailable") return captured
+    const manifest = this.shared.manifest
+    const depths = this.resultDepths
+    const lanes: Array<GlobalCkfLaneMatch | undefined> = new Array(CKF_LANE_COUNT).fill(undefined)
+    for (let m = captured; m !== 0; m &= m - 1) {
+      const lane = 31 - Math.clz32(m & -m)
+      lanes[lane] = { physicalLane: lane, poolId: manifest.poolId(lane)!, prefixDepth: depths[lane]! }
+    }
+    return { capturedReadyLanes: captured, lanes }
+  }
+
+  /**
+   * `findPrefixMatches` without its result objects, for callers that build their own: every
+   * captured lane's depth into `out[lane]` (16 entries; 0 elsewhere), and the captured ready
+   * lanes returned (the pool of a lane is `manifest.poolId(lane)`).
+   */
+  prefixDepthsInto(hashes: Uint32Array, out: Uint32Array, stats?: PrefixSearchStats): number | "Unavailable" {
     const shared = this.shared
     // The query's only readiness read: a lane retired right after may still be answered under
     // the weak-read contract.
@@ -635,12 +654,8 @@ export class GlobalCkfIndexer {
       stats.activatedLanes += this.activatedLanes
       stats.provenanceSkips += this.provenanceSkips
     }
-    const lanes: Array<GlobalCkfLaneMatch | undefined> = new Array(CKF_LANE_COUNT).fill(undefined)
-    for (let m = captured; m !== 0; m &= m - 1) {
-      const lane = 31 - Math.clz32(m & -m)
-      lanes[lane] = { physicalLane: lane, poolId: shared.manifest.poolId(lane)!, prefixDepth: depths[lane]! }
-    }
-    return { capturedReadyLanes: captured, lanes }
+    out.set(depths)
+    return captured
   }
 
   /** Every captured lane's depth into `depths` (zeroed by the caller). */

@@ -203,6 +203,9 @@ export const sortByDepth = (results: Array<OverlapResult>): Array<OverlapResult>
   return results
 }
 
+/** Per-lane depths of the domain being queried (queries run one at a time, synchronously). */
+const queryDepths = new Uint32Array(16)
+
 /** Query the matching domains of `consumer` (no Effect: one synchronous pass). */
 export const overlapOf = (
   consumer: GlobalConsumerService,
@@ -224,22 +227,24 @@ export const overlapOf = (
   const addresses = new QueryAddresses(request)
   const results: Array<OverlapResult> = []
   for (const domain of matching) {
-    const answer = domain.indexer.findPrefixMatches(addresses.for(domain.querySemantics))
-    if (answer === "Unavailable") continue
+    const captured = domain.indexer.prefixDepthsInto(addresses.for(domain.querySemantics), queryDepths)
+    if (captured === "Unavailable") continue
     const blockSize = domain.querySemantics.kvBlockSize
-    for (const match of answer.lanes) {
-      if (match === undefined) continue
+    const manifest = domain.indexer.manifest
+    for (let m = captured; m !== 0; m &= m - 1) {
+      const physicalLane = 31 - Math.clz32(m & -m)
       // The query captured readiness once; a lane retired since (weak read) or never reported
       // ready by its own attempt is not answered for.
-      const lane = domain.lanes.get(match.physicalLane)
+      const lane = domain.lanes.get(physicalLane)
       if (lane === undefined || !lane.ready) continue
+      const prefixDepth = queryDepths[physicalLane]!
       results.push({
         relay: lane.relay,
-        lane: match.physicalLane,
-        poolId: match.poolId,
+        lane: physicalLane,
+        poolId: manifest.poolId(physicalLane)!,
         servingEndpoint: lane.descriptor.servingEndpoint,
-        prefixDepth: match.prefixDepth,
-        matchedTokens: match.prefixDepth * blockSize
+        prefixDepth,
+        matchedTokens: prefixDepth * blockSize
       })
     }
   }
