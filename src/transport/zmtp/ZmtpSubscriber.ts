@@ -99,6 +99,17 @@ export const makeZmtpSubscriber = (
     let connects = 0
     let disconnects = 0
     let current: Session | undefined
+    // A throwing connection callback must neither close the connection nor end the loop: its
+    // defect is kept and logged by the loop once the connection ends.
+    let callbackDefect: unknown
+    const notify = (connected: boolean): void => {
+      if (onConnection === undefined) return
+      try {
+        onConnection(connected)
+      } catch (defect) {
+        callbackDefect ??= defect
+      }
+    }
 
     /** One connection, from connect to close; interruption closes it. */
     const connectOnce: Effect.Effect<SessionEnd> = Effect.gen(function* () {
@@ -111,7 +122,7 @@ export const makeZmtpSubscriber = (
         maxFrameBytes,
         onReady: () => {
           connects++
-          onConnection?.(true)
+          notify(true)
         },
         onEnd: (end) => {
           ended = end
@@ -142,11 +153,11 @@ export const makeZmtpSubscriber = (
     })
 
     const firstWarned = new Set<ZmtpErrorReason>()
-    const report = (end: SessionEnd): Effect.Effect<void> => {
-      if (end.handshaken) {
-        disconnects++
-        onConnection?.(false)
-      }
+    const describeEnd = (end: SessionEnd): Effect.Effect<void> => {
+      if (end.defect !== undefined)
+        return Effect.logError("ZMTP connection closed after a defect in its handler; reconnecting").pipe(
+          Effect.annotateLogs({ endpoint, defect: String(end.defect) })
+        )
       const fault = end.fault
       if (fault === undefined)
         return end.socketError === undefined
@@ -164,6 +175,23 @@ export const makeZmtpSubscriber = (
         Effect.annotateLogs({ endpoint, reason: error.reason, error: error.message }),
         Effect.zipRight(Metric.increment(Metric.tagged(protocolErrorsTotal, "reason", fault.reason)))
       )
+    }
+    const report = (end: SessionEnd): Effect.Effect<void> => {
+      if (end.handshaken) {
+        disconnects++
+        notify(false)
+      }
+      const failed = callbackDefect
+      callbackDefect = undefined
+      const described = describeEnd(end)
+      return failed === undefined
+        ? described
+        : Effect.zipRight(
+            described,
+            Effect.logError("a ZMTP connection-state callback failed").pipe(
+              Effect.annotateLogs({ endpoint, defect: String(failed) })
+            )
+          )
     }
 
     yield* Effect.gen(function* () {
@@ -184,7 +212,7 @@ export const makeZmtpSubscriber = (
       Effect.ensuring(
         Effect.sync(() => {
           current?.close()
-          onConnection?.(false)
+          notify(false)
         })
       ),
       Effect.annotateLogs({ endpoint }),

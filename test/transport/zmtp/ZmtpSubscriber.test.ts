@@ -8,6 +8,8 @@ import { it } from "@effect/vitest"
 import { Effect } from "effect"
 import { describe, expect } from "vitest"
 import * as zmq from "zeromq"
+import { parseTcpEndpoint } from "../../../src/transport/zmtp/Endpoint.js"
+import { makeZmtpSubscriber } from "../../../src/transport/zmtp/ZmtpSubscriber.js"
 import {
   bound,
   collect,
@@ -250,5 +252,33 @@ describe("ZMTP subscriber against libzmq", () => {
       expect(received.length).toBeLessThan(total + 1000)
       expect(sub.connection).toEqual([true])
     })
+  )
+
+  it.scopedLive(
+    "a connection callback that throws neither closes the connection nor stops the subscriber",
+    () =>
+      Effect.gen(function* () {
+        const pub = yield* publisher()
+        const subscriber = yield* makeZmtpSubscriber({
+          endpoint: pub.lastEndpoint!,
+          address: parseTcpEndpoint(pub.lastEndpoint!)!,
+          topic: "",
+          highWaterMark: 1000,
+          onConnection: () => {
+            throw new Error("callback bug")
+          }
+        })
+        const messages: Array<Array<Buffer>> = []
+        yield* subscriber.receiveBatch(messages, 32).pipe(Effect.forever, Effect.forkScoped)
+        yield* eventually(
+          Effect.gen(function* () {
+            yield* sendAll(pub, [["m"]])
+            return messages.length > 0
+          }),
+          "a message"
+        )
+        const stats = subscriber.stats()
+        expect([stats.connects, stats.disconnects]).toEqual([1, 0])
+      })
   )
 })

@@ -28,6 +28,8 @@ export interface SessionEnd {
   readonly fault: ZmtpFault | undefined
   /** The socket error that closed it (refused, reset, …), when it was not a fault. */
   readonly socketError: string | undefined
+  /** What a data handler threw (a bug here or in a connection callback), when that closed it. */
+  readonly defect?: unknown
 }
 
 export interface SessionOptions {
@@ -68,7 +70,15 @@ export class Session implements FlowControl {
     socket.on("connect", () => {
       if (this.state === "greeting") socket.write(encodeGreeting())
     })
-    socket.on("data", (chunk: Buffer) => this.onData(chunk))
+    socket.on("data", (chunk: Buffer) => {
+      // Nothing may throw out of a socket callback (it would take the process down): a defect
+      // closes this connection, and the subscriber logs it and reconnects.
+      try {
+        this.onData(chunk)
+      } catch (defect) {
+        this.end(undefined, defect)
+      }
+    })
     socket.on("error", (error) => {
       this.socketError ??= error.message
     })
@@ -168,12 +178,15 @@ export class Session implements FlowControl {
     return properties
   }
 
-  private end(fault: ZmtpFault | undefined): void {
+  private end(fault: ZmtpFault | undefined, defect?: unknown): void {
     if (this.state === "ended") return
     const handshaken = this.state === "ready"
     this.state = "ended"
     this.queue.detach(this)
     this.socket.destroy()
-    this.options.onEnd({ handshaken, fault, socketError: fault === undefined ? this.socketError : undefined })
+    const socketError = fault === undefined ? this.socketError : undefined
+    this.options.onEnd(
+      defect === undefined ? { handshaken, fault, socketError } : { handshaken, fault, socketError, defect }
+    )
   }
 }
