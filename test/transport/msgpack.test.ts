@@ -124,11 +124,14 @@ describe("RouterEvent payload", () => {
       [-(2n ** 63n), 2n ** 63n]
     ]
     for (const [wire, expected] of cases) {
+      // msgpackr writes a bigint as 64 bits; a number of 32 bits or less takes its smallest width
+      // (int8, int16, …); beyond that it writes a float, so those stay bigints.
+      const value = wire >= -(2n ** 31n) && wire < 2n ** 32n ? Number(wire) : wire
       const bytes = pack([
         {
           worker_id: 7,
           storage_tier: "device",
-          event: { event_id: 1, data: { removed: { block_hashes: [wire] } }, dp_rank: 0 }
+          event: { event_id: 1, data: { removed: { block_hashes: [value] } }, dp_rank: 0 }
         }
       ])
       const [event] = decodeOk(bytes)
