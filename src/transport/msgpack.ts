@@ -81,7 +81,6 @@ const typeName = (byte: number): string => {
 // ---------------------------------------------------------------------------------------------
 // Reader
 
-/** A cursor over one msgpack buffer range; every read checks the bounds of the range. */
 /** Big-endian integers at `p` of `b` (the reader's bounds checks come first). */
 const be16 = (b: Uint8Array, p: number): number => (b[p]! << 8) | b[p + 1]!
 const i32 = (b: Uint8Array, p: number): number =>
@@ -90,6 +89,7 @@ const be32 = (b: Uint8Array, p: number): number => i32(b, p) >>> 0
 const i8 = (b: Uint8Array, p: number): number => (b[p]! << 24) >> 24
 const i16 = (b: Uint8Array, p: number): number => (be16(b, p) << 16) >> 16
 
+/** A cursor over one msgpack buffer range; every read checks the bounds of the range. */
 export class MsgpackReader {
   pos: number
   readonly end: number
