@@ -140,6 +140,16 @@ describe("ZMTP subscriber against libzmq", () => {
     })
   )
 
+  it.scopedLive("connects by host name", () =>
+    Effect.gen(function* () {
+      const pub = yield* publisher()
+      const port = pub.lastEndpoint!.split(":").pop()
+      const sub = yield* collect(`tcp://localhost:${port}`, "h")
+      yield* prime(pub, sub, "h")
+      expect(sub.connection).toEqual([true])
+    })
+  )
+
   it.scopedLive("connects to a publisher that binds after the subscriber started", () =>
     Effect.gen(function* () {
       const port = yield* freePort
