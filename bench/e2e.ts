@@ -432,6 +432,11 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     const durationMs = ctx.quick ? 2_000 : 6_000
     const tickMs = 10
     const batchesPerTick = Math.max(1, Math.round((rate * tickMs) / 1000 / BLOCKS))
+    // Relay CPU per event at the paced rate too: unlike the burst's, it does not depend on how far
+    // the relay falls behind (a relay that lags takes more events per wake-up, each cheaper).
+    const pacedCpuBefore = relayCpuMs(relay)
+    const pacedMainBefore = relayCpuMs(relay, true)
+    let pacedEvents = 0
     const paceStart = performance.now()
     let nextProbe = paceStart
     for (let tick = 0; performance.now() - paceStart < durationMs; tick++) {
@@ -443,9 +448,16 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
           nextProbe += 50
           await w.socket.send(probe(w))
         } else await w.socket.send(storedFrames(w, batch()))
+        pacedEvents++
       }
     }
     await until("the last probes", async () => pending.size === 0, 10_000).catch(() => undefined)
+    const pacedCpuAfter = relayCpuMs(relay)
+    const pacedMainAfter = relayCpuMs(relay, true)
+    const perPacedEvent = (before: number | undefined, after: number | undefined) =>
+      before === undefined || after === undefined ? undefined : ((after - before) * 1000) / pacedEvents
+    const pacedCpu = perPacedEvent(pacedCpuBefore, pacedCpuAfter)
+    const pacedMainCpu = perPacedEvent(pacedMainBefore, pacedMainAfter)
     latencies.sort((a, b) => a - b)
     ctx.log(
       `  e2e ${otlp === undefined ? "tracing off" : "tracing on "}: ${Math.round(blocksPerSecond).toLocaleString("en-US")} blocks/s peak; ` +
@@ -454,7 +466,9 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         (cpuPerEvent === undefined ? "" : `, relay CPU ${Math.round(cpuPerEvent)} µs/event`) +
         (mainCpuPerEvent === undefined ? "" : ` (main thread ${Math.round(mainCpuPerEvent)})`) +
         "); " +
-        `at ${Math.round(rate).toLocaleString("en-US")} blocks/s: ${latencies.length} probes, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms, ${pending.size} unseen`
+        `at ${Math.round(rate).toLocaleString("en-US")} blocks/s: ${latencies.length} probes, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms, ${pending.size} unseen` +
+        (pacedCpu === undefined ? "" : `, relay CPU ${Math.round(pacedCpu)} µs/event`) +
+        (pacedMainCpu === undefined ? "" : ` (main thread ${Math.round(pacedMainCpu)})`)
     )
     return {
       blocksPerSecond,
