@@ -53,6 +53,25 @@ const serveRelay = (relay: KvDcRelayService) =>
     Effect.orDie
   )
 
+/**
+ * Waits until `/v1/stats` counts a finished recovery: the relay's first recovery of a rank waits
+ * for its SUB to connect, so the engine's later batches then arrive live.
+ */
+const awaitConnected = (base: string) =>
+  eventually(
+    Effect.promise(async () => {
+      const stats: unknown = await (await fetch(`${base}/v1/stats`)).json()
+      const recovered = (value: unknown): boolean =>
+        typeof value === "object" &&
+        value !== null &&
+        Object.entries(value).some(
+          ([key, v]) => (key === "recoveries" && typeof v === "number" && v >= 1) || recovered(v)
+        )
+      return recovered(stats)
+    }),
+    "the first recovery (after the event source connected)"
+  )
+
 /** Waits until `reason` counted `by` more drops than `before`, and returns the counts then. */
 const awaitDrops = (base: string, before: Record<DropReason, number>, reason: DropReason, by = 1) =>
   eventually(
@@ -70,6 +89,11 @@ describe("dropped KV event batches are counted by reason on /metrics", () => {
       const relay = yield* startRelay(file)
       yield* poolOf(relay, VLLM, "the vllm pool")
       const base = yield* serveRelay(relay)
+      // The engine's next batches must arrive live, so that the stale one below is judged
+      // against them: a batch published before the relay's SUB has connected is dropped by the PUB
+      // (and reaches the relay only through replay). The relay's ZMTP reader connects on the
+      // event loop, which the relay's start keeps busy for a while.
+      yield* awaitConnected(base)
       const next = hashes(0x6200_0000_0000n, 2)
       yield* rank0.store(next.slice(0, 1))
       yield* rank0.store(next.slice(1))
