@@ -98,6 +98,12 @@ describe("dropped KV event batches are counted by reason on /metrics", () => {
       yield* rank0.store(next.slice(0, 1))
       yield* rank0.store(next.slice(1))
       yield* awaitFilter(relay, VLLM, "the live blocks", addressesBy(rank0)([...first, ...next]))
+      // Batches published before the subscription took effect reach the relay through replay,
+      // which the decoder does not see: one more batch now, long after the subscriber's
+      // handshake, is decoded live and sets the seq the stale batch falls below.
+      const live = hashes(0x6280_0000_0000n, 1)
+      yield* rank0.store(live)
+      yield* awaitFilter(relay, VLLM, "a live block", addressesBy(rank0)(live))
 
       const before = yield* scrapeDrops(base)
       for (const reason of DROP_REASONS) expect(before[reason], reason).toBeGreaterThanOrEqual(0)
