@@ -117,32 +117,45 @@ const mixedSubscription = (pub: zmq.Publisher, thrown: number) =>
     return { seen, gate }
   })
 
+/**
+ * With the loop held at its first message, sends `total` messages, releases it and expects every
+ * one but `dropped` delivered in order, and the subscription still delivering afterwards.
+ */
+const dropsOnlyOne = (
+  pub: zmq.Publisher,
+  subscription: { readonly seen: Array<number>; readonly gate: Deferred.Deferred<void> },
+  dropped: number,
+  total: number
+) =>
+  Effect.gen(function* () {
+    const { seen, gate } = subscription
+    yield* prime(pub, seen)
+    for (let n = 0; n < total; n++) yield* send(pub, n)
+    yield* eventually(
+      Effect.sync(() => seen.includes(0)),
+      "the first message to hold the loop"
+    )
+    yield* Deferred.succeed(gate, undefined)
+    yield* eventually(
+      Effect.sync(() => seen.includes(total - 1)),
+      "the messages after the dropped one to be delivered"
+    )
+    yield* send(pub, total)
+    yield* eventually(
+      Effect.sync(() => seen.includes(total)),
+      "a message sent after the dropped one"
+    )
+    expect(seen.filter((n) => n !== PROBE)).toEqual(
+      Array.from({ length: total + 1 }, (_, n) => n).filter((n) => n !== dropped)
+    )
+  })
+
 describe("ZeroMQ receive loop", () => {
   it.scopedLive("synchronous and effectful deliveries keep their order; a throw drops its message only", () =>
     Effect.gen(function* () {
       const pub = yield* publisher
       const thrown = RECEIVE_BATCH + 7
-      const { seen, gate } = yield* mixedSubscription(pub, thrown)
-      yield* prime(pub, seen)
-      const total = 3 * RECEIVE_BATCH + 2
-      for (let n = 0; n < total; n++) yield* send(pub, n)
-      yield* eventually(
-        Effect.sync(() => seen.includes(0)),
-        "the first message to hold the loop"
-      )
-      yield* Deferred.succeed(gate, undefined)
-      yield* eventually(
-        Effect.sync(() => seen.includes(total - 1)),
-        "every message after the throw to be delivered"
-      )
-      yield* send(pub, total)
-      yield* eventually(
-        Effect.sync(() => seen.includes(total)),
-        "a message sent after the throw"
-      )
-      expect(seen.filter((n) => n !== PROBE)).toEqual(
-        Array.from({ length: total + 1 }, (_, n) => n).filter((n) => n !== thrown)
-      )
+      yield* dropsOnlyOne(pub, yield* mixedSubscription(pub, thrown), thrown, 3 * RECEIVE_BATCH + 2)
     })
   )
 
@@ -170,28 +183,7 @@ describe("ZeroMQ receive loop", () => {
     Effect.gen(function* () {
       const pub = yield* publisher
       const poisoned = RECEIVE_BATCH + 3
-      const { seen, gate } = yield* gatedSubscription(pub, poisoned)
-      yield* prime(pub, seen)
-      const total = 3 * RECEIVE_BATCH
-      for (let n = 0; n < total; n++) yield* send(pub, n)
-      yield* eventually(
-        Effect.sync(() => seen.includes(0)),
-        "the first message to hold the loop"
-      )
-      yield* Deferred.succeed(gate, undefined)
-      yield* eventually(
-        Effect.sync(() => seen.includes(total - 1)),
-        "the messages after the defect to be delivered"
-      )
-      // The subscription goes on after the defect.
-      yield* send(pub, total)
-      yield* eventually(
-        Effect.sync(() => seen.includes(total)),
-        "a message sent after the defect"
-      )
-      expect(seen.filter((n) => n !== PROBE)).toEqual(
-        Array.from({ length: total + 1 }, (_, n) => n).filter((n) => n !== poisoned)
-      )
+      yield* dropsOnlyOne(pub, yield* gatedSubscription(pub, poisoned), poisoned, 3 * RECEIVE_BATCH)
     })
   )
 })
