@@ -20,6 +20,8 @@ import {
   SKIP_REASONS,
   type SkipCounts
 } from "../domain/ingest.js"
+import { ZMTP_ERROR_REASONS } from "../transport/zmtp/ZmtpError.js"
+import { protocolErrorsTotal } from "../transport/zmtp/ZmtpSubscriber.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
 export const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
@@ -228,6 +230,9 @@ export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(
     ),
     ...DROP_REASONS.map((reason) =>
       Metric.incrementBy(Metric.tagged(ingestDroppedBatches, "reason", reason), 0)
+    ),
+    ...ZMTP_ERROR_REASONS.map((reason) =>
+      Metric.incrementBy(Metric.tagged(protocolErrorsTotal, "reason", reason), 0)
     )
   ],
   { discard: true }

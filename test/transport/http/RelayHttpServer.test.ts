@@ -31,6 +31,7 @@ import {
   POOL_STREAM_CONTENT_TYPE
 } from "../../../src/transport/http/PoolStreamFrame.js"
 import * as RelayHttpServer from "../../../src/transport/http/RelayHttpServer.js"
+import { ZMTP_ERROR_REASONS } from "../../../src/transport/zmtp/ZmtpError.js"
 import { VERSION } from "../../../src/version.js"
 import { card } from "../../discovery/fixtures.js"
 import {
@@ -320,6 +321,13 @@ describe("RelayHttpServer: plain routes", () => {
       for (const reason of DROP_REASONS) {
         expect(
           sampleValue(families, "kv_dc_relay_ingest_dropped_batches_total", { reason }),
+          reason
+        ).toBeTypeOf("number")
+      }
+      expect(familyOf(families, "kv_dc_relay_zmtp_protocol_errors_total")?.type).toBe("COUNTER")
+      for (const reason of ZMTP_ERROR_REASONS) {
+        expect(
+          sampleValue(families, "kv_dc_relay_zmtp_protocol_errors_total", { reason }),
           reason
         ).toBeTypeOf("number")
       }
