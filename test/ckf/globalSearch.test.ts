@@ -59,6 +59,31 @@ const insert = (words: Uint32Array, a: number, b: number, fp: number, random: ()
   setSlot(words, order[0]!, Math.floor(random() * 4), fp)
 }
 
+/** Claims `lane` of `indexer` and installs a copy of `words` as its snapshot: the lane is ready. */
+const installLane = (
+  indexer: GlobalCkfIndexer,
+  lane: number,
+  pool: PoolId,
+  format: DcCkfFormatIdentity,
+  words: Uint32Array
+): void => {
+  const ingestor = indexer.claimLane(lane)
+  if (ingestor instanceof Error) throw ingestor
+  const identity = new ProducerIdentity(pool, 1n, 1n, format)
+  const lease = new LaneLease(CONSUMER, lane, 1n)
+  expect(ingestor.assign(identity, lease)).toBeUndefined()
+  const outcome = ingestor.installSnapshot({ identity, lease, sequence: 1n, words: words.slice() })
+  expect(outcome._tag).toBe("SnapshotInstalled")
+}
+
+/** Whether `words` hold the fingerprint of query position `pos` in its bucket a or b. */
+const holdsPosition =
+  (words: Uint32Array, addresses: ReadonlyArray<ReturnType<typeof prepare>>) =>
+  (pos: number): boolean => {
+    const p = addresses[pos]!
+    return bucketHolds(words, p.bucketA, p.fingerprint) || bucketHolds(words, p.bucketB, p.fingerprint)
+  }
+
 interface LaneSpec {
   /** Tracked prefix length, before clamping to the query. */
   readonly depth: number
@@ -132,18 +157,7 @@ for (const engine of ["wasm", "typescript"] as const)
                 const p = addresses[pos]!
                 insert(words, p.bucketA, p.bucketB, p.fingerprint, random)
               }
-              const ingestor = indexer.claimLane(lane)
-              if (ingestor instanceof Error) throw ingestor
-              const identity = new ProducerIdentity(pools[lane]!, 1n, 1n, format)
-              const lease = new LaneLease(CONSUMER, lane, 1n)
-              expect(ingestor.assign(identity, lease)).toBeUndefined()
-              const outcome = ingestor.installSnapshot({
-                identity,
-                lease,
-                sequence: 1n,
-                words: words.slice()
-              })
-              expect(outcome._tag).toBe("SnapshotInstalled")
+              installLane(indexer, lane, pools[lane]!, format, words)
               if (lane !== 0 && (readyBits & (1 << lane)) === 0) indexer.retireLaneReadiness(lane)
               else ready |= 1 << lane
             })
@@ -167,11 +181,8 @@ for (const engine of ["wasm", "typescript"] as const)
                   continue
                 }
                 const words = laneWords[lane]!
-                const hits = qAddresses.map(
-                  (p) =>
-                    bucketHolds(words, p.bucketA, p.fingerprint) ||
-                    bucketHolds(words, p.bucketB, p.fingerprint)
-                )
+                const holds = holdsPosition(words, qAddresses)
+                const hits = qAddresses.map((_, pos) => holds(pos))
                 let linear = 0
                 while (linear < n && hits[linear]) linear++
                 const closed = hits.every((hit, pos) => hit === pos < linear)
@@ -242,24 +253,14 @@ for (const engine of ["wasm", "typescript"] as const)
               random
             )
           }
-          const ingestor = indexer.claimLane(lane)
-          if (ingestor instanceof Error) throw ingestor
-          const identity = new ProducerIdentity(pool, 1n, 1n, format)
-          const lease = new LaneLease(CONSUMER, lane, 1n)
-          ingestor.assign(identity, lease)
-          ingestor.installSnapshot({ identity, lease, sequence: 1n, words: words.slice() })
+          installLane(indexer, lane, pool, format, words)
           return words
         })
         const stats = newPrefixSearchStats()
         const result = indexer.findPrefixMatches(hashPairs(query), stats)
         if (result === "Unavailable") throw new Error("every lane is ready")
         laneWords.forEach((words, lane) => {
-          const hit = (pos: number): boolean => {
-            const p = addresses[pos]!
-            return (
-              bucketHolds(words, p.bucketA, p.fingerprint) || bucketHolds(words, p.bucketB, p.fingerprint)
-            )
-          }
+          const hit = holdsPosition(words, addresses)
           expect(result.lanes[lane]!.prefixDepth).toBe(referenceLaneDepth(n, window, hit))
         })
         expect(stats.activatedLanes).toBeGreaterThan(0)
@@ -286,14 +287,7 @@ for (const engine of ["wasm", "typescript"] as const)
           if (lane === 3 && pos === 9_000) continue
           insert(words, addresses[pos]!.bucketA, addresses[pos]!.bucketB, addresses[pos]!.fingerprint, random)
         }
-        const ingestor = indexer.claimLane(lane)
-        if (ingestor instanceof Error) throw ingestor
-        const identity = new ProducerIdentity(pools[lane]!, 1n, 1n, format)
-        const lease = new LaneLease(CONSUMER, lane, 1n)
-        ingestor.assign(identity, lease)
-        expect(ingestor.installSnapshot({ identity, lease, sequence: 1n, words: words.slice() })._tag).toBe(
-          "SnapshotInstalled"
-        )
+        installLane(indexer, lane, pools[lane]!, format, words)
         return words
       })
       const pairs = hashPairs(query)
@@ -301,12 +295,7 @@ for (const engine of ["wasm", "typescript"] as const)
         const result = indexer.findPrefixMatches(pairs.subarray(0, 2 * length))
         if (result === "Unavailable") throw new Error("every lane is ready")
         laneWords.forEach((words, lane) => {
-          const hit = (pos: number): boolean => {
-            const p = addresses[pos]!
-            return (
-              bucketHolds(words, p.bucketA, p.fingerprint) || bucketHolds(words, p.bucketB, p.fingerprint)
-            )
-          }
+          const hit = holdsPosition(words, addresses)
           expect(result.lanes[lane]!.prefixDepth).toBe(referenceLaneDepth(length, 2, hit))
         })
       }
@@ -317,13 +306,7 @@ for (const engine of ["wasm", "typescript"] as const)
       const pools = [0, 1].map((lane) => new PoolId(DOMAIN, new DcId(BigInt(700 + lane))))
       const indexer = new GlobalCkfIndexer(new GlobalCkfManifest(CONSUMER, DOMAIN, format, pools))
       expect(indexer.findPrefixMatches(new Uint32Array(0))).toBe("Unavailable")
-      const ingestor = indexer.claimLane(1)
-      if (ingestor instanceof Error) throw ingestor
-      const identity = new ProducerIdentity(pools[1]!, 1n, 1n, format)
-      const lease = new LaneLease(CONSUMER, 1, 1n)
-      ingestor.assign(identity, lease)
-      const words = new Uint32Array(16).fill(0xffff_ffff)
-      ingestor.installSnapshot({ identity, lease, sequence: 1n, words })
+      installLane(indexer, 1, pools[1]!, format, new Uint32Array(16).fill(0xffff_ffff))
       const result = indexer.findPrefixMatches(new Uint32Array(0))
       if (result === "Unavailable") throw new Error("lane 1 is ready")
       expect(result.capturedReadyLanes).toBe(0b10)
