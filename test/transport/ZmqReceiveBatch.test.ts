@@ -9,7 +9,12 @@ import { it } from "@effect/vitest"
 import { Deferred, Effect } from "effect"
 import { describe, expect } from "vitest"
 import * as zmq from "zeromq"
-import { type IngestMessage, RECEIVE_BATCH, subscribe } from "../../src/transport/ZmqSocket.js"
+import {
+  type Delivered,
+  type IngestMessage,
+  RECEIVE_BATCH,
+  subscribe
+} from "../../src/transport/ZmqSocket.js"
 import { eventually } from "../integration/zmqHelpers.js"
 
 const TOPIC = "batch-test"
@@ -56,37 +61,9 @@ const prime = (socket: zmq.Publisher, seen: ReadonlyArray<number>) =>
 
 /**
  * A subscription that records each message's sequence and holds the loop on message 0 until
- * `gate` opens, so everything after it queues on the socket; message `poisoned` is a defect.
+ * `gate` opens, so everything after it queues on the socket; `handle` delivers the others.
  */
-const gatedSubscription = (pub: zmq.Publisher, poisoned = -1) =>
-  Effect.gen(function* () {
-    const seen: Array<number> = []
-    const gate = yield* Deferred.make<void>()
-    let blocked = false
-    yield* subscribe({
-      endpoint: pub.lastEndpoint!,
-      topic: TOPIC,
-      decode,
-      deliver: (message) =>
-        Effect.suspend(() => {
-          if (message._tag !== "Batch") return Effect.die(new Error(`unexpected ${message._tag}`))
-          if (message.sequence === poisoned) return Effect.die(new Error("handler defect"))
-          seen.push(message.sequence)
-          if (message.sequence === 0 && !blocked) {
-            blocked = true
-            return Deferred.await(gate)
-          }
-          return Effect.void
-        })
-    })
-    return { seen, gate }
-  })
-
-/**
- * Like `gatedSubscription`, but `deliver` handles most messages synchronously (returns
- * undefined), every fifth through an effect that yields first, and throws for `thrown`.
- */
-const mixedSubscription = (pub: zmq.Publisher, thrown: number) =>
+const heldSubscription = (pub: zmq.Publisher, handle: (n: number, seen: Array<number>) => Delivered) =>
   Effect.gen(function* () {
     const seen: Array<number> = []
     const gate = yield* Deferred.make<void>()
@@ -98,23 +75,42 @@ const mixedSubscription = (pub: zmq.Publisher, thrown: number) =>
       deliver: (message) => {
         if (message._tag !== "Batch") throw new Error(`unexpected ${message._tag}`)
         const n = message.sequence
-        if (n === thrown) throw new Error("synchronous handler defect")
         if (n === 0 && !blocked) {
           blocked = true
           seen.push(n)
           return Deferred.await(gate)
         }
-        if (n % 5 !== 0) {
-          seen.push(n)
-          return undefined
-        }
-        return Effect.zipRight(
-          Effect.yieldNow(),
-          Effect.sync(() => void seen.push(n))
-        )
+        return handle(n, seen)
       }
     })
     return { seen, gate }
+  })
+
+/** Every message through an effect; message `poisoned` is a defect. */
+const gatedSubscription = (pub: zmq.Publisher, poisoned = -1) =>
+  heldSubscription(pub, (n, seen) =>
+    Effect.suspend(() => {
+      if (n === poisoned) return Effect.die(new Error("handler defect"))
+      seen.push(n)
+      return Effect.void
+    })
+  )
+
+/**
+ * Most messages handled synchronously (undefined), every fifth through an effect that yields
+ * first, and a throw for `thrown`.
+ */
+const mixedSubscription = (pub: zmq.Publisher, thrown: number) =>
+  heldSubscription(pub, (n, seen) => {
+    if (n === thrown) throw new Error("synchronous handler defect")
+    if (n % 5 !== 0) {
+      seen.push(n)
+      return undefined
+    }
+    return Effect.zipRight(
+      Effect.yieldNow(),
+      Effect.sync(() => void seen.push(n))
+    )
   })
 
 /**
