@@ -22,7 +22,7 @@
  */
 
 import { type ChildProcess, spawn } from "node:child_process"
-import { readFileSync, writeFileSync } from "node:fs"
+import { writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -46,7 +46,7 @@ import { DEFAULT_EXPECTED_UNIQUE_BLOCKS, DEFAULT_PUBLICATION_THRESHOLD } from ".
 import { encodeDynamoMessage, KV_EVENT_TOPIC, subscribeDynamo } from "../src/transport/DynamoZmq.js"
 import { randomPublisherId } from "../src/transport/DynamoZmqPublisher.js"
 import type { IngestMessage } from "../src/transport/ZmqSocket.js"
-import { type BenchContext, HashStream, record } from "./harness.js"
+import { type BenchContext, HashStream, record, threadCpuSeconds } from "./harness.js"
 
 const ROLE = "kvrelay-bench-worker-ingest"
 const POOLS = 4
@@ -144,21 +144,6 @@ const subscribePool = (
       ),
     { discard: true }
   )
-
-/**
- * CPU seconds of the calling thread (Linux `/proc/thread-self/stat`, 10 ms ticks): what each
- * thread's work costs, apart from the zmq I/O threads and the other threads of the process.
- */
-const threadCpuSeconds = (): number => {
-  try {
-    const stat = readFileSync("/proc/thread-self/stat", "utf8")
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    // Fields 14 and 15 of stat(5) (utime, stime) are at 11 and 12 after the command name.
-    return (Number(fields[11]) + Number(fields[12])) / 100
-  } catch {
-    return Number.NaN
-  }
-}
 
 /** Blocks of the Stored/Removed events of a decoded message (0 for anything else). */
 const blocksOf = (message: IngestMessage): number => (message._tag === "Batch" ? message.blocks : 0)

@@ -15,7 +15,6 @@
  *    less than the rate.
  */
 
-import { readFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { performance } from "node:perf_hooks"
 import { Worker } from "node:worker_threads"
@@ -32,7 +31,7 @@ import { makeEventSubscriberPool } from "../src/transport/EventSubscriberPool.js
 import { decodeRouterEvents, encodeRouterEvents } from "../src/transport/msgpack.js"
 import { parseTcpEndpoint } from "../src/transport/zmtp/Endpoint.js"
 import { makeZmtpSubscriber } from "../src/transport/zmtp/ZmtpSubscriber.js"
-import { type BenchContext, HashStream, percentile, record } from "./harness.js"
+import { type BenchContext, HashStream, percentile, record, threadCpuSeconds } from "./harness.js"
 
 const BLOCKS_PER_BATCH = 8
 const WORKER_ID = "7001"
@@ -257,17 +256,6 @@ interface RunResult {
   readonly cpuUsPerMessage: number
 }
 
-/** CPU seconds of the calling thread (Linux `/proc/thread-self/stat`, 10 ms ticks); NaN elsewhere. */
-const threadCpuSeconds = (): number => {
-  try {
-    const stat = readFileSync("/proc/thread-self/stat", "utf8")
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    return (Number(fields[11]) + Number(fields[12])) / 100
-  } catch {
-    return Number.NaN
-  }
-}
-
 const waitFor = async (predicate: () => boolean, timeoutMs: number): Promise<boolean> => {
   const deadline = performance.now() + timeoutMs
   while (!predicate()) {
@@ -331,17 +319,55 @@ const runPhase = async (
 
 const absoluteNow = (): number => performance.timeOrigin + performance.now()
 
+/** Receive times by publisher and sequence, and the counts, that every receiver of a run records. */
+class Receipts {
+  readonly recvTimes: ReadonlyArray<Float64Array>
+  received = 0
+  bytes = 0
+  private first = 0
+  private last = 0
+
+  constructor(
+    publishers: number,
+    private readonly perPublisher: number
+  ) {
+    this.recvTimes = Array.from({ length: publishers }, () => new Float64Array(perPublisher))
+  }
+
+  /** One message received at `t`. */
+  tick(t: number): void {
+    if (this.received === 0) this.first = t
+    this.last = t
+    this.received++
+  }
+
+  /** A bare receiver's message from publisher `p`: its bytes, and its time by the payload's seq. */
+  frames(p: number, frames: ReadonlyArray<Buffer>, t: number): void {
+    for (const frame of frames) this.bytes += frame.length
+    const seq = frames[2]!.readUInt32BE(4)
+    if (seq < this.perPublisher) this.recvTimes[p]![seq] = t
+    this.tick(t)
+  }
+
+  /** What `runOnce` and the suite read. */
+  view() {
+    return {
+      recvTimes: this.recvTimes,
+      received: () => this.received,
+      bytes: () => this.bytes,
+      firstLast: () => [this.first, this.last] as const
+    }
+  }
+}
+
 /** The pool: EventSubscriberPool into a handler that counts blocks and stamps receive times. */
 const poolReceiver = (
   endpoints: ReadonlyArray<string>,
   publisherIds: ReadonlyArray<bigint>,
   perPublisher: number
 ) => {
-  const recvTimes = endpoints.map(() => new Float64Array(perPublisher))
+  const receipts = new Receipts(endpoints.length, perPublisher)
   const index = new Map(publisherIds.map((id, p) => [id, p]))
-  let received = 0
-  let first = 0
-  let last = 0
   let scope: Scope.CloseableScope | undefined
   const kvEndpoint = new EndpointId({ namespace: "bench", component: "router", endpoint: "kv" })
   const sources: Array<KvEventSource> = endpoints.map((endpoint, p) => ({
@@ -355,18 +381,14 @@ const poolReceiver = (
   const handler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) =>
     Effect.sync(() => {
       const t = absoluteNow()
-      const times = recvTimes[index.get(publisherId)!]!
+      const times = receipts.recvTimes[index.get(publisherId)!]!
       for (const event of events) {
         if (event.eventId >= 1) times[event.eventId - 1] = t
       }
-      if (received === 0) first = t
-      last = t
-      received++
+      receipts.tick(t)
     })
   return {
-    recvTimes,
-    received: () => received,
-    firstLast: () => [first, last] as const,
+    ...receipts.view(),
     start: async () => {
       scope = Effect.runSync(Scope.make())
       const pool = await Effect.runPromise(Scope.extend(makeEventSubscriberPool({ handler }), scope))
@@ -383,35 +405,19 @@ const poolReceiver = (
 
 /** The baseline: one bare SUB per publisher, counting bytes and stamping receive times by sequence. */
 const bareReceiver = (endpoints: ReadonlyArray<string>, perPublisher: number) => {
-  const recvTimes = endpoints.map(() => new Float64Array(perPublisher))
-  let received = 0
-  let bytes = 0
-  let first = 0
-  let last = 0
+  const receipts = new Receipts(endpoints.length, perPublisher)
   const sockets: Array<zmq.Subscriber> = []
   return {
-    recvTimes,
-    received: () => received,
-    bytes: () => bytes,
-    firstLast: () => [first, last] as const,
+    ...receipts.view(),
     start: async () => {
       endpoints.forEach((endpoint, p) => {
         const socket = new zmq.Subscriber({ receiveHighWaterMark: 100_000, linger: 0 })
         socket.connect(endpoint)
         socket.subscribe("kv-events")
         sockets.push(socket)
-        const times = recvTimes[p]!
         void (async () => {
           try {
-            for await (const frames of socket) {
-              const t = absoluteNow()
-              for (const frame of frames) bytes += frame.length
-              const seq = frames[2]!.readUInt32BE(4)
-              if (seq < perPublisher) times[seq] = t
-              if (received === 0) first = t
-              last = t
-              received++
-            }
+            for await (const frames of socket) receipts.frames(p, frames, absoluteNow())
           } catch {
             // closed
           }
@@ -428,33 +434,18 @@ const bareReceiver = (endpoints: ReadonlyArray<string>, perPublisher: number) =>
 
 /** The bare loop over the ZMTP subscriber: one receive effect per batch, counting bytes. */
 const bareZmtpReceiver = (endpoints: ReadonlyArray<string>, perPublisher: number) => {
-  const recvTimes = endpoints.map(() => new Float64Array(perPublisher))
-  let received = 0
-  let bytes = 0
-  let first = 0
-  let last = 0
+  const receipts = new Receipts(endpoints.length, perPublisher)
   let scope: Scope.CloseableScope | undefined
   const connected = new Set<number>()
   return {
-    recvTimes,
-    received: () => received,
-    bytes: () => bytes,
-    firstLast: () => [first, last] as const,
+    ...receipts.view(),
     start: async () => {
       scope = Effect.runSync(Scope.make())
       for (const [p, endpoint] of endpoints.entries()) {
-        const times = recvTimes[p]!
         const batch: Array<Array<Buffer>> = []
         const count = Effect.sync(() => {
           const t = absoluteNow()
-          for (const frames of batch) {
-            for (const frame of frames) bytes += frame.length
-            const seq = frames[2]!.readUInt32BE(4)
-            if (seq < perPublisher) times[seq] = t
-            if (received === 0) first = t
-            last = t
-            received++
-          }
+          for (const frames of batch) receipts.frames(p, frames, t)
           batch.length = 0
         })
         const loop = Effect.gen(function* () {
