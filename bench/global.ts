@@ -12,7 +12,7 @@
  */
 
 import { performance } from "node:perf_hooks"
-import { NodeHttpClient } from "@effect/platform-node"
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Effect, Fiber, Layer, Logger, LogLevel, Random, SubscriptionRef } from "effect"
 import { ckfConfig } from "../src/ckf/config.js"
 import { CacheSemanticsId, IndexerDomainId, PoolId, RoutingScopeId } from "../src/ckf/identity.js"

@@ -10,7 +10,7 @@
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { NodeFileSystem } from "@effect/platform-node"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { Context, Duration, Effect, Either, Fiber, Layer, Random, Ref, Schedule } from "effect"
 import { chainSequenceHash } from "../ckf/global.js"
 import { localBlockHashes, sequenceHashes } from "../ckf/tokens.js"

@@ -5,7 +5,7 @@
  */
 
 import { randomBytes } from "node:crypto"
-import { NodeFileSystem } from "@effect/platform-node"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { Effect, Layer } from "effect"
 import type { DiscoveryConfig } from "../discovery/DiscoveryConfig.js"
 import { discoveryLayer } from "../discovery/index.js"

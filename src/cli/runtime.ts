@@ -93,8 +93,8 @@ export const runCommand = (command: string, program: Effect.Effect<unknown, unkn
     )
   )
   // Imported lazily: the bench command never starts a service runtime.
-  void import("@effect/platform-node").then(({ NodeRuntime }) =>
-    NodeRuntime.runMain(reported, {
+  void import("@effect/platform-node/NodeRuntime").then(({ runMain }) =>
+    runMain(reported, {
       disablePrettyLogger: true,
       teardown: (exit, onExit) =>
         onExit(status ?? (exit._tag === "Failure" && !Cause.isInterruptedOnly(exit.cause) ? 1 : 0))

@@ -20,7 +20,7 @@
  * woken (coalesced) whenever a relay learns or forgets something.
  */
 
-import type { HttpClient } from "@effect/platform"
+import type * as HttpClient from "@effect/platform/HttpClient"
 import {
   Cause,
   Context,

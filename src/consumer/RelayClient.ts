@@ -8,7 +8,9 @@
  * `CatalogWatchReader`, which the tests drive with bytes from the project's own encoders.
  */
 
-import { HttpClient, HttpClientRequest, type HttpClientResponse } from "@effect/platform"
+import * as HttpClient from "@effect/platform/HttpClient"
+import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
+import type * as HttpClientResponse from "@effect/platform/HttpClientResponse"
 import { Data, Duration, Effect, Either, Schema, Stream } from "effect"
 import { Cbi1Error, Cbi1SnapshotAssembler, decodeCbi1 } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"

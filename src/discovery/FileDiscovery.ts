@@ -10,7 +10,7 @@
 
 import { watch } from "node:fs"
 import { basename, dirname, resolve } from "node:path"
-import { FileSystem } from "@effect/platform"
+import * as FileSystem from "@effect/platform/FileSystem"
 import { Data, Duration, Effect, Either, FiberSet, Layer, Queue, Runtime, Schema, type Scope } from "effect"
 import {
   decodeJson,

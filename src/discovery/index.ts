@@ -4,7 +4,7 @@
  * generations).
  */
 
-import type { FileSystem } from "@effect/platform"
+import type * as FileSystem from "@effect/platform/FileSystem"
 import type { Layer } from "effect"
 import type { Discovery, DiscoveryStartupError } from "./Discovery.js"
 import type { DiscoveryConfig } from "./DiscoveryConfig.js"

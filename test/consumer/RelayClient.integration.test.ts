@@ -4,8 +4,8 @@
  * frames as typed errors.
  */
 
-import type { HttpClient } from "@effect/platform"
-import { NodeHttpClient } from "@effect/platform-node"
+import type * as HttpClient from "@effect/platform/HttpClient"
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Effect, Fiber, Logger, LogLevel, type Scope, Stream } from "effect"
 import { PoolId, ProducerIdentity } from "../../src/ckf/identity.js"

@@ -1,7 +1,7 @@
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { NodeFileSystem } from "@effect/platform-node"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Exit, Logger, Stream, TestClock } from "effect"
 import type { DiscoveryShape, DiscoverySnapshot, DiscoveryStateName } from "../../src/discovery/Discovery.js"

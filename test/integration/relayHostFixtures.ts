@@ -3,7 +3,7 @@
  * file document, and bounded waits on what its filters and stats show.
  */
 
-import { NodeFileSystem } from "@effect/platform-node"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { Effect, Logger, LogLevel } from "effect"
 import { prepare } from "../../src/ckf/addressing.js"
 import type { DcCkfFormatIdentity } from "../../src/ckf/identity.js"

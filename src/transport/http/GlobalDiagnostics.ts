@@ -7,7 +7,7 @@
  * latency histogram) and its `QueryStats`.
  */
 
-import { HttpServerResponse } from "@effect/platform"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Context, Effect, Either, Layer } from "effect"
 import { Counter, Histogram, type Registry } from "prom-client"
 import { GlobalConsumer, type GlobalConsumerService } from "../../consumer/GlobalConsumer.js"

@@ -11,15 +11,13 @@
 
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http"
 import { createServer as createHttpsServer } from "node:https"
-import {
-  HttpIncomingMessage,
-  HttpRouter,
-  HttpServer,
-  type HttpServerError,
-  HttpServerRequest,
-  HttpServerResponse
-} from "@effect/platform"
-import { NodeHttpServer } from "@effect/platform-node"
+import * as HttpIncomingMessage from "@effect/platform/HttpIncomingMessage"
+import * as HttpRouter from "@effect/platform/HttpRouter"
+import * as HttpServer from "@effect/platform/HttpServer"
+import type * as HttpServerError from "@effect/platform/HttpServerError"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { Data, Effect, Either, Layer, Option } from "effect"
 import {
   type GlobalConsumer,

@@ -8,7 +8,7 @@
  * the relays are the names the lanes give, and the lanes show no counters).
  */
 
-import type { HttpServerResponse } from "@effect/platform"
+import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { renderStatusPage, type StatusPage, statusPageResponse } from "./StatusPage.js"
 
 const BODY = `

@@ -14,7 +14,8 @@
  */
 
 import type { IncomingMessage, ServerResponse } from "node:http"
-import { Headers, HttpTraceContext } from "@effect/platform"
+import * as Headers from "@effect/platform/Headers"
+import * as HttpTraceContext from "@effect/platform/HttpTraceContext"
 import { Context, Effect, Either, Exit, FiberRef, Option, Runtime, type Tracer } from "effect"
 import type {
   GlobalViewService,

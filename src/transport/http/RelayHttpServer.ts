@@ -20,9 +20,12 @@
 
 import * as Http from "node:http"
 import * as Https from "node:https"
-import { HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import * as HttpServer from "@effect/platform/HttpServer"
 import type { ServeError } from "@effect/platform/HttpServerError"
-import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
 import {
   Cause,
   Chunk,

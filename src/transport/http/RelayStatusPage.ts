@@ -10,7 +10,7 @@
  * Filter fill is occupied slots over `bucketCount × slotsPerBucket` of the catalog's format.
  */
 
-import type { HttpServerResponse } from "@effect/platform"
+import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { renderStatusPage, type StatusPage, statusPageResponse } from "./StatusPage.js"
 
 const BODY = `

@@ -17,7 +17,7 @@
  */
 
 import { createHash } from "node:crypto"
-import { HttpServerResponse } from "@effect/platform"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 
 /** How often a page fetches its APIs again, after the previous round ended. */
 export const REFRESH_MS = 2_000

@@ -9,7 +9,7 @@
 import { createPrivateKey, type KeyObject, X509Certificate } from "node:crypto"
 import { readFile } from "node:fs/promises"
 import { createSecureContext } from "node:tls"
-import { NodeHttpClient } from "@effect/platform-node"
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Agent } from "@effect/platform-node/Undici"
 import { Data, Effect, Layer } from "effect"
 

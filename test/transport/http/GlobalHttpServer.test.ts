@@ -3,7 +3,7 @@
  * the consumer fed by scripted in-memory relays: routes, JSON shapes, and every error status.
  */
 
-import { HttpServer } from "@effect/platform"
+import * as HttpServer from "@effect/platform/HttpServer"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Logger, LogLevel, type Scope } from "effect"
 import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
