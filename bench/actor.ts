@@ -3,10 +3,15 @@
  * `PoolActor.admitEvent` with one subscriber whose receiver is drained, measured to completion
  * (a final flush), against the bare `DcCkfState.applyEvent` + `DcCkfPublisher.publish` loop in the
  * same run. The issue's target: the Effect layer costs at most 2× the core (ratio ≥ 0.5).
+ *
+ * The canonical round runs the relay's own addressing (PROTOCOL §3.3): the same events with their
+ * tokens hashes, each a chain from the root, on a `CanonicalCkfState` through the live path. It is
+ * the in-process figure the end-to-end suite compares the relay process with.
  */
 
 import { performance } from "node:perf_hooks"
 import { Effect, Fiber } from "effect"
+import { CanonicalCkfState } from "../src/ckf/canonical.js"
 import { ckfConfig } from "../src/ckf/config.js"
 import {
   CacheSemanticsId,
@@ -37,7 +42,8 @@ const poolId = new PoolId(
 const streamScope: StreamScope = { relayIncarnation: 1n, layoutGeneration: 1n, poolId }
 const lease = new LaneLease(4n, 0, 1n)
 
-const workload = (events: number, seed: number): Array<RouterEvent> => {
+/** The events of a run; `canonical` gives each block its tokens hash (the block hash itself), as the e2e workers do. */
+const workload = (events: number, seed: number, canonical = false): Array<RouterEvent> => {
   const stream = new HashStream(seed)
   const out: Array<RouterEvent> = []
   for (let e = 0; e < events; e++) {
@@ -51,7 +57,7 @@ const workload = (events: number, seed: number): Array<RouterEvent> => {
       data: {
         _tag: "Stored",
         blockHashes: pairs,
-        tokensHashes: undefined,
+        tokensHashes: canonical ? pairs : undefined,
         parentHash: undefined,
         startPosition: undefined
       }
@@ -60,9 +66,14 @@ const workload = (events: number, seed: number): Array<RouterEvent> => {
   return out
 }
 
+const newState = (expected: number, canonical: boolean): DcCkfState => {
+  const config = ckfConfig(expected, { publishEveryNEvents: PUBLISH_EVERY_N_EVENTS })
+  return canonical ? new CanonicalCkfState(config) : new DcCkfState(config)
+}
+
 /** Bare core: apply, publish each boundary batch to a subscribed lease, publish the final tail. */
-const coreRound = (expected: number, events: ReadonlyArray<RouterEvent>): number => {
-  const state = new DcCkfState(ckfConfig(expected, { publishEveryNEvents: PUBLISH_EVERY_N_EVENTS }))
+const coreRound = (expected: number, events: ReadonlyArray<RouterEvent>, canonical = false): number => {
+  const state = newState(expected, canonical)
   let delivered = 0
   const sink = {
     enqueue: (_: DcCkfDelta): undefined => {
@@ -90,11 +101,16 @@ const coreRound = (expected: number, events: ReadonlyArray<RouterEvent>): number
  * `hotPath` admits as the relay's live path does: `admitEventsNow` (no effect), and `admitEvent`
  * only for an event that does not fit at once.
  */
-const actorRound = (expected: number, events: ReadonlyArray<RouterEvent>, hotPath = false): Promise<number> =>
+const actorRound = (
+  expected: number,
+  events: ReadonlyArray<RouterEvent>,
+  hotPath = false,
+  canonical = false
+): Promise<number> =>
   Effect.runPromise(
     Effect.scoped(
       Effect.gen(function* () {
-        const state = new DcCkfState(ckfConfig(expected, { publishEveryNEvents: PUBLISH_EVERY_N_EVENTS }))
+        const state = newState(expected, canonical)
         const actor = yield* make(state, streamScope)
         const { deltas } = yield* actor.subscribe(lease)
         let received = 0
@@ -136,7 +152,9 @@ export const benchActor = async (ctx: BenchContext): Promise<void> => {
   const expected = ctx.quick ? 65_536 : 262_144
   const probe = new DcCkfState(ckfConfig(expected))
   // Fill to 80% of the slots: the load ceiling the sizing rule targets.
-  const events = workload(Math.floor((probe.bucketCount * 4 * 0.8) / BLOCKS_PER_EVENT), 4242)
+  const count = Math.floor((probe.bucketCount * 4 * 0.8) / BLOCKS_PER_EVENT)
+  const events = workload(count, 4242)
+  const canonicalEvents = workload(count, 4343, true)
   const rounds = ctx.quick ? 3 : 7
 
   // Interleave the two so that machine noise hits both alike; two warm-up rounds each (the
@@ -145,14 +163,20 @@ export const benchActor = async (ctx: BenchContext): Promise<void> => {
     coreRound(expected, events)
     await actorRound(expected, events)
     await actorRound(expected, events, true)
+    coreRound(expected, canonicalEvents, true)
+    await actorRound(expected, canonicalEvents, true, true)
   }
   let core = 0
   let actor = 0
   let hot = 0
+  let canonicalCore = 0
+  let canonicalHot = 0
   for (let r = 0; r < rounds; r++) {
     core = Math.max(core, coreRound(expected, events))
     actor = Math.max(actor, await actorRound(expected, events))
     hot = Math.max(hot, await actorRound(expected, events, true))
+    canonicalCore = Math.max(canonicalCore, coreRound(expected, canonicalEvents, true))
+    canonicalHot = Math.max(canonicalHot, await actorRound(expected, canonicalEvents, true, true))
   }
   const note = `${events.length} events of ${BLOCKS_PER_EVENT} blocks, publish every ${PUBLISH_EVERY_N_EVENTS}, 1 drained subscriber`
   record(ctx, "actor_admit_events", "events/s", actor, core, note)
@@ -167,4 +191,12 @@ export const benchActor = async (ctx: BenchContext): Promise<void> => {
     `${note}; admitEventsNow, admitEvent only for an event that does not fit (the relay's live path)`
   )
   record(ctx, "actor_hot_path_cost_vs_core", "x core", core / hot, null, "admitEventsNow; issue target ≤ 1.5")
+  record(
+    ctx,
+    "actor_canonical_admit_blocks",
+    "blocks/s",
+    canonicalHot * BLOCKS_PER_EVENT,
+    canonicalCore * BLOCKS_PER_EVENT,
+    `the relay's addressing: canonical state, tokens hashes, live path; baseline = its core (${(1e6 / canonicalCore).toFixed(1)} µs per event), the actor ${(1e6 / canonicalHot).toFixed(1)} µs`
+  )
 }
