@@ -19,7 +19,7 @@ import { createServer, request } from "node:http"
 import type { AddressInfo } from "node:net"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
-import { performance } from "node:perf_hooks"
+import { monitorEventLoopDelay, performance } from "node:perf_hooks"
 import { fileURLToPath } from "node:url"
 import * as zmq from "zeromq"
 import { CkfAddressing, DEFAULT_SEED } from "../src/ckf/addressing.js"
@@ -172,6 +172,20 @@ const relayCpuMs = (relay: Relay, mainThreadOnly = false): number | undefined =>
     return undefined
   }
 }
+/** The relay's event-loop delay p99/max since the last scrape (its prom-client gauges), as text. */
+const relayLoopLag = async (relay: Relay): Promise<string> => {
+  try {
+    const text = await (await fetch(`${relay.url}/metrics`)).text()
+    const gauge = (name: string) => {
+      const line = text.split("\n").find((l) => l.startsWith(`${name} `))
+      return line === undefined ? "?" : (Number(line.slice(name.length + 1)) * 1000).toFixed(1)
+    }
+    return `${gauge("nodejs_eventloop_lag_p99_seconds")}/${gauge("nodejs_eventloop_lag_max_seconds")} ms`
+  } catch {
+    return "unknown"
+  }
+}
+
 /** USER_HZ: 100 on every Linux configuration Node supports. */
 const CLOCK_TICKS_PER_SECOND = 100
 
@@ -437,6 +451,11 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     const pacedCpuBefore = relayCpuMs(relay)
     const pacedMainBefore = relayCpuMs(relay, true)
     let pacedEvents = 0
+    // Where a slow probe waited: the event loops of both processes during the paced phase. A
+    // scrape resets the relay's loop-delay histogram (prom-client), so the second one covers it.
+    await relayLoopLag(relay)
+    const benchLoop = monitorEventLoopDelay({ resolution: 1 })
+    benchLoop.enable()
     const paceStart = performance.now()
     let nextProbe = paceStart
     for (let tick = 0; performance.now() - paceStart < durationMs; tick++) {
@@ -452,6 +471,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
       }
     }
     await until("the last probes", async () => pending.size === 0, 10_000).catch(() => undefined)
+    benchLoop.disable()
+    const relayLoop = await relayLoopLag(relay)
     const pacedCpuAfter = relayCpuMs(relay)
     const pacedMainAfter = relayCpuMs(relay, true)
     const perPacedEvent = (before: number | undefined, after: number | undefined) =>
@@ -468,7 +489,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         "); " +
         `at ${Math.round(rate).toLocaleString("en-US")} blocks/s: ${latencies.length} probes, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms, ${pending.size} unseen` +
         (pacedCpu === undefined ? "" : `, relay CPU ${Math.round(pacedCpu)} µs/event`) +
-        (pacedMainCpu === undefined ? "" : ` (main thread ${Math.round(pacedMainCpu)})`)
+        (pacedMainCpu === undefined ? "" : ` (main thread ${Math.round(pacedMainCpu)})`) +
+        `; event-loop delay p99/max: relay ${relayLoop}, bench ${(benchLoop.percentile(99) / 1e6).toFixed(1)}/${(benchLoop.max / 1e6).toFixed(1)} ms`
     )
     return {
       blocksPerSecond,
