@@ -469,6 +469,17 @@ export interface HubSubscription {
    * backlog per wake-up keeps up with the actor's bursts; one frame per wake-up does not.
    */
   readonly recvAll: Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable>
+  /**
+   * `recvAll` for a consumer driven by callbacks instead of a fiber: every queued frame (none
+   * when nothing is queued), or the closure's error once closed. It never waits.
+   */
+  readonly pollAll: () => ReadonlyArray<HubFrame> | SubscriberLagged | PublicationUnavailable
+  /**
+   * Calls `wake` whenever a frame is queued or the subscriber is closed, until replaced
+   * (`undefined` removes it). It shares `recv`'s single waiter: use one form or the other. It is
+   * called from the hub's loop, so it must not throw and should defer real work.
+   */
+  readonly onReady: (wake: (() => void) | undefined) => void
   readonly closeReason: SubscriberCloseReason
   /**
    * Completes with the reason once the subscriber is closed, as lagged or retired, by whoever
@@ -481,6 +492,11 @@ export interface HubSubscription {
   /** Leaves the hub and releases the snapshot. */
   readonly close: Effect.Effect<void>
 }
+
+const NO_FRAMES: ReadonlyArray<HubFrame> = []
+const RETIRED_SUBSCRIPTION = new PublicationUnavailable({
+  reason: "publication subscription closed; it requires a fresh snapshot"
+})
 
 class HubSubscriber implements HubSubscription {
   private readonly frames: Array<HubFrame> = []
@@ -573,6 +589,21 @@ class HubSubscriber implements HubSubscription {
 
   readonly recvAll: Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable> =
     Effect.suspend(() => this.receive(Number.POSITIVE_INFINITY))
+
+  readonly pollAll = (): ReadonlyArray<HubFrame> | SubscriberLagged | PublicationUnavailable => {
+    if (this.frames.length > 0) {
+      const taken = this.frames.splice(0)
+      for (const frame of taken) this.bytes -= frame.payload.length + FRAME_OVERHEAD_BYTES
+      return taken
+    }
+    if (this.reason === "Lagged") return new SubscriberLagged({ poolId: this.hub.identity.poolId })
+    if (this.reason === "Retired") return RETIRED_SUBSCRIPTION
+    return NO_FRAMES
+  }
+
+  readonly onReady = (wake: (() => void) | undefined): void => {
+    this.waiter = wake
+  }
 
   private receive(
     max: number

@@ -15,7 +15,7 @@
  * reading must not hold a slot (PROTOCOL §5). Relay shutdown ends every stream silently.
  */
 
-import { Chunk, Data, Deferred, Duration, Effect, Exit, Option, Queue, Scope, Stream } from "effect"
+import { Cause, Chunk, Data, Deferred, Duration, Effect, Exit, Option, Runtime, Scope, Stream } from "effect"
 import { Cbi1Error, encodeCbi1Snapshot } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
 import type { PoolRegistry } from "./PoolRegistry.js"
@@ -24,6 +24,7 @@ import {
   type EncodingPermits,
   type GenerationSignal,
   GenerationToken,
+  type HubFrame,
   makeEncodingPermits,
   OwnedPermits,
   type PublicationHubError,
@@ -78,6 +79,29 @@ export interface PublicationFrame {
   readonly payload: Uint8Array
 }
 
+/**
+ * What a pool feed has now: the frames ready (none when nothing is), `"end"` once the relay shut
+ * down (the stream ends silently), or the error the stream ended with. An end is final: every
+ * later poll returns it again.
+ */
+export type PoolFeedNext = ReadonlyArray<PublicationFrame> | PublicationError | "end"
+
+/**
+ * A pool stream as a callback-driven source, for a consumer that moves frames without a fiber per
+ * frame (the HTTP pool stream writes them straight to its socket). The same frames in the same
+ * order as `subscribePool`'s stream: that stream is this feed, pulled.
+ */
+export interface PoolFeed {
+  /** Takes what is ready; never waits. */
+  readonly poll: () => PoolFeedNext
+  /**
+   * `wake` is called (until replaced; `undefined` removes it) whenever `poll` may have something
+   * new. It runs inside the hub's loop or another fiber: it must not throw, and should defer
+   * real work (a microtask).
+   */
+  readonly onReady: (wake: (() => void) | undefined) => void
+}
+
 export interface PublicationSourceOptions {
   /** Pool streams open at once across all pools (default 64). */
   readonly maxActiveStreams?: number | undefined
@@ -99,6 +123,15 @@ export interface PublicationSource {
     subscriberId: string,
     ended?: Deferred.Deferred<PublicationError>
   ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
+  /**
+   * `subscribePool` as a `PoolFeed`: the same admission, errors, `ended` and limits; its
+   * resources are released when the caller's scope closes.
+   */
+  readonly subscribePoolFeed: (
+    expected: ProducerIdentity,
+    subscriberId: string,
+    ended?: Deferred.Deferred<PublicationError>
+  ) => Effect.Effect<PoolFeed, PublicationError, Scope.Scope>
   /** Ends every stream silently and rejects new ones as unavailable. */
   readonly shutdown: Effect.Effect<void>
   /** Completes once `shutdown` ran (`wait_for_shutdown` in the seed). */
@@ -108,6 +141,96 @@ export interface PublicationSource {
 }
 
 const END: Effect.Effect<never, Option.Option<never>> = Effect.fail(Option.none())
+const NOTHING_YET: ReadonlyArray<PublicationFrame> = []
+
+/** `feed` pulled: each pull takes what is ready, or waits for the feed's next wake-up. */
+export const feedStream = (feed: PoolFeed): Stream.Stream<PublicationFrame, PublicationError> => {
+  const settle = (
+    next: PoolFeedNext
+  ): Effect.Effect<Chunk.Chunk<PublicationFrame>, Option.Option<PublicationError>> | undefined => {
+    if (next === "end") return END
+    if (!Array.isArray(next)) return Effect.fail(Option.some(next as PublicationError))
+    const frames = next as ReadonlyArray<PublicationFrame>
+    return frames.length === 0 ? undefined : Effect.succeed(Chunk.unsafeFromArray(frames))
+  }
+  const pull = Effect.suspend(
+    () =>
+      settle(feed.poll()) ??
+      Effect.async<Chunk.Chunk<PublicationFrame>, Option.Option<PublicationError>>((resume) => {
+        feed.onReady(() => {
+          const settled = settle(feed.poll())
+          if (settled === undefined) return
+          feed.onReady(undefined)
+          resume(settled)
+        })
+        return Effect.sync(() => feed.onReady(undefined))
+      })
+  )
+  return Stream.repeatEffectChunkOption(pull)
+}
+
+/**
+ * `stream` as a feed, for a service that only offers streams: a forwarder fiber (in the current
+ * scope) keeps at most one chunk ahead of `poll`, so the rest waits wherever the stream bounds it.
+ * A defect ends the feed as `Internal`, logged.
+ */
+export const streamFeed = (
+  stream: Stream.Stream<PublicationFrame, PublicationError>
+): Effect.Effect<PoolFeed, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    let ready: Array<PublicationFrame> = []
+    let end: PoolFeedNext | undefined
+    let wake: (() => void) | undefined
+    const taken = Effect.unsafeMakeLatch(true)
+    const notify = () => {
+      if (wake !== undefined) wake()
+    }
+    yield* stream.pipe(
+      Stream.runForEachChunk((chunk) =>
+        Effect.suspend(() => {
+          for (const frame of chunk) ready.push(frame)
+          if (ready.length === 0) return Effect.void
+          taken.unsafeClose()
+          notify()
+          return taken.await
+        })
+      ),
+      Effect.matchCauseEffect({
+        onSuccess: () => Effect.sync(() => "end" as const),
+        onFailure: (cause) =>
+          Option.match(Cause.failureOption(cause), {
+            onSome: (error) => Effect.succeed(error),
+            onNone: () =>
+              Cause.isInterruptedOnly(cause)
+                ? Effect.interrupt
+                : Effect.as(
+                    Effect.logError("KV DC Relay pool stream failed", cause),
+                    new PublicationError({ kind: "Internal", message: "pool stream failed unexpectedly" })
+                  )
+          })
+      }),
+      Effect.flatMap((last) =>
+        Effect.sync(() => {
+          end = last
+          notify()
+        })
+      ),
+      Effect.interruptible,
+      Effect.forkScoped
+    )
+    return {
+      poll: () => {
+        if (ready.length === 0) return end ?? NOTHING_YET
+        const out = ready
+        ready = []
+        taken.unsafeOpen()
+        return out
+      },
+      onReady: (next) => {
+        wake = next
+      }
+    }
+  })
 
 const invalid = (message: string) => new PublicationError({ kind: "InvalidPublication", message })
 
@@ -148,7 +271,7 @@ export const make = (
       generation: GenerationSignal,
       streamScope: Scope.CloseableScope,
       onTerminal: (error: PublicationError) => void
-    ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError> =>
+    ): Effect.Effect<PoolFeed, PublicationError> =>
       Effect.uninterruptibleMask((restore) =>
         Effect.gen(function* () {
           // Waiting for an encoding permit is cancellable: the wait is interruptible.
@@ -186,40 +309,49 @@ export const make = (
             return yield* Effect.fail(invalid(message))
           }
 
+          // Frames are handed to whoever registered with `onReady`; one wake-up for each chunk
+          // handed over, frame queued, or end.
+          let wake: (() => void) | undefined
+          const notify = (): void => {
+            if (wake !== undefined) wake()
+          }
+          subscription.onReady(notify)
+
           // The producer side of the one-chunk hand-over: it holds the encoding permit (and the
           // encoded chunks) only until the last chunk was taken or the consumer stalled.
-          const handover = yield* Queue.bounded<Uint8Array>(1)
+          const handover: Array<Uint8Array> = []
+          const room = Effect.unsafeMakeLatch(true)
+          let stall: PublicationError | undefined
           const stalled = yield* Deferred.make<never, PublicationError>()
           const produce = Effect.gen(function* () {
             for (const chunk of chunks) {
-              const offered = yield* Queue.offer(handover, chunk).pipe(Effect.timeoutOption(progressTimeout))
+              const offered = yield* room.await.pipe(Effect.timeoutOption(progressTimeout))
               if (Option.isNone(offered)) {
                 yield* Effect.logWarning("KV DC Relay snapshot consumer made no progress; closing its stream")
-                yield* Deferred.fail(
-                  stalled,
-                  new PublicationError({
-                    kind: "SnapshotProgressTimeout",
-                    message: `snapshot chunk not taken within ${Duration.format(progressTimeout)}; open a fresh stream`
-                  })
-                )
+                stall = new PublicationError({
+                  kind: "SnapshotProgressTimeout",
+                  message: `snapshot chunk not taken within ${Duration.format(progressTimeout)}; open a fresh stream`
+                })
+                yield* Deferred.fail(stalled, stall)
+                notify()
                 return
               }
+              handover.push(chunk)
+              room.unsafeClose()
+              notify()
             }
           }).pipe(Effect.ensuring(releaseEncoding), Effect.interruptible)
           yield* Effect.forkIn(produce, streamScope)
 
-          // A retired generation ends the stream at the next pull, even mid-snapshot: whatever is
+          // A retired generation ends the stream at the next poll, even mid-snapshot: whatever is
           // still queued belongs to a producer the consumer must drop. A relay shutdown ends it
           // silently, and comes first.
-          const retired = Effect.fail(Option.some(GENERATION_RETIRED))
-          const ended = (): Effect.Effect<never, Option.Option<PublicationError>> | undefined =>
-            lifecycle.isCancelled ? END : generation.isCancelled ? retired : undefined
-          // One watcher per stream wakes a waiting pull when either ends, instead of a race per
-          // pull (a race forks two fibers: it cost more than moving the delta it waited for).
-          // Closing the hub subscription wakes a delta pull; `stop` wakes a snapshot pull.
-          // The same watcher reports the first terminal condition at once, a lag or a stall
-          // included: those surface only when the consumer pulls, and a stuck peer never does.
-          const stop = yield* Deferred.make<void>()
+          const ended = (): PoolFeedNext | undefined =>
+            lifecycle.isCancelled ? "end" : generation.isCancelled ? GENERATION_RETIRED : undefined
+          // One watcher per stream reports the first terminal condition at once, a lag or a stall
+          // included: those surface only when the consumer polls, and a stuck peer never does.
+          // When the generation retires or the relay shuts down it wakes the consumer, which then
+          // finds the end (closing the hub subscription wakes it too).
           const terminalCondition: Effect.Effect<PublicationError> = Effect.raceAll([
             Effect.as(generation.await, GENERATION_RETIRED),
             Effect.as(lifecycle.await, SHUTTING_DOWN),
@@ -234,103 +366,75 @@ export const make = (
             Effect.gen(function* () {
               onTerminal(yield* terminalCondition)
               yield* Effect.raceFirst(generation.await, lifecycle.await)
-              yield* Deferred.succeed(stop, undefined)
+              notify()
               yield* subscription.close
             }).pipe(Effect.interruptible),
             streamScope
           )
-          const unlessEnded = <A>(
-            effect: Effect.Effect<A, PublicationError>
-          ): Effect.Effect<A, Option.Option<PublicationError>> =>
-            Effect.suspend(() => {
-              const end = ended()
-              if (end !== undefined) return end
-              return Effect.interruptible(
-                Effect.raceFirst(
-                  Effect.mapBoth(effect, { onFailure: Option.some, onSuccess: Option.some }),
-                  Effect.as(Deferred.await(stop), Option.none<A>())
-                )
-              ).pipe(Effect.flatMap((a) => (Option.isSome(a) ? Effect.succeed(a.value) : (ended() ?? END))))
-            })
 
+          const runFork = Runtime.runFork(yield* Effect.runtime<never>())
           const sequence = snapshot.sequence
           let taken = 0
-          const nextChunk: Effect.Effect<PublicationFrame, Option.Option<PublicationError>> = Effect.suspend(
-            () => {
-              if (taken === chunks.length) return Effect.fail(Option.none())
-              // A chunk already handed over goes out before a stall is reported.
-              return unlessEnded(
-                Queue.poll(handover).pipe(
-                  Effect.flatMap((ready) =>
-                    Option.isSome(ready)
-                      ? Effect.succeed(ready.value)
-                      : Effect.interruptible(Effect.raceFirst(Queue.take(handover), Deferred.await(stalled)))
-                  )
-                )
-              ).pipe(
-                Effect.map((payload): PublicationFrame => {
-                  taken++
-                  return {
-                    kind: "SnapshotChunk",
-                    identity: expected,
-                    baseSequence: sequence,
-                    sequence,
-                    payload
-                  }
-                })
-              )
-            }
-          )
-
           let current = sequence
-          // The whole backlog per wake-up: under a burst the actor publishes many deltas per turn,
-          // and a consumer that moved one frame per wake-up would fall behind and be lagged. A
-          // waiting pull is woken by the watcher above when the stream ends (its subscription is
-          // closed): what decides is then the end, not the closed subscription.
-          const nextDeltas: Effect.Effect<
-            Chunk.Chunk<PublicationFrame>,
-            Option.Option<PublicationError>
-          > = Effect.suspend(() => {
+          /** A discontinuity found by `poll`: final, like every end. */
+          let broken: PublicationError | undefined
+          const poll = (): PoolFeedNext => {
             const end = ended()
             if (end !== undefined) return end
-            return Effect.matchEffect(Effect.interruptible(subscription.recvAll), {
-              onFailure: (error) => ended() ?? Effect.fail(Option.some(publicationErrorOf(error))),
-              onSuccess: (frames) => {
-                const out: Array<PublicationFrame> = []
-                for (const frame of frames) {
-                  if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
-                    const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
-                    return Effect.zipRight(
-                      fence(expected, message),
-                      Effect.fail(Option.some(invalid(message)))
-                    )
-                  }
-                  current = frame.sequence
-                  out.push({
-                    kind: "Delta",
-                    identity: expected,
-                    baseSequence: frame.baseSequence,
-                    sequence: frame.sequence,
-                    payload: frame.payload
-                  })
-                }
-                return Effect.succeed(Chunk.unsafeFromArray(out))
+            if (broken !== undefined) return broken
+            if (taken < chunks.length) {
+              // A chunk already handed over goes out before a stall is reported.
+              const payload = handover.shift()
+              if (payload === undefined) return stall ?? NOTHING_YET
+              taken++
+              room.unsafeOpen()
+              return [
+                { kind: "SnapshotChunk", identity: expected, baseSequence: sequence, sequence, payload }
+              ]
+            }
+            // The whole backlog per poll: under a burst the actor publishes many deltas per turn,
+            // and a consumer that moved one frame per wake-up would fall behind and be lagged.
+            const frames = subscription.pollAll()
+            if (!Array.isArray(frames)) return ended() ?? publicationErrorOf(frames as PublicationHubError)
+            const queued = frames as ReadonlyArray<HubFrame>
+            if (queued.length === 0) return NOTHING_YET
+            const out: Array<PublicationFrame> = []
+            for (const frame of queued) {
+              if (frame.baseSequence !== current || frame.sequence !== current + 1n) {
+                const message = `pool stream delta ${frame.baseSequence} -> ${frame.sequence} does not continue sequence ${current}`
+                broken = invalid(message)
+                // The stream ends now; fencing the generation need not hold up its end.
+                runFork(fence(expected, message))
+                return broken
               }
-            })
-          })
-
-          return Stream.concat(
-            Stream.repeatEffectOption(nextChunk),
-            Stream.repeatEffectChunkOption(nextDeltas)
-          )
+              current = frame.sequence
+              out.push({
+                kind: "Delta",
+                identity: expected,
+                baseSequence: frame.baseSequence,
+                sequence: frame.sequence,
+                payload: frame.payload
+              })
+            }
+            return out
+          }
+          const feed: PoolFeed = {
+            poll,
+            onReady: (next) => {
+              wake = next
+            }
+          }
+          return feed
         })
       )
 
-    const subscribePool = (
+    /** Admission, then `open`; `release` is how the feed's resources end besides the caller's scope. */
+    const admit = <A>(
       expected: ProducerIdentity,
       subscriberId: string,
-      ended?: Deferred.Deferred<PublicationError>
-    ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope> =>
+      ended: Deferred.Deferred<PublicationError> | undefined,
+      use: (feed: PoolFeed, release: Effect.Effect<void>) => A
+    ): Effect.Effect<A, PublicationError, Scope.Scope> =>
       Effect.gen(function* () {
         if (lifecycle.isCancelled) {
           return yield* Effect.fail(
@@ -363,12 +467,10 @@ export const make = (
               permit.release()
               if (ended !== undefined) Deferred.unsafeDone(ended, Exit.succeed(error))
             }
-            const stream = yield* restore(open(expected, generation, streamScope, onTerminal)).pipe(
+            const feed = yield* restore(open(expected, generation, streamScope, onTerminal)).pipe(
               Effect.onError(() => Scope.close(streamScope, Exit.void))
             )
-            // A relay shutdown ends the stream at its next pull (and wakes a waiting one): see
-            // `open`. Not `Stream.interruptWhen`, which forks a fiber for every element.
-            return stream.pipe(Stream.ensuring(Scope.close(streamScope, Exit.void)))
+            return use(feed, Scope.close(streamScope, Exit.void))
           })
         )
       }).pipe(
@@ -386,11 +488,28 @@ export const make = (
         })
       )
 
+    const subscribePool = (
+      expected: ProducerIdentity,
+      subscriberId: string,
+      ended?: Deferred.Deferred<PublicationError>
+    ): Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope> =>
+      // A relay shutdown ends the stream at its next pull (and wakes a waiting one): see `open`.
+      // Not `Stream.interruptWhen`, which forks a fiber for every element.
+      admit(expected, subscriberId, ended, (feed, release) => feedStream(feed).pipe(Stream.ensuring(release)))
+
+    const subscribePoolFeed = (
+      expected: ProducerIdentity,
+      subscriberId: string,
+      ended?: Deferred.Deferred<PublicationError>
+    ): Effect.Effect<PoolFeed, PublicationError, Scope.Scope> =>
+      admit(expected, subscriberId, ended, (feed) => feed)
+
     const shutdown = Effect.sync(() => lifecycle.cancel())
     yield* Effect.addFinalizer(() => shutdown)
 
     return {
       subscribePool,
+      subscribePoolFeed,
       shutdown,
       awaitShutdown: lifecycle.await,
       activeStreams: () => maxActiveStreams - streamPermits.available

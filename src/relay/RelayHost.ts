@@ -593,6 +593,7 @@ export const make = (
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: publication.subscribePool,
+      subscribePoolFeed: publication.subscribePoolFeed,
       health: Effect.gen(function* () {
         const statuses = [...slots.values()].map((slot) => slot.status)
         const sources = { recovering: 0, degraded: 0 }

@@ -17,7 +17,7 @@ import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
 import type { KvDcRelayError } from "./errors.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
-import type { PublicationError, PublicationFrame } from "./PublicationSource.js"
+import type { PoolFeed, PublicationError, PublicationFrame } from "./PublicationSource.js"
 
 export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
 
@@ -173,6 +173,16 @@ export interface KvDcRelayService {
     subscriberId: string,
     ended?: Deferred.Deferred<PublicationError>
   ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
+  /**
+   * `subscribePool` as a callback-driven `PoolFeed` (`PublicationSource.subscribePoolFeed`), for
+   * a writer that moves frames without a fiber per frame. Optional: a service without it is
+   * served through `subscribePool`.
+   */
+  readonly subscribePoolFeed?: (
+    expected: ProducerIdentity,
+    subscriberId: string,
+    ended?: Deferred.Deferred<PublicationError>
+  ) => Effect.Effect<PoolFeed, PublicationError, Scope.Scope>
   readonly health: Effect.Effect<RelayHealth>
   readonly stats: Effect.Effect<RelayStats, KvDcRelayError>
   readonly diagnosticSnapshot: (endpoint: EndpointId) => Effect.Effect<DiagnosticSnapshot, KvDcRelayError>

@@ -125,6 +125,7 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
+      subscribePoolFeed: source.subscribePoolFeed,
       health: Ref.get(healthRef),
       stats: Effect.succeed({
         identity: { dcName, dcId, drtInstanceId: 77n, relayIncarnation: incarnation },

@@ -69,23 +69,12 @@ import type { KvDcRelayError } from "../../relay/errors.js"
 import * as LoadWindows from "../../relay/LoadWindows.js"
 import { hasDegradedCoverage } from "../../relay/PoolLoad.js"
 import type { DcPoolCatalog } from "../../relay/PoolRegistry.js"
-import type {
-  PublicationError,
-  PublicationErrorKind,
-  PublicationFrame
-} from "../../relay/PublicationSource.js"
+import { type PublicationError, streamFeed } from "../../relay/PublicationSource.js"
 import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
 import * as Topology from "../../relay/Topology.js"
 import * as BearerAuth from "./BearerAuth.js"
-import {
-  encodePoolFrame,
-  FRAME_DELTA,
-  FRAME_HEARTBEAT,
-  FRAME_SNAPSHOT_CHUNK,
-  FRAME_TERMINAL_ERROR,
-  POOL_STREAM_CONTENT_TYPE,
-  type PoolFrameKind
-} from "./PoolStreamFrame.js"
+import * as PoolStreamWriter from "./internal/PoolStreamWriter.js"
+import { POOL_STREAM_CONTENT_TYPE } from "./PoolStreamFrame.js"
 import * as RelayStatusPage from "./RelayStatusPage.js"
 import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
 import { InProgressLimit, MAX_SNAPSHOTS_IN_PROGRESS, snapshotBody, yieldToEventLoop } from "./SnapshotBody.js"
@@ -234,17 +223,6 @@ const relayFailure = (error: KvDcRelayError): HttpFailure =>
 
 // ---------------------------------------------------------------------------------------------
 // Pool-stream error mapping
-
-const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {
-  NotFound: "POOL_NOT_FOUND",
-  ProducerMismatch: "PRODUCER_CHANGED",
-  Unavailable: "PUBLICATION_UNAVAILABLE",
-  ResourceExhausted: "RESOURCE_LIMIT",
-  SubscriberLagged: "SUBSCRIBER_LAGGED",
-  SnapshotProgressTimeout: "SNAPSHOT_PROGRESS_TIMEOUT",
-  InvalidPublication: "INVALID_PUBLICATION",
-  Internal: "INTERNAL"
-}
 
 /**
  * Before the stream starts only the statuses of PROTOCOL §5 are used. A producer found invalid
@@ -825,14 +803,6 @@ const decodeSubscribe = (
     return { subscriberId: request.right.subscriberId, expected: request.right.expectedProducer }
   })
 
-const FRAME_KINDS: Record<PublicationFrame["kind"], PoolFrameKind> = {
-  SnapshotChunk: FRAME_SNAPSHOT_CHUNK,
-  Delta: FRAME_DELTA
-}
-
-const EMPTY = new Uint8Array(0)
-const textEncoder = new TextEncoder()
-
 const poolSubscribe: Handler = (ctx, request) =>
   Effect.gen(function* () {
     const body = yield* parseJsonBody(yield* readBody(request, ctx.limits.maxRequestBodyBytes))
@@ -845,14 +815,21 @@ const poolSubscribe: Handler = (ctx, request) =>
     // Completes the moment the stream is terminal (lagged, retired, stalled), which for a client
     // that stopped reading is long before the writer reaches the terminal frame.
     const ended = yield* Deferred.make<PublicationError>()
-    const frames = yield* ctx.relay.subscribePool(expected, subscriberId, ended).pipe(
-      Effect.tapError((error) =>
-        error.kind === "ResourceExhausted" && error.message.startsWith(TOTAL_POOL_STREAM_LIMIT)
-          ? RelayMetrics.limitRejected("pool", "total")
-          : Effect.void
-      ),
-      Effect.mapError(preStreamFailure)
-    )
+    const admitted = <A, R>(opening: Effect.Effect<A, PublicationError, R>) =>
+      opening.pipe(
+        Effect.tapError((error) =>
+          error.kind === "ResourceExhausted" && error.message.startsWith(TOTAL_POOL_STREAM_LIMIT)
+            ? RelayMetrics.limitRejected("pool", "total")
+            : Effect.void
+        ),
+        Effect.mapError(preStreamFailure)
+      )
+    // The feed form moves frames without a fiber per frame; a service with only the stream form
+    // is adapted (a forwarder fiber).
+    const feed =
+      ctx.relay.subscribePoolFeed !== undefined
+        ? yield* admitted(ctx.relay.subscribePoolFeed(expected, subscriberId, ended))
+        : yield* streamFeed(yield* admitted(ctx.relay.subscribePool(expected, subscriberId, ended)))
     // The subscriber leaves the gauge when its stream is terminal or its request ends, once.
     let counted = false
     const uncount = Effect.suspend(() => {
@@ -887,103 +864,30 @@ const poolSubscribe: Handler = (ctx, request) =>
       })
     yield* log("KV DC Relay pool stream opened")
 
-    // The forwarder keeps at most one frame ahead; everything else waits in the hub's bounded
-    // subscriber queue, where falling behind is detected.
-    const takes = new Handoff<Take.Take<PublicationFrame, PublicationError>>(1, false)
-    yield* forward(frames, takes)
-    // The shutdown signal and the heartbeat each have one fiber per stream that resolves the
-    // writer's wait, rather than a race and a timeout per frame (each forks fibers: together they
-    // cost more than the frame). The heartbeat fiber wakes at most once per interval.
-    yield* Deferred.await(ctx.shutdown).pipe(
-      Effect.zipRight(Effect.sync(() => takes.close())),
-      Effect.interruptible,
-      Effect.forkScoped
-    )
-    const clock = yield* Effect.clock
-    const heartbeatMs = Duration.toMillis(ctx.poolHeartbeat)
-    yield* Effect.suspend(() => {
-      const left = takes.heartbeatDue(clock.unsafeCurrentTimeMillis(), heartbeatMs)
-      return left === undefined ? Effect.sleep(heartbeatMs) : Effect.sleep(left)
-    }).pipe(Effect.forever, Effect.interruptible, Effect.forkScoped)
-    let snapshotChunksLeft = Math.ceil(expected.format.bucketCount / SNAPSHOT_CHUNK_BUCKETS)
-    let lastSequence = 0n
-    let done = false
-    const pending: Array<PublicationFrame> = []
-
-    const frame = (kind: PoolFrameKind, baseSequence: bigint, sequence: bigint, payload: Uint8Array) =>
-      Effect.map(Clock.currentTimeNanos, (nanos) =>
-        Option.some(encodePoolFrame({ kind, baseSequence, sequence, sendTsUs: nanos / 1000n, payload }))
-      )
-    /** Every pending frame in one buffer (one socket write for a whole backlog). */
-    const emitPending = Effect.map(Clock.currentTimeNanos, (nanos) => {
-      const sendTsUs = nanos / 1000n
-      const encoded: Array<Uint8Array> = []
-      let bytes = 0
-      for (const next of pending.splice(0)) {
-        if (next.kind === "SnapshotChunk") snapshotChunksLeft = Math.max(0, snapshotChunksLeft - 1)
-        else snapshotChunksLeft = 0
-        lastSequence = next.sequence
-        const one = encodePoolFrame({
-          kind: FRAME_KINDS[next.kind],
-          baseSequence: next.baseSequence,
-          sequence: next.sequence,
-          sendTsUs,
-          payload: next.payload
-        })
-        encoded.push(one)
-        bytes += one.length
-      }
-      if (encoded.length === 1) return Option.some(encoded[0]!)
-      const out = new Uint8Array(bytes)
-      let offset = 0
-      for (const one of encoded) {
-        out.set(one, offset)
-        offset += one.length
-      }
-      return Option.some(out)
-    })
-    const terminal = (reason: ErrorReason, message: string) =>
-      Effect.gen(function* () {
-        done = true
-        yield* log("KV DC Relay pool stream ended").pipe(Effect.annotateLogs({ reason, message }))
-        return yield* frame(
-          FRAME_TERMINAL_ERROR,
-          lastSequence,
-          lastSequence,
-          textEncoder.encode(errorBodyText(reason, message))
+    // The body is written straight to the response from the feed's wake-ups (`PoolStreamWriter`);
+    // the platform only writes the head, runs the writer, and ends the response after it.
+    const written = PoolStreamWriter.writeBody({
+      response,
+      feed,
+      snapshotChunks: Math.ceil(expected.format.bucketCount / SNAPSHOT_CHUNK_BUCKETS),
+      heartbeat: ctx.poolHeartbeat,
+      writeStallTimeout: ctx.writeStallTimeout,
+      shutdown: ctx.shutdown,
+      onHeartbeat: RelayMetrics.poolHeartbeatSent,
+      errorBody: errorBodyText
+    }).pipe(
+      Effect.flatMap((end) =>
+        Effect.zipRight(
+          end.defect === undefined
+            ? Effect.void
+            : Effect.logError("KV DC Relay pool stream failed", Cause.die(end.defect)),
+          log("KV DC Relay pool stream ended").pipe(
+            Effect.annotateLogs({ reason: end.reason, message: end.message })
+          )
         )
-      })
-
-    const step: Effect.Effect<Option.Option<Uint8Array>> = Effect.gen(function* () {
-      if (done) return Option.none()
-      if (pending.length > 0) return yield* emitPending
-      // The heartbeat is armed only once every snapshot chunk went out.
-      const got = yield* takes.next(snapshotChunksLeft > 0 ? undefined : clock.unsafeCurrentTimeMillis())
-      if (got._tag === "Closed")
-        return yield* terminal("PUBLICATION_UNAVAILABLE", "relay HTTP server is shutting down")
-      if (got._tag === "Heartbeat") {
-        yield* RelayMetrics.poolHeartbeatSent
-        return yield* frame(FRAME_HEARTBEAT, lastSequence, lastSequence, EMPTY)
-      }
-      return yield* Take.match(got.item, {
-        onEnd: () => terminal("PUBLICATION_UNAVAILABLE", "relay is shutting down; subscribe again"),
-        onFailure: (cause) =>
-          Option.match(Cause.failureOption(cause), {
-            onNone: () =>
-              Effect.zipRight(
-                Effect.logError("KV DC Relay pool stream failed", cause),
-                terminal("INTERNAL", "pool stream failed unexpectedly")
-              ),
-            onSome: (error) => terminal(TERMINAL_REASONS[error.kind], error.message)
-          }),
-        onSuccess: (chunk) => {
-          pending.push(...chunk)
-          return pending.length === 0 ? Effect.succeed(Option.some(EMPTY)) : emitPending
-        }
-      })
-    })
-
-    return HttpServerResponse.stream(yield* guardedBody(ctx, request, "pool stream", step), {
+      )
+    )
+    return HttpServerResponse.stream(Stream.execute(written), {
       contentType: POOL_STREAM_CONTENT_TYPE,
       headers: { "cache-control": "no-store" }
     })

@@ -466,7 +466,8 @@ describe("RelayHttpServer: pool streams", () => {
       const failing = yield* RelayHttpServer.serve(
         {
           ...relay,
-          subscribePool: () => Effect.fail(new PublicationError({ kind: "Internal", message: "boom" }))
+          subscribePool: () => Effect.fail(new PublicationError({ kind: "Internal", message: "boom" })),
+          subscribePoolFeed: () => Effect.fail(new PublicationError({ kind: "Internal", message: "boom" }))
         },
         { port: 0 }
       )
