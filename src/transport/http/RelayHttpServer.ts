@@ -5,9 +5,11 @@
  * of unknown paths (404) and wrong methods (405), which the router does not distinguish.
  *
  * Streaming responses (the pool stream and the three SSE watches) share three mechanisms:
- * - each is pulled element by element by the platform's writer, which waits for the socket to
- *   drain, so a client that stops reading stops the pulls and the relay-side bounds apply (the
- *   hub's 16 frames / 16 MiB per pool subscriber, the 16-window load buffer);
+ * - each waits for the socket to drain before it takes more, so a client that stops reading
+ *   stops the taking and the relay-side bounds apply (the hub's 16 frames / 16 MiB per pool
+ *   subscriber, the 16-window load buffer): the SSE watches are pulled element by element by the
+ *   platform's writer, the pool stream is written by `internal/PoolStreamWriter` straight from
+ *   its feed's wake-ups (no fiber per delta);
  * - a write-stall watchdog ends the connection when an element stays unwritten for
  *   `writeStallTimeout`: a client that never reads again cannot hold its stream slot forever;
  * - server shutdown ends every stream (a pool stream with a terminal frame first).
