@@ -34,15 +34,41 @@ export interface PoolFrame {
   readonly payload: Uint8Array
 }
 
+/**
+ * Writes one frame at `out[at…]` (`view` over `out`) and returns the offset after it, so that a
+ * backlog can be framed into one buffer.
+ */
+export const writePoolFrameAt = (
+  out: Uint8Array,
+  view: DataView,
+  at: number,
+  kind: PoolFrameKind,
+  baseSequence: bigint,
+  sequence: bigint,
+  sendTsUs: bigint,
+  payload: Uint8Array
+): number => {
+  view.setUint32(at, POOL_FRAME_FIXED_BYTES + payload.length, true)
+  view.setUint8(at + 4, kind)
+  view.setBigUint64(at + 5, baseSequence, true)
+  view.setBigUint64(at + 13, sequence, true)
+  view.setBigUint64(at + 21, sendTsUs, true)
+  out.set(payload, at + 4 + POOL_FRAME_FIXED_BYTES)
+  return at + 4 + POOL_FRAME_FIXED_BYTES + payload.length
+}
+
 export const encodePoolFrame = (frame: PoolFrame): Uint8Array => {
   const out = new Uint8Array(4 + POOL_FRAME_FIXED_BYTES + frame.payload.length)
-  const view = new DataView(out.buffer)
-  view.setUint32(0, POOL_FRAME_FIXED_BYTES + frame.payload.length, true)
-  view.setUint8(4, frame.kind)
-  view.setBigUint64(5, frame.baseSequence, true)
-  view.setBigUint64(13, frame.sequence, true)
-  view.setBigUint64(21, frame.sendTsUs, true)
-  out.set(frame.payload, 4 + POOL_FRAME_FIXED_BYTES)
+  writePoolFrameAt(
+    out,
+    new DataView(out.buffer),
+    0,
+    frame.kind,
+    frame.baseSequence,
+    frame.sequence,
+    frame.sendTsUs,
+    frame.payload
+  )
   return out
 }
 

@@ -24,12 +24,14 @@ import { Deferred, Duration, Effect } from "effect"
 import type { ErrorReason } from "../../../domain/json.js"
 import type { PoolFeed, PublicationErrorKind, PublicationFrame } from "../../../relay/PublicationSource.js"
 import {
+  encodePoolFrame,
   FRAME_DELTA,
   FRAME_HEARTBEAT,
   FRAME_SNAPSHOT_CHUNK,
   FRAME_TERMINAL_ERROR,
   POOL_FRAME_FIXED_BYTES,
-  type PoolFrameKind
+  type PoolFrameKind,
+  writePoolFrameAt
 } from "../PoolStreamFrame.js"
 
 /** The terminal frame's reason for each way a feed can end. */
@@ -58,37 +60,14 @@ const SERVER_SHUTDOWN_MESSAGE = "relay HTTP server is shutting down"
 const EMPTY = new Uint8Array(0)
 const textEncoder = new TextEncoder()
 
-const writeFrame = (
-  out: Uint8Array,
-  view: DataView,
-  at: number,
-  kind: PoolFrameKind,
-  baseSequence: bigint,
-  sequence: bigint,
-  sendTsUs: bigint,
-  payload: Uint8Array
-): number => {
-  view.setUint32(at, POOL_FRAME_FIXED_BYTES + payload.length, true)
-  view.setUint8(at + 4, kind)
-  view.setBigUint64(at + 5, baseSequence, true)
-  view.setBigUint64(at + 13, sequence, true)
-  view.setBigUint64(at + 21, sendTsUs, true)
-  out.set(payload, at + 4 + POOL_FRAME_FIXED_BYTES)
-  return at + 4 + POOL_FRAME_FIXED_BYTES + payload.length
-}
-
-/** One frame of the wire format (`PoolStreamFrame.encodePoolFrame`, byte for byte). */
+/** One frame alone (heartbeats and the terminal frame). */
 const singleFrame = (
   kind: PoolFrameKind,
   baseSequence: bigint,
   sequence: bigint,
   sendTsUs: bigint,
   payload: Uint8Array
-): Uint8Array => {
-  const out = new Uint8Array(4 + POOL_FRAME_FIXED_BYTES + payload.length)
-  writeFrame(out, new DataView(out.buffer), 0, kind, baseSequence, sequence, sendTsUs, payload)
-  return out
-}
+): Uint8Array => encodePoolFrame({ kind, baseSequence, sequence, sendTsUs, payload })
 
 export interface PoolStreamWriterOptions {
   /** Snapshot chunks the stream opens with; heartbeats wait until they all went out. */
@@ -227,7 +206,7 @@ export class PoolStreamWriter {
       if (frame.kind === "SnapshotChunk") this.snapshotChunksLeft = Math.max(0, this.snapshotChunksLeft - 1)
       else this.snapshotChunksLeft = 0
       this.lastSequence = frame.sequence
-      at = writeFrame(
+      at = writePoolFrameAt(
         out,
         view,
         at,
