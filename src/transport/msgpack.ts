@@ -731,6 +731,16 @@ export class MsgpackWriter {
 // ---------------------------------------------------------------------------------------------
 // RouterEvent payload (Vec<RouterEvent>, rmp-serde named maps)
 
+/** A map key as a complete fixstr (header byte included), written with `MsgpackWriter.raw`. */
+export const fixKey = (name: string): Uint8Array => {
+  const bytes = ascii(name)
+  if (bytes.length > 31) throw new Error(`key ${name} is too long for a fixstr`)
+  const out = new Uint8Array(bytes.length + 1)
+  out[0] = 0xa0 | bytes.length
+  out.set(bytes, 1)
+  return out
+}
+
 const K = (...names: ReadonlyArray<string>): ReadonlyArray<Uint8Array> => names.map(ascii)
 
 const ROUTER_EVENT_KEYS = K("worker_id", "storage_tier", "event", "residency_domain", "state_source")
@@ -755,16 +765,18 @@ let lastWorkerHi = -1
 let lastWorkerLo = -1
 let lastWorkerText: WorkerId = ""
 
-const readWorkerId = (r: MsgpackReader): WorkerId => {
-  r.u64(scratch, 0, "worker_id")
-  const hi = scratch[0]!
-  const lo = scratch[1]!
+const workerText = (hi: number, lo: number): WorkerId => {
   if (hi !== lastWorkerHi || lo !== lastWorkerLo) {
     lastWorkerText = decimalOf(hi, lo)
     lastWorkerHi = hi
     lastWorkerLo = lo
   }
   return lastWorkerText
+}
+
+const readWorkerId = (r: MsgpackReader): WorkerId => {
+  r.u64(scratch, 0, "worker_id")
+  return workerText(scratch[0]!, scratch[1]!)
 }
 
 /** `storage_tier`: a snake_case name, or (older rmp-serde) a variant index, `{variant: nil}` or `[index, []]`. */
@@ -809,48 +821,197 @@ const readOptionalHash = (r: MsgpackReader, what: string, bytes = false): Uint32
 const readOptionalU32 = (r: MsgpackReader, what: string): number | undefined =>
   r.nil() ? undefined : r.uint(what, 0xffff_ffff)
 
-const readBlocks = (r: MsgpackReader): { blockHashes: Uint32Array; tokensHashes: Uint32Array } => {
+/** What `readBlocks` read, in module state (no result object per event). */
+let blocksBlockHashes: Uint32Array = new Uint32Array(0)
+let blocksTokensHashes: Uint32Array = new Uint32Array(0)
+
+/**
+ * The fast paths (exact-shape readers tried before the general ones) are on; tests turn them off
+ * to check that both paths decode and reject the same inputs alike.
+ */
+let fastPaths = true
+/** Tests only: decode with the general readers alone (`false`) or with the fast paths first (`true`). */
+export const setDecoderFastPaths = (enabled: boolean): void => {
+  fastPaths = enabled
+}
+/** Envelopes and events the fast paths have read (tests: the exact shapes do take them). */
+export const decoderFastPathHits = { envelopes: 0, events: 0 }
+
+// ---------------------------------------------------------------------------------------------
+// Fast paths: the exact bytes rmp-serde `to_vec_named` writes for the common messages
+// (PROTOCOL.md §3.1 field order, fixstr keys). Each one either reads its whole value or consumes
+// nothing and reports a miss, and the general reader then reads the same bytes: a fast path
+// never throws, so every error (and its text) comes from the general reader. The keys are
+// compared as big-endian 32-bit words against constants (overlapping at the end of a segment),
+// about a third of the cost of the byte loop in `key` over a key table.
+
+/** The value read by `fastUnsigned`. */
+let fastHi = 0
+let fastLo = 0
+
+/**
+ * An unsigned integer of any width at `b[p]` (within `end`) into `fastHi`/`fastLo`: the position
+ * after it, or -1 for anything else (a signed encoding included: the general reader decides
+ * about those).
+ */
+const fastUnsigned = (b: Uint8Array, p: number, end: number): number => {
+  const x = b[p]!
+  if (x <= 0x7f) {
+    fastHi = 0
+    fastLo = x
+    return p + 1
+  }
+  switch (x) {
+    case 0xcc:
+      if (p + 2 > end) return -1
+      fastHi = 0
+      fastLo = b[p + 1]!
+      return p + 2
+    case 0xcd:
+      if (p + 3 > end) return -1
+      fastHi = 0
+      fastLo = be16(b, p + 1)
+      return p + 3
+    case 0xce:
+      if (p + 5 > end) return -1
+      fastHi = 0
+      fastLo = be32(b, p + 1)
+      return p + 5
+    case 0xcf:
+      if (p + 9 > end) return -1
+      fastHi = be32(b, p + 1)
+      fastLo = be32(b, p + 5)
+      return p + 9
+    default:
+      return -1
+  }
+}
+
+/**
+ * One block exactly as rmp-serde writes Dynamo's `KvBlock` with full-width hashes, 57 bytes:
+ * `0x83 "block_hash" 0xcf <8> "tokens_hash" 0xcf <8> "mm_extra_info" 0xc0` (fixstr keys). Its
+ * 41 fixed bytes are compared as big-endian 32-bit words against constants (a byte loop over a
+ * key table costs about three times as much; the key bytes are most of the decoding work).
+ */
+const FAST_BLOCK_BYTES = 57
+const FAST_BLOCK_TEMPLATE = (() => {
+  const t = new Uint8Array(FAST_BLOCK_BYTES)
+  t.set([0x83, ...fixKey("block_hash"), 0xcf], 0)
+  t.set([...fixKey("tokens_hash"), 0xcf], 21)
+  t.set([...fixKey("mm_extra_info"), 0xc0], 42)
+  return t
+})()
+/** Fixed word at byte `p` of the template. */
+const tw = (p: number): number => i32(FAST_BLOCK_TEMPLATE, p)
+// Bytes 0-12 (header, block_hash key, 0xcf), 21-33 (tokens_hash key, 0xcf), 42-56 (mm_extra_info key, nil).
+const T0 = tw(0)
+const T4 = tw(4)
+const T8 = tw(8)
+const T12 = FAST_BLOCK_TEMPLATE[12]!
+const T21 = tw(21)
+const T25 = tw(25)
+const T29 = tw(29)
+const T33 = FAST_BLOCK_TEMPLATE[33]!
+const T42 = tw(42)
+const T46 = tw(46)
+const T50 = tw(50)
+const T53 = tw(53)
+
+/**
+ * One block in exactly the shape of `FAST_BLOCK_TEMPLATE`: reads it and returns true, or returns
+ * false having consumed nothing (the general reader then reads the same bytes, errors included).
+ */
+const readBlockFast = (
+  r: MsgpackReader,
+  blockHashes: Uint32Array,
+  tokensHashes: Uint32Array,
+  at: number
+): boolean => {
+  const p = r.pos
+  // One bounds check for the whole block.
+  if (p + FAST_BLOCK_BYTES > r.end) return false
+  const b = r.buf
+  // The words are spelled out rather than read with `i32`: sixteen calls exceed what V8 inlines here.
+  if (
+    ((((b[p]! << 24) | (b[p + 1]! << 16) | (b[p + 2]! << 8) | b[p + 3]!) ^ T0) |
+      (((b[p + 4]! << 24) | (b[p + 5]! << 16) | (b[p + 6]! << 8) | b[p + 7]!) ^ T4) |
+      (((b[p + 8]! << 24) | (b[p + 9]! << 16) | (b[p + 10]! << 8) | b[p + 11]!) ^ T8) |
+      (b[p + 12]! ^ T12) |
+      (((b[p + 21]! << 24) | (b[p + 22]! << 16) | (b[p + 23]! << 8) | b[p + 24]!) ^ T21) |
+      (((b[p + 25]! << 24) | (b[p + 26]! << 16) | (b[p + 27]! << 8) | b[p + 28]!) ^ T25) |
+      (((b[p + 29]! << 24) | (b[p + 30]! << 16) | (b[p + 31]! << 8) | b[p + 32]!) ^ T29) |
+      (b[p + 33]! ^ T33) |
+      (((b[p + 42]! << 24) | (b[p + 43]! << 16) | (b[p + 44]! << 8) | b[p + 45]!) ^ T42) |
+      (((b[p + 46]! << 24) | (b[p + 47]! << 16) | (b[p + 48]! << 8) | b[p + 49]!) ^ T46) |
+      (((b[p + 50]! << 24) | (b[p + 51]! << 16) | (b[p + 52]! << 8) | b[p + 53]!) ^ T50) |
+      (((b[p + 53]! << 24) | (b[p + 54]! << 16) | (b[p + 55]! << 8) | b[p + 56]!) ^ T53)) !==
+    0
+  )
+    return false
+  blockHashes[at] = (b[p + 13]! << 24) | (b[p + 14]! << 16) | (b[p + 15]! << 8) | b[p + 16]!
+  blockHashes[at + 1] = (b[p + 17]! << 24) | (b[p + 18]! << 16) | (b[p + 19]! << 8) | b[p + 20]!
+  tokensHashes[at] = (b[p + 34]! << 24) | (b[p + 35]! << 16) | (b[p + 36]! << 8) | b[p + 37]!
+  tokensHashes[at + 1] = (b[p + 38]! << 24) | (b[p + 39]! << 16) | (b[p + 40]! << 8) | b[p + 41]!
+  r.pos = p + FAST_BLOCK_BYTES
+  return true
+}
+
+/** One block of any accepted shape (a map of any key order, or positional). */
+const readBlock = (
+  r: MsgpackReader,
+  blockHashes: Uint32Array,
+  tokensHashes: Uint32Array,
+  i: number
+): void => {
+  const entries = r.tryMap()
+  if (entries >= 0) {
+    let seen = 0
+    for (let e = 0; e < entries; e++) {
+      switch (r.key(BLOCK_KEYS)) {
+        case 0:
+          r.u64(blockHashes, 2 * i, "block_hash")
+          seen |= 1
+          break
+        case 1:
+          r.u64(tokensHashes, 2 * i, "tokens_hash")
+          seen |= 2
+          break
+        case -2:
+          r.skip()
+          r.skip()
+          break
+        default:
+          r.skip()
+      }
+    }
+    if (seen !== 3) fail(`blocks[${i}]: missing ${seen & 1 ? "tokens_hash" : "block_hash"}`)
+    return
+  }
+  const len = r.tryArray()
+  if (len < 2) fail(`blocks[${i}]: expected a block map or [block_hash, tokens_hash, …]`)
+  r.u64(blockHashes, 2 * i, "block_hash")
+  r.u64(tokensHashes, 2 * i, "tokens_hash")
+  for (let e = 2; e < len; e++) r.skip()
+}
+
+/** Reads `blocks` into `blocksBlockHashes` and `blocksTokensHashes`. */
+const readBlocks = (r: MsgpackReader): void => {
   const n = r.array("blocks")
   const blockHashes = new Uint32Array(2 * n)
   const tokensHashes = new Uint32Array(2 * n)
+  const fast = fastPaths
   for (let i = 0; i < n; i++) {
-    const entries = r.tryMap()
-    if (entries >= 0) {
-      let seen = 0
-      for (let e = 0; e < entries; e++) {
-        switch (r.key(BLOCK_KEYS)) {
-          case 0:
-            r.u64(blockHashes, 2 * i, "block_hash")
-            seen |= 1
-            break
-          case 1:
-            r.u64(tokensHashes, 2 * i, "tokens_hash")
-            seen |= 2
-            break
-          case -2:
-            r.skip()
-            r.skip()
-            break
-          default:
-            r.skip()
-        }
-      }
-      if (seen !== 3) fail(`blocks[${i}]: missing ${seen & 1 ? "tokens_hash" : "block_hash"}`)
-      continue
-    }
-    const len = r.tryArray()
-    if (len < 2) fail(`blocks[${i}]: expected a block map or [block_hash, tokens_hash, …]`)
-    r.u64(blockHashes, 2 * i, "block_hash")
-    r.u64(tokensHashes, 2 * i, "tokens_hash")
-    for (let e = 2; e < len; e++) r.skip()
+    if (!(fast && readBlockFast(r, blockHashes, tokensHashes, 2 * i)))
+      readBlock(r, blockHashes, tokensHashes, i)
   }
-  return { blockHashes, tokensHashes }
+  blocksBlockHashes = blockHashes
+  blocksTokensHashes = tokensHashes
 }
 
 const readStored = (r: MsgpackReader): KvCacheEventData => {
   let parentHash: Uint32Array | undefined
   let startPosition: number | undefined
-  let blocks: { blockHashes: Uint32Array; tokensHashes: Uint32Array } | undefined
+  let sawBlocks = false
   const entries = r.tryMap()
   if (entries >= 0) {
     for (let e = 0; e < entries; e++) {
@@ -862,7 +1023,8 @@ const readStored = (r: MsgpackReader): KvCacheEventData => {
           startPosition = readOptionalU32(r, "start_position")
           break
         case 2:
-          blocks = readBlocks(r)
+          readBlocks(r)
+          sawBlocks = true
           break
         case -2:
           r.skip()
@@ -878,14 +1040,15 @@ const readStored = (r: MsgpackReader): KvCacheEventData => {
     if (len < 2) fail("stored: expected [parent_hash, start_position?, blocks, …]")
     parentHash = readOptionalHash(r, "parent_hash")
     if (len >= 3) startPosition = readOptionalU32(r, "start_position")
-    blocks = readBlocks(r)
+    readBlocks(r)
+    sawBlocks = true
     for (let e = 3; e < len; e++) r.skip()
   }
-  if (blocks === undefined) return fail("stored: missing blocks")
+  if (!sawBlocks) return fail("stored: missing blocks")
   return {
     _tag: "Stored",
-    blockHashes: blocks.blockHashes,
-    tokensHashes: blocks.tokensHashes,
+    blockHashes: blocksBlockHashes,
+    tokensHashes: blocksTokensHashes,
     parentHash,
     startPosition
   }
@@ -1035,13 +1198,170 @@ const readRouterEvent = (r: MsgpackReader): RouterEvent => {
   return { workerId, dpRank: kvDpRank, eventId: kvEventId, storageTier, data: kvData }
 }
 
+const EV_WORKER = Uint8Array.of(0x83, ...fixKey("worker_id"))
+const EV_WORKER_0 = i32(EV_WORKER, 0)
+const EV_WORKER_4 = i32(EV_WORKER, 4)
+const EV_WORKER_7 = i32(EV_WORKER, 7)
+const atEvWorker = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_WORKER_0) | (i32(b, p + 4) ^ EV_WORKER_4) | (i32(b, p + 7) ^ EV_WORKER_7)) === 0
+const EV_TIER = Uint8Array.of(...fixKey("storage_tier"), ...fixKey("device"))
+const EV_TIER_0 = i32(EV_TIER, 0)
+const EV_TIER_4 = i32(EV_TIER, 4)
+const EV_TIER_8 = i32(EV_TIER, 8)
+const EV_TIER_12 = i32(EV_TIER, 12)
+const EV_TIER_16 = i32(EV_TIER, 16)
+const atEvTier = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_TIER_0) |
+    (i32(b, p + 4) ^ EV_TIER_4) |
+    (i32(b, p + 8) ^ EV_TIER_8) |
+    (i32(b, p + 12) ^ EV_TIER_12) |
+    (i32(b, p + 16) ^ EV_TIER_16)) ===
+  0
+const EV_EVENT = Uint8Array.of(...fixKey("event"), 0x83, ...fixKey("event_id"))
+const EV_EVENT_0 = i32(EV_EVENT, 0)
+const EV_EVENT_4 = i32(EV_EVENT, 4)
+const EV_EVENT_8 = i32(EV_EVENT, 8)
+const EV_EVENT_12 = i32(EV_EVENT, 12)
+const atEvEvent = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_EVENT_0) |
+    (i32(b, p + 4) ^ EV_EVENT_4) |
+    (i32(b, p + 8) ^ EV_EVENT_8) |
+    (i32(b, p + 12) ^ EV_EVENT_12)) ===
+  0
+const EV_STORED = Uint8Array.of(...fixKey("data"), 0x81, ...fixKey("stored"), 0x83, ...fixKey("parent_hash"))
+const EV_STORED_0 = i32(EV_STORED, 0)
+const EV_STORED_4 = i32(EV_STORED, 4)
+const EV_STORED_8 = i32(EV_STORED, 8)
+const EV_STORED_12 = i32(EV_STORED, 12)
+const EV_STORED_16 = i32(EV_STORED, 16)
+const EV_STORED_20 = i32(EV_STORED, 20)
+const EV_STORED_22 = i32(EV_STORED, 22)
+const atEvStored = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_STORED_0) |
+    (i32(b, p + 4) ^ EV_STORED_4) |
+    (i32(b, p + 8) ^ EV_STORED_8) |
+    (i32(b, p + 12) ^ EV_STORED_12) |
+    (i32(b, p + 16) ^ EV_STORED_16) |
+    (i32(b, p + 20) ^ EV_STORED_20) |
+    (i32(b, p + 22) ^ EV_STORED_22)) ===
+  0
+const EV_START = Uint8Array.of(...fixKey("start_position"))
+const EV_START_0 = i32(EV_START, 0)
+const EV_START_4 = i32(EV_START, 4)
+const EV_START_8 = i32(EV_START, 8)
+const EV_START_11 = i32(EV_START, 11)
+const atEvStart = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_START_0) |
+    (i32(b, p + 4) ^ EV_START_4) |
+    (i32(b, p + 8) ^ EV_START_8) |
+    (i32(b, p + 11) ^ EV_START_11)) ===
+  0
+const EV_BLOCKS = Uint8Array.of(...fixKey("blocks"))
+const EV_BLOCKS_0 = i32(EV_BLOCKS, 0)
+const EV_BLOCKS_3 = i32(EV_BLOCKS, 3)
+const atEvBlocks = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_BLOCKS_0) | (i32(b, p + 3) ^ EV_BLOCKS_3)) === 0
+const EV_DP_RANK = Uint8Array.of(...fixKey("dp_rank"))
+const EV_DP_RANK_0 = i32(EV_DP_RANK, 0)
+const EV_DP_RANK_4 = i32(EV_DP_RANK, 4)
+const atEvDpRank = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ EV_DP_RANK_0) | (i32(b, p + 4) ^ EV_DP_RANK_4)) === 0
+/**
+ * A device-tier Stored RouterEvent exactly as Dynamo writes it: `{worker_id, storage_tier:
+ * "device", event: {event_id, data: {stored: {parent_hash, start_position, blocks}}, dp_rank}}`
+ * with every block in the shape of `FAST_BLOCK_TEMPLATE`. Undefined (nothing consumed) otherwise.
+ */
+const readStoredEventFast = (r: MsgpackReader): RouterEvent | undefined => {
+  const b = r.buf
+  const end = r.end
+  const start = r.pos
+  // Each segment's bounds include the first byte after it (the value that `fastUnsigned` reads).
+  if (start + EV_WORKER.length + 1 > end || !atEvWorker(b, start)) return undefined
+  let p = fastUnsigned(b, start + EV_WORKER.length, end)
+  if (p < 0 || p + EV_TIER.length + EV_EVENT.length + 1 > end || !atEvTier(b, p)) return undefined
+  const workerHi = fastHi
+  const workerLo = fastLo
+  p += EV_TIER.length
+  if (!atEvEvent(b, p)) return undefined
+  p = fastUnsigned(b, p + EV_EVENT.length, end)
+  // event_id ≤ 2^53 (`MAX_SAFE_ID`); a larger one is the general reader's error.
+  if (
+    p < 0 ||
+    fastHi > 0x20_0000 ||
+    (fastHi === 0x20_0000 && fastLo !== 0) ||
+    p + EV_STORED.length + 1 > end ||
+    !atEvStored(b, p)
+  )
+    return undefined
+  const eventId = fastHi * TWO_32 + fastLo
+  p += EV_STORED.length
+  let parentHash: Uint32Array | undefined
+  if (b[p] === 0xc0) p++
+  else {
+    p = fastUnsigned(b, p, end)
+    if (p < 0) return undefined
+    parentHash = new Uint32Array(2)
+    parentHash[0] = fastHi
+    parentHash[1] = fastLo
+  }
+  if (p + EV_START.length + 1 > end || !atEvStart(b, p)) return undefined
+  p += EV_START.length
+  let startPosition: number | undefined
+  if (b[p] === 0xc0) p++
+  else {
+    p = fastUnsigned(b, p, end)
+    if (p < 0 || fastHi !== 0) return undefined
+    startPosition = fastLo
+  }
+  if (p + EV_BLOCKS.length + 3 > end || !atEvBlocks(b, p)) return undefined
+  p += EV_BLOCKS.length
+  const header = b[p]!
+  let n: number
+  if ((header & 0xf0) === 0x90) {
+    n = header & 0x0f
+    p += 1
+  } else if (header === 0xdc) {
+    n = be16(b, p + 1)
+    p += 3
+  } else return undefined
+  // The blocks, the dp_rank key and a fixint value, before anything is allocated.
+  if (p + n * FAST_BLOCK_BYTES + EV_DP_RANK.length + 1 > end) return undefined
+  const blockHashes = new Uint32Array(2 * n)
+  const tokensHashes = new Uint32Array(2 * n)
+  r.pos = p
+  for (let i = 0; i < n; i++) {
+    if (!readBlockFast(r, blockHashes, tokensHashes, 2 * i)) {
+      r.pos = start
+      return undefined
+    }
+  }
+  p = r.pos
+  if (atEvDpRank(b, p)) p = fastUnsigned(b, p + EV_DP_RANK.length, end)
+  else p = -1
+  if (p < 0 || fastHi !== 0) {
+    r.pos = start
+    return undefined
+  }
+  r.pos = p
+  decoderFastPathHits.events++
+  return {
+    workerId: workerText(workerHi, workerLo),
+    dpRank: fastLo,
+    eventId,
+    storageTier: "device",
+    data: { _tag: "Stored", blockHashes, tokensHashes, parentHash, startPosition }
+  }
+}
+
 /** Decodes `Vec<RouterEvent>`; a single RouterEvent map (as older sinks sent) is accepted too. Throws `MsgpackDecodeError`. */
 export const readRouterEvents = (r: MsgpackReader): Array<RouterEvent> => {
   const b = r.peek("payload")
   if ((b >= 0x80 && b <= 0x8f) || b === 0xde || b === 0xdf) return [readRouterEvent(r)]
   const n = r.array("payload")
   const events = new Array<RouterEvent>(n)
-  for (let i = 0; i < n; i++) events[i] = readRouterEvent(r)
+  if (fastPaths) {
+    for (let i = 0; i < n; i++) events[i] = readStoredEventFast(r) ?? readRouterEvent(r)
+  } else for (let i = 0; i < n; i++) events[i] = readRouterEvent(r)
   return events
 }
 
@@ -1065,16 +1385,6 @@ export const decodeRouterEvents = (
   end = bytes.length
 ): DecodeResult<Array<RouterEvent>> =>
   guardDecode(() => readRouterEvents(new MsgpackReader(bytes, start, end)))
-
-/** A map key as a complete fixstr (header byte included), written with `MsgpackWriter.raw`. */
-export const fixKey = (name: string): Uint8Array => {
-  const bytes = ascii(name)
-  if (bytes.length > 31) throw new Error(`key ${name} is too long for a fixstr`)
-  const out = new Uint8Array(bytes.length + 1)
-  out[0] = 0xa0 | bytes.length
-  out.set(bytes, 1)
-  return out
-}
 
 const KEY = {
   worker_id: fixKey("worker_id"),
@@ -1211,8 +1521,126 @@ export interface EnvelopeView {
 
 const ENVELOPE_KEYS = K("topic", "publisher_id", "sequence", "published_at", "payload")
 
+const ENV_TOPIC = Uint8Array.of(0x85, ...fixKey("topic"))
+const ENV_TOPIC_0 = i32(ENV_TOPIC, 0)
+const ENV_TOPIC_3 = i32(ENV_TOPIC, 3)
+const atEnvTopic = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ ENV_TOPIC_0) | (i32(b, p + 3) ^ ENV_TOPIC_3)) === 0
+const ENV_PUBLISHER = Uint8Array.of(...fixKey("publisher_id"))
+const ENV_PUBLISHER_0 = i32(ENV_PUBLISHER, 0)
+const ENV_PUBLISHER_4 = i32(ENV_PUBLISHER, 4)
+const ENV_PUBLISHER_8 = i32(ENV_PUBLISHER, 8)
+const ENV_PUBLISHER_9 = i32(ENV_PUBLISHER, 9)
+const atEnvPublisher = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ ENV_PUBLISHER_0) |
+    (i32(b, p + 4) ^ ENV_PUBLISHER_4) |
+    (i32(b, p + 8) ^ ENV_PUBLISHER_8) |
+    (i32(b, p + 9) ^ ENV_PUBLISHER_9)) ===
+  0
+const ENV_SEQUENCE = Uint8Array.of(...fixKey("sequence"))
+const ENV_SEQUENCE_0 = i32(ENV_SEQUENCE, 0)
+const ENV_SEQUENCE_4 = i32(ENV_SEQUENCE, 4)
+const ENV_SEQUENCE_5 = i32(ENV_SEQUENCE, 5)
+const atEnvSequence = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ ENV_SEQUENCE_0) | (i32(b, p + 4) ^ ENV_SEQUENCE_4) | (i32(b, p + 5) ^ ENV_SEQUENCE_5)) === 0
+const ENV_PUBLISHED = Uint8Array.of(...fixKey("published_at"))
+const ENV_PUBLISHED_0 = i32(ENV_PUBLISHED, 0)
+const ENV_PUBLISHED_4 = i32(ENV_PUBLISHED, 4)
+const ENV_PUBLISHED_8 = i32(ENV_PUBLISHED, 8)
+const ENV_PUBLISHED_9 = i32(ENV_PUBLISHED, 9)
+const atEnvPublished = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ ENV_PUBLISHED_0) |
+    (i32(b, p + 4) ^ ENV_PUBLISHED_4) |
+    (i32(b, p + 8) ^ ENV_PUBLISHED_8) |
+    (i32(b, p + 9) ^ ENV_PUBLISHED_9)) ===
+  0
+const ENV_PAYLOAD = Uint8Array.of(...fixKey("payload"))
+const ENV_PAYLOAD_0 = i32(ENV_PAYLOAD, 0)
+const ENV_PAYLOAD_4 = i32(ENV_PAYLOAD, 4)
+const atEnvPayload = (b: Uint8Array, p: number): boolean =>
+  ((i32(b, p) ^ ENV_PAYLOAD_0) | (i32(b, p + 4) ^ ENV_PAYLOAD_4)) === 0
+
+/**
+ * An envelope exactly as Dynamo writes it, `{topic, publisher_id, sequence, published_at,
+ * payload: bin}` with a fixstr or str8 topic: its view, or undefined (nothing consumed).
+ */
+const readEnvelopeFast = (r: MsgpackReader): EnvelopeView | undefined => {
+  const b = r.buf
+  const end = r.end
+  let p = r.pos
+  if (p + ENV_TOPIC.length + 2 > end || !atEnvTopic(b, p)) return undefined
+  p += ENV_TOPIC.length
+  const header = b[p]!
+  let topicLength: number
+  if ((header & 0xe0) === 0xa0) {
+    topicLength = header & 0x1f
+    p += 1
+  } else if (header === 0xd9) {
+    topicLength = b[p + 1]!
+    p += 2
+  } else return undefined
+  const topicStart = p
+  p += topicLength
+  // The keys after the topic, their integers at their widest and a bin32 header.
+  if (
+    p +
+      ENV_PUBLISHER.length +
+      9 +
+      ENV_SEQUENCE.length +
+      9 +
+      ENV_PUBLISHED.length +
+      9 +
+      ENV_PAYLOAD.length +
+      5 >
+      end ||
+    !atEnvPublisher(b, p)
+  )
+    return undefined
+  p = fastUnsigned(b, p + ENV_PUBLISHER.length, end)
+  if (p < 0 || !atEnvSequence(b, p)) return undefined
+  const publisherHi = fastHi
+  const publisherLo = fastLo
+  p = fastUnsigned(b, p + ENV_SEQUENCE.length, end)
+  if (p < 0 || !atEnvPublished(b, p)) return undefined
+  p = fastUnsigned(b, p + ENV_PUBLISHED.length, end)
+  if (p < 0 || !atEnvPayload(b, p)) return undefined
+  p += ENV_PAYLOAD.length
+  const bin = b[p]!
+  let length: number
+  if (bin === 0xc4) {
+    length = b[p + 1]!
+    p += 2
+  } else if (bin === 0xc5) {
+    length = be16(b, p + 1)
+    p += 3
+  } else if (bin === 0xc6) {
+    length = be32(b, p + 1)
+    p += 5
+  } else return undefined
+  if (p + length > end) return undefined
+  r.pos = p + length
+  decoderFastPathHits.envelopes++
+  return {
+    topicStart,
+    topicLength,
+    publisherHi,
+    publisherLo,
+    payloadBuffer: b,
+    payloadStart: p,
+    payloadEnd: p + length
+  }
+}
+
 /** Reads an `EventEnvelope` map (or its positional form); throws `MsgpackDecodeError`. */
 export const readEnvelope = (r: MsgpackReader): EnvelopeView => {
+  if (fastPaths) {
+    const view = readEnvelopeFast(r)
+    if (view !== undefined) return view
+  }
+  return readEnvelopeGeneral(r)
+}
+
+const readEnvelopeGeneral = (r: MsgpackReader): EnvelopeView => {
   let topicStart = -1
   let topicLength = 0
   let sawPublisher = false
