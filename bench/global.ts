@@ -81,6 +81,7 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
       membershipRef: yield* SubscriptionRef.make(emptyMembershipView),
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
+      subscribePoolFeed: source.subscribePoolFeed,
       health: Effect.succeed({
         healthy: true,
         shuttingDown: false,

@@ -15,7 +15,7 @@
  * reading must not hold a slot (PROTOCOL §5). Relay shutdown ends every stream silently.
  */
 
-import { Cause, Chunk, Data, Deferred, Duration, Effect, Exit, Option, Runtime, Scope, Stream } from "effect"
+import { Chunk, Data, Deferred, Duration, Effect, Exit, Option, Runtime, Scope, Stream } from "effect"
 import { Cbi1Error, encodeCbi1Snapshot } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
 import type { PoolRegistry } from "./PoolRegistry.js"
@@ -168,69 +168,6 @@ export const feedStream = (feed: PoolFeed): Stream.Stream<PublicationFrame, Publ
   )
   return Stream.repeatEffectChunkOption(pull)
 }
-
-/**
- * `stream` as a feed, for a service that only offers streams: a forwarder fiber (in the current
- * scope) keeps at most one chunk ahead of `poll`, so the rest waits wherever the stream bounds it.
- * A defect ends the feed as `Internal`, logged.
- */
-export const streamFeed = (
-  stream: Stream.Stream<PublicationFrame, PublicationError>
-): Effect.Effect<PoolFeed, never, Scope.Scope> =>
-  Effect.gen(function* () {
-    let ready: Array<PublicationFrame> = []
-    let end: PoolFeedNext | undefined
-    let wake: (() => void) | undefined
-    const taken = Effect.unsafeMakeLatch(true)
-    const notify = () => {
-      if (wake !== undefined) wake()
-    }
-    yield* stream.pipe(
-      Stream.runForEachChunk((chunk) =>
-        Effect.suspend(() => {
-          for (const frame of chunk) ready.push(frame)
-          if (ready.length === 0) return Effect.void
-          taken.unsafeClose()
-          notify()
-          return taken.await
-        })
-      ),
-      Effect.matchCauseEffect({
-        onSuccess: () => Effect.sync(() => "end" as const),
-        onFailure: (cause) =>
-          Option.match(Cause.failureOption(cause), {
-            onSome: (error) => Effect.succeed(error),
-            onNone: () =>
-              Cause.isInterruptedOnly(cause)
-                ? Effect.interrupt
-                : Effect.as(
-                    Effect.logError("KV DC Relay pool stream failed", cause),
-                    new PublicationError({ kind: "Internal", message: "pool stream failed unexpectedly" })
-                  )
-          })
-      }),
-      Effect.flatMap((last) =>
-        Effect.sync(() => {
-          end = last
-          notify()
-        })
-      ),
-      Effect.interruptible,
-      Effect.forkScoped
-    )
-    return {
-      poll: () => {
-        if (ready.length === 0) return end ?? NOTHING_YET
-        const out = ready
-        ready = []
-        taken.unsafeOpen()
-        return out
-      },
-      onReady: (next) => {
-        wake = next
-      }
-    }
-  })
 
 const invalid = (message: string) => new PublicationError({ kind: "InvalidPublication", message })
 

@@ -174,11 +174,10 @@ export interface KvDcRelayService {
     ended?: Deferred.Deferred<PublicationError>
   ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
   /**
-   * `subscribePool` as a callback-driven `PoolFeed` (`PublicationSource.subscribePoolFeed`), for
-   * a writer that moves frames without a fiber per frame. Optional: a service without it is
-   * served through `subscribePool`.
+   * `subscribePool` as a callback-driven `PoolFeed` (`PublicationSource.subscribePoolFeed`): the
+   * HTTP pool stream's form, which moves frames without a fiber per frame.
    */
-  readonly subscribePoolFeed?: (
+  readonly subscribePoolFeed: (
     expected: ProducerIdentity,
     subscriberId: string,
     ended?: Deferred.Deferred<PublicationError>

@@ -71,7 +71,7 @@ import type { KvDcRelayError } from "../../relay/errors.js"
 import * as LoadWindows from "../../relay/LoadWindows.js"
 import { hasDegradedCoverage } from "../../relay/PoolLoad.js"
 import type { DcPoolCatalog } from "../../relay/PoolRegistry.js"
-import { type PublicationError, streamFeed } from "../../relay/PublicationSource.js"
+import type { PublicationError } from "../../relay/PublicationSource.js"
 import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
 import * as Topology from "../../relay/Topology.js"
 import * as BearerAuth from "./BearerAuth.js"
@@ -817,21 +817,14 @@ const poolSubscribe: Handler = (ctx, request) =>
     // Completes the moment the stream is terminal (lagged, retired, stalled), which for a client
     // that stopped reading is long before the writer reaches the terminal frame.
     const ended = yield* Deferred.make<PublicationError>()
-    const admitted = <A, R>(opening: Effect.Effect<A, PublicationError, R>) =>
-      opening.pipe(
-        Effect.tapError((error) =>
-          error.kind === "ResourceExhausted" && error.message.startsWith(TOTAL_POOL_STREAM_LIMIT)
-            ? RelayMetrics.limitRejected("pool", "total")
-            : Effect.void
-        ),
-        Effect.mapError(preStreamFailure)
-      )
-    // The feed form moves frames without a fiber per frame; a service with only the stream form
-    // is adapted (a forwarder fiber).
-    const feed =
-      ctx.relay.subscribePoolFeed !== undefined
-        ? yield* admitted(ctx.relay.subscribePoolFeed(expected, subscriberId, ended))
-        : yield* streamFeed(yield* admitted(ctx.relay.subscribePool(expected, subscriberId, ended)))
+    const feed = yield* ctx.relay.subscribePoolFeed(expected, subscriberId, ended).pipe(
+      Effect.tapError((error) =>
+        error.kind === "ResourceExhausted" && error.message.startsWith(TOTAL_POOL_STREAM_LIMIT)
+          ? RelayMetrics.limitRejected("pool", "total")
+          : Effect.void
+      ),
+      Effect.mapError(preStreamFailure)
+    )
     // The subscriber leaves the gauge when its stream is terminal or its request ends, once.
     let counted = false
     const uncount = Effect.suspend(() => {

@@ -1,14 +1,14 @@
 /**
  * The pool stream's body written straight to the socket (`internal/PoolStreamWriter`): a slow
  * reader gets every frame in order, a backlog goes out as one write, a client that stopped
- * reading is cut after the stall timeout (on the TestClock), an abort releases the subscription,
- * and a service with only the stream form is served alike. Real relay, real sockets throughout.
+ * reading is cut after the stall timeout (on the TestClock), and an abort releases the
+ * subscription. Real relay, real sockets throughout.
  */
 
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Exit, Fiber, Logger, LogLevel, Scope, TestClock } from "effect"
+import { Deferred, Duration, Effect, Exit, Fiber, Logger, LogLevel, type Scope, TestClock } from "effect"
 import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../../src/ckf/cbi1.js"
 import type { PoolAttachment } from "../../../src/relay/PoolRegistry.js"
 import * as PoolStreamWriter from "../../../src/transport/http/internal/PoolStreamWriter.js"
@@ -16,7 +16,6 @@ import {
   FRAME_DELTA,
   FRAME_HEARTBEAT,
   FRAME_SNAPSHOT_CHUNK,
-  FRAME_TERMINAL_ERROR,
   type PoolFrame
 } from "../../../src/transport/http/PoolStreamFrame.js"
 import * as RelayHttpServer from "../../../src/transport/http/RelayHttpServer.js"
@@ -189,39 +188,6 @@ describe("PoolStreamWriter over a real relay", () => {
       // Deltas after the abort go nowhere and break nothing; the gauge does not go below.
       yield* publish(attachment, 3, 2)
       expect(gaugeValue((yield* get(base, "/metrics")).text)).toBe(before)
-    })
-  )
-
-  live("a service with only the stream form is served the same frames and terminal frame", () =>
-    Effect.gen(function* () {
-      const test = yield* makeTestRelay({ streamOnly: true })
-      expect(test.relay.subscribePoolFeed).toBeUndefined()
-      const attachment = yield* test.attach(1, "prod.backend.generate")
-      const serverScope = yield* Scope.make()
-      const server = yield* RelayHttpServer.serve(test.relay, { port: 0 }).pipe(Scope.extend(serverScope))
-      const opened = yield* subscribePool(server.url, {
-        subscriberId: "adapted",
-        expectedProducer: producerJson(attachment)
-      })
-      if (!("stream" in opened)) return yield* Effect.dieMessage(opened.error.text)
-      const snapshot = (yield* opened.stream.next())!
-      expect(snapshot.kind).toBe(FRAME_SNAPSHOT_CHUNK)
-      yield* publish(attachment, 1, 3)
-      const deltas = [
-        (yield* opened.stream.next())!,
-        (yield* opened.stream.next())!,
-        (yield* opened.stream.next())!
-      ]
-      expectContiguous(snapshot.sequence, deltas)
-      yield* Scope.close(serverScope, Exit.void)
-      const rest = yield* opened.stream.rest()
-      expect(rest.map((f) => f.kind)).toEqual([FRAME_TERMINAL_ERROR])
-      expect(rest[0]!.sequence).toBe(deltas[2]!.sequence)
-      expect(JSON.parse(new TextDecoder().decode(rest[0]!.payload))).toEqual({
-        reason: "PUBLICATION_UNAVAILABLE",
-        message: "relay HTTP server is shutting down"
-      })
-      expect(opened.stream.body.broken).toBeUndefined()
     })
   )
 })

@@ -17,8 +17,6 @@ import { emptyIngest } from "../../../src/relay/SourceSubscriber.js"
 import { config, registry as makeRegistry, pool, request } from "../../relay/registryFixtures.js"
 
 export interface TestRelayOptions {
-  /** Offer only `subscribePool` (no feed form), as a service that predates it. */
-  readonly streamOnly?: boolean
   readonly expectedUniqueBlocks?: number
   readonly maxActiveStreams?: number
   readonly registry?: Partial<PoolRegistryOptions>
@@ -115,8 +113,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
-      // As `RelayHost`; without it the server adapts the stream form (`streamOnly`).
-      ...(options.streamOnly === true ? {} : { subscribePoolFeed: source.subscribePoolFeed }),
+      subscribePoolFeed: source.subscribePoolFeed,
       health: Ref.get(healthRef),
       stats: Effect.gen(function* () {
         const endpoints: Array<EndpointStats> = []
