@@ -590,9 +590,13 @@ class HubSubscriber implements HubSubscription {
   readonly recvAll: Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable> =
     Effect.suspend(() => this.receive(Number.POSITIVE_INFINITY))
 
-  readonly pollAll = (): ReadonlyArray<HubFrame> | SubscriberLagged | PublicationUnavailable => {
+  readonly pollAll = (): ReadonlyArray<HubFrame> | SubscriberLagged | PublicationUnavailable =>
+    this.take(Number.POSITIVE_INFINITY)
+
+  /** Up to `max` queued frames, the closure's error once closed, or none (nothing queued yet). */
+  private take(max: number): ReadonlyArray<HubFrame> | SubscriberLagged | PublicationUnavailable {
     if (this.frames.length > 0) {
-      const taken = this.frames.splice(0)
+      const taken = this.frames.length <= max ? this.frames.splice(0) : this.frames.splice(0, max)
       for (const frame of taken) this.bytes -= frame.payload.length + FRAME_OVERHEAD_BYTES
       return taken
     }
@@ -610,27 +614,14 @@ class HubSubscriber implements HubSubscription {
   ): Effect.Effect<ReadonlyArray<HubFrame>, SubscriberLagged | PublicationUnavailable> {
     return Effect.async((resume) => {
       const attempt = (): boolean => {
-        if (this.frames.length > 0) {
-          const taken = this.frames.length <= max ? this.frames.splice(0) : this.frames.splice(0, max)
-          for (const frame of taken) this.bytes -= frame.payload.length + FRAME_OVERHEAD_BYTES
-          resume(Effect.succeed(taken))
-          return true
-        }
-        if (this.reason === "Lagged") {
-          resume(Effect.fail(new SubscriberLagged({ poolId: this.hub.identity.poolId })))
-          return true
-        }
-        if (this.reason === "Retired") {
-          resume(
-            Effect.fail(
-              new PublicationUnavailable({
-                reason: "publication subscription closed; it requires a fresh snapshot"
-              })
-            )
-          )
-          return true
-        }
-        return false
+        const next = this.take(max)
+        if (next === NO_FRAMES) return false
+        resume(
+          Array.isArray(next)
+            ? Effect.succeed(next)
+            : Effect.fail(next as SubscriberLagged | PublicationUnavailable)
+        )
+        return true
       }
       if (attempt()) return
       const waiter = () => {
