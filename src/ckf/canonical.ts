@@ -27,7 +27,7 @@ import type { CkfBuildError } from "./errors.js"
 import { KvCacheEventError, type KvCacheEventErrorKind } from "./errors.js"
 import type { CkfEvent, CkfMemberRef, CkfStoredData } from "./events.js"
 import { memberKey } from "./events.js"
-import { LineageTable } from "./lineage.js"
+import { LINEAGE_ADDED, LINEAGE_CONFLICT, LineageTable } from "./lineage.js"
 import {
   type DcCkfEventOutcome,
   type DcCkfPublicationBatch,
@@ -65,75 +65,54 @@ const INVALID_SEQUENCE = rejected("InvalidBlockSequence")
 
 const aliasKey = (m: number, hi: number, lo: number): string => `${m}:${hi}:${lo}`
 
-/** Canonical hashes of one Stored batch for one member, or the reason it is rejected. */
-const prepareStore = (
+/** `storeLineage` rejections; a result ≥ 0 is the number of new mappings. */
+const PARENT_MISSING = -1
+const SEQUENCE_INVALID = -2
+
+/**
+ * Maps one Stored batch's external hashes to their canonical hashes in member `key`'s lineage,
+ * writing the canonical hashes to `canon` and 1 in `added[i]` for each new mapping. A rejected
+ * batch (`PARENT_MISSING`, `SEQUENCE_INVALID`) leaves the lineage as it was: the mappings added
+ * before an external hash was found mapped to another canonical hash (earlier, or earlier in the
+ * batch) are taken back. One probe per block both checks and inserts; rejections are rare.
+ */
+const storeLineage = (
   lineage: LineageTable,
-  m: number,
+  key: string,
   data: CkfStoredData,
   canon: Uint32Array,
+  added: Uint8Array,
   scratch: Uint32Array
-): KvCacheEventErrorKind | undefined => {
+): number => {
   const ext = data.blockHashes
   const local = data.tokensHashes ?? ext
   const n = ext.length >>> 1
-  if (local.length >>> 1 !== n) return "InvalidBlockSequence"
+  if (local.length >>> 1 !== n) return SEQUENCE_INVALID
+  const known = lineage.memberIndex(key)
   let hasParent = false
   const parent = data.parentHash
   if (parent !== undefined) {
-    if (!lineage.get(m, parent[0]!, parent[1]!, scratch, 0)) return "ParentBlockNotFound"
+    if (!lineage.get(known, parent[0]!, parent[1]!, scratch, 0)) return PARENT_MISSING
     hasParent = true
   }
   sequenceHashesInto(local, 0, n, hasParent, scratch[0]!, scratch[1]!, canon, 0)
+  const m = known >= 0 ? known : lineage.ensureMember(key)
+  let count = 0
   for (let i = 0; i < n; i++) {
-    if (!lineage.get(m, ext[2 * i]!, ext[2 * i + 1]!, scratch, 0)) continue
-    if (scratch[0] !== canon[2 * i] || scratch[1] !== canon[2 * i + 1]) return "InvalidBlockSequence"
-  }
-  // The same external hash twice in one batch must chain to the same canonical hash too.
-  return repeatsDisagree(ext, canon, n) ? "InvalidBlockSequence" : undefined
-}
-
-/** Open-addressing slots (index + 1, 0 = empty) for the repeat check of large batches. */
-let repeatSlots = new Int32Array(256)
-
-/**
- * Whether some external hash occurs twice in `ext[0, n)` with different canonical hashes. Small
- * batches (engines send a few blocks at a time) compare pairwise; a large one (a dump's tail, a
- * long prefill) goes through a table, so a 50,000-block event costs linear time, not quadratic.
- */
-const repeatsDisagree = (ext: Uint32Array, canon: Uint32Array, n: number): boolean => {
-  if (n <= 32) {
-    for (let i = 1; i < n; i++) {
+    const code = lineage.insertChecked(m, ext[2 * i]!, ext[2 * i + 1]!, canon[2 * i]!, canon[2 * i + 1]!)
+    if (code === LINEAGE_CONFLICT) {
       for (let j = 0; j < i; j++) {
-        if (ext[2 * i] !== ext[2 * j] || ext[2 * i + 1] !== ext[2 * j + 1]) continue
-        if (canon[2 * i] !== canon[2 * j] || canon[2 * i + 1] !== canon[2 * j + 1]) return true
+        if (added[j] === 1) lineage.delete(key, m, ext[2 * j]!, ext[2 * j + 1]!, scratch, 0)
       }
+      // A member registered for this batch alone goes again.
+      if (known < 0 && lineage.entriesOf(lineage.memberIndex(key)) === 0) lineage.clearMember(key)
+      return SEQUENCE_INVALID
     }
-    return false
+    const fresh = code === LINEAGE_ADDED ? 1 : 0
+    added[i] = fresh
+    count += fresh
   }
-  let size = 64
-  while (size < 2 * n) size *= 2
-  if (repeatSlots.length < size) repeatSlots = new Int32Array(size)
-  const slots = repeatSlots
-  slots.fill(0, 0, size)
-  const mask = size - 1
-  for (let i = 0; i < n; i++) {
-    const hi = ext[2 * i]!
-    const lo = ext[2 * i + 1]!
-    let at = (Math.imul(lo ^ Math.imul(hi, 0x9e37_79b1), 0x85eb_ca6b) >>> 0) & mask
-    for (;;) {
-      const j = slots[at]! - 1
-      if (j < 0) {
-        slots[at] = i + 1
-        break
-      }
-      if (ext[2 * j] === hi && ext[2 * j + 1] === lo) {
-        if (canon[2 * i] !== canon[2 * j] || canon[2 * i + 1] !== canon[2 * j + 1]) return true
-        break
-      }
-      at = (at + 1) & mask
-    }
-  }
-  return false
+  return count
 }
 
 export class CanonicalCkfState extends DcCkfState {
@@ -195,30 +174,20 @@ export class CanonicalCkfState extends DcCkfState {
     if (data._tag === "Stored") {
       const n = data.blockHashes.length >>> 1
       const canon = this.canonFor(n)
-      const rejection = prepareStore(lineage, lineage.memberIndex(key), data, canon, this.scratch)
-      if (rejection === "ParentBlockNotFound") {
+      const added = this.addedFor(n)
+      const stored = storeLineage(lineage, key, data, canon, added, this.scratch)
+      if (stored === PARENT_MISSING) {
         this.parentNotFound++
         return PARENT_NOT_FOUND
       }
-      if (rejection !== undefined) {
+      if (stored === SEQUENCE_INVALID) {
         this.invalidSequences++
         return INVALID_SEQUENCE
       }
-      const m = lineage.ensureMember(key)
-      const ext = data.blockHashes
-      const added = this.addedFor(n)
-      let anyAdded = 0
-      for (let i = 0; i < n; i++) {
-        // prepareStore checked that a mapped external hash maps to this canonical hash already.
-        const fresh = lineage.insert(m, ext[2 * i]!, ext[2 * i + 1]!, canon[2 * i]!, canon[2 * i + 1]!)
-          ? 1
-          : 0
-        added[i] = fresh
-        anyAdded |= fresh
-      }
-      if (anyAdded === 0) return this.applyHashes(STORED, workerId, dpRank, canon, n)
+      if (stored === 0) return this.applyHashes(STORED, workerId, dpRank, canon, n)
       // A newly mapped external hash whose canonical hash the member already owned (before or
       // earlier in this batch) is an alias: the store reports it as unchanged.
+      const m = lineage.memberIndex(key)
       const codes = this.codesFor(n)
       this.storeCodes = codes
       const outcome = this.applyHashes(STORED, workerId, dpRank, canon, n)
@@ -292,7 +261,6 @@ export class CanonicalCkfState extends DcCkfState {
     for (const replacement of replacements) {
       const table = new LineageTable()
       const key = memberKey(replacement.workerId, replacement.dpRank)
-      const m = table.ensureMember(key)
       const scratch = new Uint32Array(2)
       for (const event of replacement.events) {
         if (event.storageTier !== "device") continue
@@ -300,27 +268,20 @@ export class CanonicalCkfState extends DcCkfState {
         if (data._tag === "Cleared") return new KvCacheEventError("InvalidBlockSequence")
         const n = data.blockHashes.length >>> 1
         if (data._tag === "Removed") {
+          // Looked up per event: a member whose last entry goes is released, and a later store
+          // registers it again.
+          const m = table.memberIndex(key)
           for (let i = 0; i < n; i++)
             table.delete(key, m, data.blockHashes[2 * i]!, data.blockHashes[2 * i + 1]!, scratch, 0)
           continue
         }
         const canon = new Uint32Array(2 * n)
-        const rejection = prepareStore(table, table.memberIndex(key), data, canon, scratch)
-        if (rejection !== undefined) {
-          if (rejection === "ParentBlockNotFound") this.parentNotFound++
-          return new KvCacheEventError(rejection)
+        const stored = storeLineage(table, key, data, canon, new Uint8Array(n), scratch)
+        if (stored === PARENT_MISSING) {
+          this.parentNotFound++
+          return new KvCacheEventError("ParentBlockNotFound")
         }
-        const mm = table.ensureMember(key)
-        for (let i = 0; i < n; i++) {
-          if (!table.get(mm, data.blockHashes[2 * i]!, data.blockHashes[2 * i + 1]!, scratch, 0))
-            table.insert(
-              mm,
-              data.blockHashes[2 * i]!,
-              data.blockHashes[2 * i + 1]!,
-              canon[2 * i]!,
-              canon[2 * i + 1]!
-            )
-        }
+        if (stored === SEQUENCE_INVALID) return new KvCacheEventError("InvalidBlockSequence")
       }
       const entries = Array.from(table.entries(table.memberIndex(key)))
       const hashes = new Uint32Array(entries.length / 2)

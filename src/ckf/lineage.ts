@@ -20,6 +20,12 @@ const MAX_LOAD_NUM = 4
 const MAX_LOAD_DEN = 5
 const INV_TWO_32 = 1 / 4294967296
 
+/** Results of `insertChecked`. */
+export const LINEAGE_PRESENT = 0
+export const LINEAGE_ADDED = 1
+/** The external hash is mapped to another canonical hash already; nothing changed. */
+export const LINEAGE_CONFLICT = -1
+
 /** 32-bit mix of an external hash. */
 const mixKey = (hi: number, lo: number): number => {
   let x = lo ^ Math.imul(hi, 0x85ebca6b)
@@ -80,21 +86,31 @@ class MemberLineage {
     return true
   }
 
-  insert(hi: number, lo: number, canonHi: number, canonLo: number): boolean {
+  /**
+   * Maps `(hi, lo)` to `(canonHi, canonLo)`: added, present (mapped to that canonical hash) or
+   * conflict (mapped to another: replaced with `overwrite`, else left as it was).
+   */
+  insert(hi: number, lo: number, canonHi: number, canonLo: number, overwrite: boolean): number {
     if (hi === 0 && lo === 0) {
+      if (this.hasZero) {
+        if (this.zeroHi === canonHi && this.zeroLo === canonLo) return LINEAGE_PRESENT
+        if (!overwrite) return LINEAGE_CONFLICT
+      }
       const fresh = !this.hasZero
       this.hasZero = true
       this.zeroHi = canonHi
       this.zeroLo = canonLo
-      return fresh
+      return fresh ? LINEAGE_ADDED : LINEAGE_PRESENT
     }
     if ((this.count + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) this.grow()
     const i = this.slotOf(hi, lo)
     const slots = this.slots
     if (i >= 0) {
+      if (slots[i * WIDTH + 2] === canonHi && slots[i * WIDTH + 3] === canonLo) return LINEAGE_PRESENT
+      if (!overwrite) return LINEAGE_CONFLICT
       slots[i * WIDTH + 2] = canonHi
       slots[i * WIDTH + 3] = canonLo
-      return false
+      return LINEAGE_PRESENT
     }
     const at = (-1 - i) * WIDTH
     slots[at] = hi
@@ -102,7 +118,7 @@ class MemberLineage {
     slots[at + 2] = canonHi
     slots[at + 3] = canonLo
     this.count++
-    return true
+    return LINEAGE_ADDED
   }
 
   delete(hi: number, lo: number, out: Uint32Array, at: number): boolean {
@@ -245,12 +261,32 @@ export class LineageTable {
    * when it was mapped already (its canonical hash is then overwritten).
    */
   insert(m: number, hi: number, lo: number, canonHi: number, canonLo: number): boolean {
+    return this.put(m, hi, lo, canonHi, canonLo, true) === LINEAGE_ADDED
+  }
+
+  /**
+   * Maps member `m`'s external hash to a canonical one unless it is mapped: `LINEAGE_ADDED`,
+   * `LINEAGE_PRESENT` (to this canonical hash) or `LINEAGE_CONFLICT` (to another; unchanged).
+   * One probe does the check and the insertion a separate lookup would each do.
+   */
+  insertChecked(m: number, hi: number, lo: number, canonHi: number, canonLo: number): number {
+    return this.put(m, hi, lo, canonHi, canonLo, false)
+  }
+
+  private put(
+    m: number,
+    hi: number,
+    lo: number,
+    canonHi: number,
+    canonLo: number,
+    overwrite: boolean
+  ): number {
     const table = this.tables[m]!
     const before = table.slots.byteLength
-    const fresh = table.insert(hi, lo, canonHi, canonLo)
-    if (fresh) this.count++
+    const code = table.insert(hi, lo, canonHi, canonLo, overwrite)
+    if (code === LINEAGE_ADDED) this.count++
     this.slotBytes += table.slots.byteLength - before
-    return fresh
+    return code
   }
 
   /**
