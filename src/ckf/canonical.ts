@@ -89,20 +89,16 @@ const storeLineage = (
   const n = ext.length >>> 1
   if (local.length >>> 1 !== n) return SEQUENCE_INVALID
   const known = lineage.memberIndex(key)
-  let hasParent = false
   const parent = data.parentHash
-  if (parent !== undefined) {
-    if (!lineage.get(known, parent[0]!, parent[1]!, scratch, 0)) return PARENT_MISSING
-    hasParent = true
-  }
-  sequenceHashesInto(local, 0, n, hasParent, scratch[0]!, scratch[1]!, canon, 0)
+  if (parent !== undefined && !lineage.get(known, parent, 0, scratch, 0)) return PARENT_MISSING
+  sequenceHashesInto(local, 0, n, parent === undefined ? undefined : scratch, 0, canon, 0)
   const m = known >= 0 ? known : lineage.ensureMember(key)
   let count = 0
   for (let i = 0; i < n; i++) {
-    const code = lineage.insertChecked(m, ext[2 * i]!, ext[2 * i + 1]!, canon[2 * i]!, canon[2 * i + 1]!)
+    const code = lineage.insertChecked(m, ext, 2 * i, canon, 2 * i)
     if (code === LINEAGE_CONFLICT) {
       for (let j = 0; j < i; j++) {
-        if (added[j] === 1) lineage.delete(key, m, ext[2 * j]!, ext[2 * j + 1]!, scratch, 0)
+        if (added[j] === 1) lineage.delete(key, m, ext, 2 * j, scratch, 0)
       }
       // A member registered for this batch alone goes again.
       if (known < 0 && lineage.entriesOf(lineage.memberIndex(key)) === 0) lineage.clearMember(key)
@@ -207,7 +203,7 @@ export class CanonicalCkfState extends DcCkfState {
     let resolved = 0
     let unknown = 0
     for (let i = 0; i < n; i++) {
-      if (!lineage.delete(key, m, ext[2 * i]!, ext[2 * i + 1]!, canon, 2 * resolved)) {
+      if (!lineage.delete(key, m, ext, 2 * i, canon, 2 * resolved)) {
         unknown++
         continue
       }
@@ -255,7 +251,7 @@ export class CanonicalCkfState extends DcCkfState {
   ): DcCkfPublicationBatch | undefined | KvCacheEventError | CkfBuildError {
     const built: Array<{
       readonly key: string
-      readonly entries: Array<number>
+      readonly entries: Uint32Array
       readonly hashes: RankReplacement
     }> = []
     for (const replacement of replacements) {
@@ -271,8 +267,7 @@ export class CanonicalCkfState extends DcCkfState {
           // Looked up per event: a member whose last entry goes is released, and a later store
           // registers it again.
           const m = table.memberIndex(key)
-          for (let i = 0; i < n; i++)
-            table.delete(key, m, data.blockHashes[2 * i]!, data.blockHashes[2 * i + 1]!, scratch, 0)
+          for (let i = 0; i < n; i++) table.delete(key, m, data.blockHashes, 2 * i, scratch, 0)
           continue
         }
         const canon = new Uint32Array(2 * n)
@@ -283,7 +278,7 @@ export class CanonicalCkfState extends DcCkfState {
         }
         if (stored === SEQUENCE_INVALID) return new KvCacheEventError("InvalidBlockSequence")
       }
-      const entries = Array.from(table.entries(table.memberIndex(key)))
+      const entries = table.entries(table.memberIndex(key))
       const hashes = new Uint32Array(entries.length / 2)
       for (let k = 0, h = 0; k < entries.length; k += 4, h += 2) {
         hashes[h] = entries[k + 2]!
@@ -303,7 +298,7 @@ export class CanonicalCkfState extends DcCkfState {
       const m = this.lineage.ensureMember(key)
       const seen = new Set<string>()
       for (let k = 0; k < entries.length; k += 4) {
-        this.lineage.insert(m, entries[k]!, entries[k + 1]!, entries[k + 2]!, entries[k + 3]!)
+        this.lineage.insert(m, entries, k, entries, k + 2)
         // Several external hashes of the dump on one canonical hash: aliases, as on the live path.
         const alias = aliasKey(m, entries[k + 2]!, entries[k + 3]!)
         if (seen.has(alias)) this.aliases.set(alias, (this.aliases.get(alias) ?? 0) + 1)
@@ -317,7 +312,8 @@ export class CanonicalCkfState extends DcCkfState {
   canonicalOf(workerId: string, dpRank: number, hash: bigint): bigint | undefined {
     const h = BigInt.asUintN(64, hash)
     const m = this.lineage.memberIndex(memberKey(workerId, dpRank))
-    if (!this.lineage.get(m, Number(h >> 32n), Number(h & 0xffff_ffffn), this.scratch, 0)) return undefined
+    const ext = Uint32Array.of(Number(h >> 32n), Number(h & 0xffff_ffffn))
+    if (!this.lineage.get(m, ext, 0, this.scratch, 0)) return undefined
     return (BigInt(this.scratch[0]!) << 32n) | BigInt(this.scratch[1]!)
   }
 

@@ -57,8 +57,8 @@ class MemberLineage {
     return Math.min(this.capacity - 1, Math.floor(mixKey(hi, lo) * this.scale))
   }
 
-  /** Slot of `(hi, lo)` (not both zero), or -1 - the empty slot where it would go. */
-  slotOf(hi: number, lo: number): number {
+  /** Slot of the external hash `(hi, lo)` (not both zero), or -1 - the empty slot where it would go. */
+  private slotOf(hi: number, lo: number): number {
     const slots = this.slots
     const cap = this.capacity
     let i = this.home(hi, lo)
@@ -72,7 +72,10 @@ class MemberLineage {
     }
   }
 
-  get(hi: number, lo: number, out: Uint32Array, at: number): boolean {
+  /** The canonical hash of the external hash `ext[k, k + 1]` into `out[at, at + 1]`; false if absent. */
+  get(ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
+    const hi = ext[k]!
+    const lo = ext[k + 1]!
     if (hi === 0 && lo === 0) {
       if (!this.hasZero) return false
       out[at] = this.zeroHi
@@ -87,10 +90,14 @@ class MemberLineage {
   }
 
   /**
-   * Maps `(hi, lo)` to `(canonHi, canonLo)`: added, present (mapped to that canonical hash) or
+   * Maps `ext[k, k + 1]` to `canon[c, c + 1]`: added, present (mapped to that canonical hash) or
    * conflict (mapped to another: replaced with `overwrite`, else left as it was).
    */
-  insert(hi: number, lo: number, canonHi: number, canonLo: number, overwrite: boolean): number {
+  insert(ext: Uint32Array, k: number, canon: Uint32Array, c: number, overwrite: boolean): number {
+    const hi = ext[k]!
+    const lo = ext[k + 1]!
+    const canonHi = canon[c]!
+    const canonLo = canon[c + 1]!
     if (hi === 0 && lo === 0) {
       if (this.hasZero) {
         if (this.zeroHi === canonHi && this.zeroLo === canonLo) return LINEAGE_PRESENT
@@ -121,7 +128,10 @@ class MemberLineage {
     return LINEAGE_ADDED
   }
 
-  delete(hi: number, lo: number, out: Uint32Array, at: number): boolean {
+  /** Forgets `ext[k, k + 1]`, writing its canonical hash to `out[at, at + 1]`; false if absent. */
+  delete(ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
+    const hi = ext[k]!
+    const lo = ext[k + 1]!
     if (hi === 0 && lo === 0) {
       if (!this.hasZero) return false
       out[at] = this.zeroHi
@@ -249,19 +259,26 @@ export class LineageTable {
     this.freeMembers.push(m)
   }
 
-  /** The canonical hash of member `m`'s external `(hi, lo)` into `out[at, at + 1]`; false if absent. */
-  get(m: number, hi: number, lo: number, out: Uint32Array, at: number): boolean {
+  /*
+   * Hashes come as a pair in a typed array and its word offset, never as u32 arguments: a u32
+   * above 2^31 passed to a call that is not inlined is boxed into a heap number, and whether these
+   * calls are inlined into the apply path depends on the caller's size.
+   */
+
+  /** The canonical hash of member `m`'s external hash `ext[k, k + 1]` into `out[at, at + 1]`; false if absent. */
+  get(m: number, ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
     if (m < 0) return false
     const table = this.tables[m]
-    return table?.get(hi, lo, out, at) === true
+    return table?.get(ext, k, out, at) === true
   }
 
   /**
-   * Maps member `m`'s external hash to a canonical one; true when the external hash was new, false
-   * when it was mapped already (its canonical hash is then overwritten).
+   * Maps member `m`'s external hash `ext[k, k + 1]` to the canonical `canon[c, c + 1]`; true when
+   * the external hash was new, false when it was mapped already (its canonical hash is then
+   * overwritten).
    */
-  insert(m: number, hi: number, lo: number, canonHi: number, canonLo: number): boolean {
-    return this.put(m, hi, lo, canonHi, canonLo, true) === LINEAGE_ADDED
+  insert(m: number, ext: Uint32Array, k: number, canon: Uint32Array, c: number): boolean {
+    return this.put(m, ext, k, canon, c, true) === LINEAGE_ADDED
   }
 
   /**
@@ -269,34 +286,35 @@ export class LineageTable {
    * `LINEAGE_PRESENT` (to this canonical hash) or `LINEAGE_CONFLICT` (to another; unchanged).
    * One probe does the check and the insertion a separate lookup would each do.
    */
-  insertChecked(m: number, hi: number, lo: number, canonHi: number, canonLo: number): number {
-    return this.put(m, hi, lo, canonHi, canonLo, false)
+  insertChecked(m: number, ext: Uint32Array, k: number, canon: Uint32Array, c: number): number {
+    return this.put(m, ext, k, canon, c, false)
   }
 
   private put(
     m: number,
-    hi: number,
-    lo: number,
-    canonHi: number,
-    canonLo: number,
+    ext: Uint32Array,
+    k: number,
+    canon: Uint32Array,
+    c: number,
     overwrite: boolean
   ): number {
     const table = this.tables[m]!
     const before = table.slots.byteLength
-    const code = table.insert(hi, lo, canonHi, canonLo, overwrite)
+    const code = table.insert(ext, k, canon, c, overwrite)
     if (code === LINEAGE_ADDED) this.count++
     this.slotBytes += table.slots.byteLength - before
     return code
   }
 
   /**
-   * Removes member `m`'s external hash, writing its canonical hash to `out[at, at + 1]`;
-   * false when it was not mapped. `key` is the member's key, released with its last entry.
+   * Removes member `m`'s external hash `ext[k, k + 1]`, writing its canonical hash to
+   * `out[at, at + 1]`; false when it was not mapped. `key` is the member's key, released with its
+   * last entry.
    */
-  delete(key: string, m: number, hi: number, lo: number, out: Uint32Array, at: number): boolean {
+  delete(key: string, m: number, ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
     if (m < 0) return false
     const table = this.tables[m]
-    if (table === undefined || !table.delete(hi, lo, out, at)) return false
+    if (table === undefined || !table.delete(ext, k, out, at)) return false
     this.count--
     if (table.size === 0) this.release(key, m)
     return true

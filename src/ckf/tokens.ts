@@ -141,27 +141,29 @@ const chainHasher = chainHasherFor(CHAIN_SEED)
 
 /**
  * Canonical sequence hashes of `local[from, from + count)` (pairs) into `out` at pair `at`,
- * chained from the parent's sequence hash (`parentHi`, `parentLo`) or, with `hasParent` false,
- * starting at the first block's local hash.
+ * chained from the parent's sequence hash, the pair `parent[parentAt]`, or, with `parent`
+ * undefined, starting at the first block's local hash.
  */
 export const sequenceHashesInto = (
   local: Uint32Array,
   from: number,
   count: number,
-  hasParent: boolean,
-  parentHi: number,
-  parentLo: number,
+  parent: Uint32Array | undefined,
+  parentAt: number,
   out: Uint32Array,
   at: number,
   hasher: Xxh3Seeded = chainHasher
 ): void => {
   // A stored batch's few blocks chain faster in TypeScript than through the module's copies in
   // and out (measured on 8-block events); a prompt's dozens of blocks faster in wasm.
-  if (
-    count < WASM_CHAIN_MIN_BLOCKS ||
-    !chainWasm(local, from, count, hasParent, parentHi, parentLo, hasher.seedHi, hasher.seedLo, out, at)
-  )
-    hasher.chainInto(local, from, count, hasParent, parentHi, parentLo, out, at)
+  if (count >= WASM_CHAIN_MIN_BLOCKS) {
+    const hasParent = parent !== undefined
+    const parentHi = hasParent ? parent[2 * parentAt]! : 0
+    const parentLo = hasParent ? parent[2 * parentAt + 1]! : 0
+    if (chainWasm(local, from, count, hasParent, parentHi, parentLo, hasher.seedHi, hasher.seedLo, out, at))
+      return
+  }
+  hasher.chainInto(local, from, count, parent, parentAt, out, at)
 }
 
 /** Canonical sequence hashes of a prompt's local block hashes (pairs in, pairs out). */
@@ -173,9 +175,8 @@ export const sequenceHashes = (
   const n = local.length >>> 1
   const out = new Uint32Array(2 * n)
   const p = parent === undefined ? 0n : BigInt.asUintN(64, parent)
-  const hi = Number(p >> 32n)
-  const lo = Number(p & 0xffff_ffffn)
-  sequenceHashesInto(local, 0, n, parent !== undefined, hi, lo, out, 0, chainHasherFor(seed))
+  const pair = parent === undefined ? undefined : Uint32Array.of(Number(p >> 32n), Number(p & 0xffff_ffffn))
+  sequenceHashesInto(local, 0, n, pair, 0, out, 0, chainHasherFor(seed))
   return out
 }
 

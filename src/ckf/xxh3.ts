@@ -361,29 +361,33 @@ export class Xxh3Seeded {
 
   /**
    * The sequence-hash chain over `local[from, from + count)` (pairs) into `out` at pair `at`:
-   * each block's hash is `hashPair(previous, local)`, starting from `(parentHi, parentLo)`, or
-   * from the first block's own local hash when `hasParent` is false.
+   * each block's hash is `hashPair(previous, local)`, starting from the pair `parent[parentAt]`,
+   * or from the first block's own local hash when `parent` is undefined.
    *
    * `hashPair` written out with locals only: its limb helpers hand the high word back through a
    * module-level variable, which boxes a heap number per product, and chaining a stored batch is
    * the hot path of canonical addressing. The 128-bit product is the same as the word path's,
    * written out again on purpose: as a shared function writing [hi, lo] to a typed array, both
-   * ran at half the speed (8-block chains 0.5 → 0.9 µs, CPU time).
+   * ran at half the speed (8-block chains 0.5 → 0.9 µs, CPU time). The parent comes in a typed
+   * array for the same reason: as two u32 arguments of this call, which is not inlined, it was
+   * boxed into two heap numbers per stored batch.
    */
   chainInto(
     local: Uint32Array,
     from: number,
     count: number,
-    hasParent: boolean,
-    parentHi: number,
-    parentLo: number,
+    parent: Uint32Array | undefined,
+    parentAt: number,
     out: Uint32Array,
     at: number
   ): void {
-    let hi = parentHi >>> 0
-    let lo = parentLo >>> 0
+    let hi = 0
+    let lo = 0
     let i = 0
-    if (!hasParent && count > 0) {
+    if (parent !== undefined) {
+      hi = parent[2 * parentAt]!
+      lo = parent[2 * parentAt + 1]!
+    } else if (count > 0) {
       hi = local[2 * from]!
       lo = local[2 * from + 1]!
       out[2 * at] = hi

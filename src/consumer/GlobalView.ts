@@ -171,7 +171,7 @@ class QueryAddresses {
       local,
       0
     )
-    sequenceHashesInto(local, 0, blocks, false, 0, 0, sequence, 0)
+    sequenceHashesInto(local, 0, blocks, undefined, 0, sequence, 0)
     return sequence.subarray(0, 2 * blocks)
   }
 }

@@ -20,6 +20,9 @@ import {
 } from "../../src/ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
 
+/** A hash as the pair the lineage API takes. */
+const pair = (hi: number, lo: number): Uint32Array => Uint32Array.of(hi, lo)
+
 const range = (from: number, to: number): Array<number> =>
   Array.from({ length: to - from }, (_, i) => from + i)
 
@@ -138,10 +141,12 @@ describe("LineageTable", () => {
             const key = `w/${member}`
             const id = `${member}:${ext}`
             if (op === "insert") {
-              table.insert(table.ensureMember(key), ext * 7919, ext, canon, 0)
+              table.insert(table.ensureMember(key), pair(ext * 7919, ext), 0, pair(canon, 0), 0)
               model.set(id, canon)
             } else if (op === "delete") {
-              expect(table.delete(key, table.memberIndex(key), ext * 7919, ext, out, 0)).toBe(model.has(id))
+              expect(table.delete(key, table.memberIndex(key), pair(ext * 7919, ext), 0, out, 0)).toBe(
+                model.has(id)
+              )
               if (model.has(id)) expect(out[0]).toBe(model.get(id))
               model.delete(id)
             } else {
@@ -154,7 +159,7 @@ describe("LineageTable", () => {
             const m = table.memberIndex(`w/${member}`)
             for (let ext = 0; ext <= 40; ext++) {
               const id = `${member}:${ext}`
-              expect(table.get(m, ext * 7919, ext, out, 0)).toBe(model.has(id))
+              expect(table.get(m, pair(ext * 7919, ext), 0, out, 0)).toBe(model.has(id))
               if (model.has(id)) expect(out[0]).toBe(model.get(id))
             }
           }

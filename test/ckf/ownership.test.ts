@@ -13,6 +13,9 @@ import {
 import { DcCkfState } from "../../src/ckf/state.js"
 import { hashPairs } from "../../src/ckf/u64.js"
 
+/** A hash as the pair the lineage API takes. */
+const pair = (hi: number, lo: number): Uint32Array => Uint32Array.of(hi, lo)
+
 const MEMBERS = 4
 const memberKeyOf = (m: number): string => `w${m}/0`
 
@@ -369,11 +372,11 @@ describe("LineageTable growth", () => {
               const id = `${o.member}:${i}`
               if (o.kind === "insert") {
                 const canon = mix32(i + 7 * o.member + 1)
-                table.insert(table.ensureMember(key), ext(i), i, canon, i)
+                table.insert(table.ensureMember(key), pair(ext(i), i), 0, pair(canon, i), 0)
                 model.set(id, canon)
               } else {
                 const had = model.get(id)
-                const deleted = table.delete(key, table.memberIndex(key), ext(i), i, out, 0)
+                const deleted = table.delete(key, table.memberIndex(key), pair(ext(i), i), 0, out, 0)
                 if (deleted !== (had !== undefined)) throw new Error(`delete ${id}: ${deleted}`)
                 if (had !== undefined && (out[0] !== had || out[1] !== i))
                   throw new Error(`delete ${id} gave ${out}`)
@@ -388,7 +391,7 @@ describe("LineageTable growth", () => {
             let entries = 0
             for (let i = 0; i < universe; i++) {
               const want = model.get(`${member}:${i}`)
-              const found = table.get(m, ext(i), i, out, 0)
+              const found = table.get(m, pair(ext(i), i), 0, out, 0)
               if (found !== (want !== undefined)) problems.push(`${member}:${i} found ${found}`)
               else if (want !== undefined) {
                 entries++

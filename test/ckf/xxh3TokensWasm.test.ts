@@ -99,7 +99,15 @@ describe("xxh3TokensWasm", () => {
             chainWasm(local, 0, count, hasParent, parentHi, parentLo, hasher.seedHi, hasher.seedLo, out, at)
           ).toBe(true)
           const ts = new Uint32Array(2 * (count + at))
-          hasher.chainInto(local, 0, count, hasParent, parentHi, parentLo, ts, at)
+          hasher.chainInto(
+            local,
+            0,
+            count,
+            hasParent ? Uint32Array.of(parentHi, parentLo) : undefined,
+            0,
+            ts,
+            at
+          )
           expect(out).toEqual(ts)
         }
       ),
@@ -115,7 +123,7 @@ describe("xxh3TokensWasm", () => {
       expected.push(...(await oracleWords(Uint32Array.from(prompt.slice(16 * b, 16 * b + 16)), 0, 1337)))
     const hasher = new Xxh3Seeded(1337n)
     const chainedTs = new Uint32Array(80)
-    hasher.chainInto(Uint32Array.from(expected), 0, 40, false, 0, 0, chainedTs, 0)
+    hasher.chainInto(Uint32Array.from(expected), 0, 40, undefined, 0, chainedTs, 0)
     vi.stubGlobal("WebAssembly", undefined)
     vi.resetModules()
     const wasm = await import("../../src/ckf/xxh3TokensWasm.js")
