@@ -65,6 +65,9 @@ const INVALID_SEQUENCE = rejected("InvalidBlockSequence")
 
 const aliasKey = (m: number, hi: number, lo: number): string => `${m}:${hi}:${lo}`
 
+/** Where `storeLineage` leaves its touched words, so the loads stay. */
+const touchSink = { value: 0 }
+
 /** `storeLineage` rejections; a result ≥ 0 is the number of new mappings. */
 const PARENT_MISSING = -1
 const SEQUENCE_INVALID = -2
@@ -93,6 +96,7 @@ const storeLineage = (
   if (parent !== undefined && !lineage.get(known, parent, 0, scratch, 0)) return PARENT_MISSING
   sequenceHashesInto(local, 0, n, parent === undefined ? undefined : scratch, 0, canon, 0)
   const m = known >= 0 ? known : lineage.ensureMember(key)
+  touchSink.value = lineage.touch(m, ext, n)
   let count = 0
   for (let i = 0; i < n; i++) {
     const code = lineage.insertChecked(m, ext, 2 * i, canon, 2 * i)

@@ -72,6 +72,14 @@ class MemberLineage {
     }
   }
 
+  /** Loads the home slots of the `n` pairs of `ext` (see `LineageTable.touch`). */
+  touch(ext: Uint32Array, n: number): number {
+    const slots = this.slots
+    let touched = 0
+    for (let i = 0; i < n; i++) touched |= slots[this.home(ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
+    return touched
+  }
+
   /** The canonical hash of the external hash `ext[k, k + 1]` into `out[at, at + 1]`; false if absent. */
   get(ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
     const hi = ext[k]!
@@ -270,6 +278,15 @@ export class LineageTable {
     if (m < 0) return false
     const table = this.tables[m]
     return table?.get(ext, k, out, at) === true
+  }
+
+  /**
+   * Loads the home slots of member `m`'s first `n` external hashes in `ext` without acting on
+   * them: issued back to back, the loads' cache misses overlap, and the probes that follow hit.
+   * Returns a value only so the loads are not optimised away.
+   */
+  touch(m: number, ext: Uint32Array, n: number): number {
+    return this.tables[m]!.touch(ext, n)
   }
 
   /**
