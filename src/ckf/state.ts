@@ -317,11 +317,15 @@ export class DcCkfState {
     const owners = this.owners
     const slots = this.slots16
     const mask = this.addressing.mask
+    const delta = this.addressing.delta
     let touched = 0
     for (let i = 0; i < count; i++) {
       touched |= owners.touchAt(keys, 2 * i)
+      const lo = keys[2 * i + 1]!
       // Bucket a of `prepareMixedAt`: the filter's first probe, loaded with the owner slot.
-      touched |= slots[(((keys[2 * i + 1]! >>> 16) | (keys[2 * i]! << 16)) & mask) << 2]!
+      touched |= slots[(((lo >>> 16) | (keys[2 * i]! << 16)) & mask) << 2]!
+      // And the fingerprint's bucket delta: the 256 KiB table is pushed out of L2 by the others.
+      touched |= delta[lo & 0xffff]!
     }
     this.touchSink = touched
     return keys
