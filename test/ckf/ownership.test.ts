@@ -308,6 +308,31 @@ describe("OwnershipTable growth", () => {
     expect(table.size).toBe(200_000)
   })
 
+  it("goes to the hint at once when a doubling would leave it less than 1.25× away", () => {
+    // 65,536 expected keys want 81,920 slots: 2.5 × 32,768. From 32,768 a doubling to 65,536 would
+    // leave a 1.25× step to the hint, which would re-place 52,428 entries for a quarter more room.
+    const expected = 65_536
+    const table = new OwnershipTable(expected, 4 * 131_072)
+    const m = table.ensureMember(memberKeyOf(0), "w0", 0)
+    const capacities = [table.slotCapacity]
+    let replaced = 0
+    for (let i = 0; i < expected; i++) {
+      keyOf("uniform", i, table.key)
+      let slot = table.find()
+      if (!table.hasRoomForKey()) {
+        replaced += table.size
+        expect(table.reserve()).toBe(true)
+        capacities.push(table.slotCapacity)
+        slot = table.find()
+      }
+      table.insertAt(-1 - slot, m)
+    }
+    expect(capacities.slice(-3)).toEqual([16_384, 32_768, 81_920])
+    // 80% of 16 + 32 + … + 32,768 slots: every entry re-placed about 0.8 times, not 1.6.
+    expect(replaced).toBeLessThan(0.81 * expected)
+    expect(table.size).toBe(expected)
+  })
+
   it("reserveKeys grows once and never shrinks", () => {
     const table = new OwnershipTable(0)
     expect(table.reserveKeys(10)).toBe(true)
