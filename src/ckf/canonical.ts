@@ -92,11 +92,13 @@ const storeLineage = (
   const n = ext.length >>> 1
   if (local.length >>> 1 !== n) return SEQUENCE_INVALID
   const known = lineage.memberIndex(key)
+  // The blocks' lineage slots are loaded first, so their misses overlap the parent's lookup and
+  // the chaining, which do not depend on them.
+  if (known >= 0) touchSink.value = lineage.touch(known, ext, n)
   const parent = data.parentHash
   if (parent !== undefined && !lineage.get(known, parent, 0, scratch, 0)) return PARENT_MISSING
   sequenceHashesInto(local, 0, n, parent === undefined ? undefined : scratch, 0, canon, 0)
   const m = known >= 0 ? known : lineage.ensureMember(key)
-  touchSink.value = lineage.touch(m, ext, n)
   let count = 0
   for (let i = 0; i < n; i++) {
     const code = lineage.insertChecked(m, ext, 2 * i, canon, 2 * i)
