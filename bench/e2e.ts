@@ -432,8 +432,12 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     }
 
     // Warm-up on the same relay: the measured burst then runs optimized code (a fresh relay
-    // interprets its hot paths for the first thousands of events), not JIT tiers.
-    await burst(ctx.quick ? 1_000 : 2_000)
+    // interprets its hot paths for the first thousands of events), not JIT tiers. One burst was
+    // not enough: V8 was still compiling on its helper threads through the measured burst (~35–75
+    // TurboFan compiles a second, `--log-code`), ~10 µs of CPU per event that a relay running for
+    // hours does not pay. KVRELAY_BENCH_E2E_WARMUPS sets the number of warm-up bursts.
+    const warmups = Number(process.env["KVRELAY_BENCH_E2E_WARMUPS"] ?? 6)
+    for (let w = 0; w < warmups; w++) await burst(1_000)
     // Peak: a burst well inside the filter's capacity (load ≤ 0.3 at the end, warm-up included).
     const { blocksPerSecond, sentIn, cpuPerEvent, mainCpuPerEvent, deltas } = await burst(
       ctx.quick ? 4_000 : 12_000
