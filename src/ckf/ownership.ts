@@ -305,7 +305,7 @@ export class OwnershipTable {
    *
    * A doubling that would leave the hint less than 1.25× away goes to the hint at once: the short
    * step after it would re-place the most entries of any (838,860 at the default hint's
-   * 1,310,720 slots, a third of a fill's copying) to gain a quarter more room.
+   * 1,310,720 slots, half of a 1M fill's copying) to gain a quarter more room.
    */
   private nextCapacity(keys: number): number {
     const cap = this.capacity
