@@ -262,13 +262,19 @@ describe("OwnershipTable growth", () => {
     expect(mostGrowths).toBeGreaterThanOrEqual(6)
   })
 
-  it("doubles from 16 slots, stops once at the sizing hint, and re-places fewer than 2n entries for n", () => {
-    const expected = 100_000
-    const table = new OwnershipTable(expected, 4 * 131_072)
-    const m = table.ensureMember(memberKeyOf(0), "w0", 0)
-    const capacities = [table.slotCapacity]
+  /**
+   * Stores the uniform keys `from..to` for member `m`, growing the table when full; pushes each new
+   * capacity onto `capacities` and returns how many entries the growths re-placed.
+   */
+  const fillUniform = (
+    table: OwnershipTable,
+    m: number,
+    from: number,
+    to: number,
+    capacities: Array<number>
+  ): number => {
     let replaced = 0
-    for (let i = 0; i < expected; i++) {
+    for (let i = from; i < to; i++) {
       keyOf("uniform", i, table.key)
       let slot = table.find()
       if (!table.hasRoomForKey()) {
@@ -279,6 +285,15 @@ describe("OwnershipTable growth", () => {
       }
       table.insertAt(-1 - slot, m)
     }
+    return replaced
+  }
+
+  it("doubles from 16 slots, stops once at the sizing hint, and re-places fewer than 2n entries for n", () => {
+    const expected = 100_000
+    const table = new OwnershipTable(expected, 4 * 131_072)
+    const m = table.ensureMember(memberKeyOf(0), "w0", 0)
+    const capacities = [table.slotCapacity]
+    const replaced = fillUniform(table, m, 0, expected, capacities)
     expect(capacities[0]).toBe(16)
     // 16 · 2^k up to 65,536; the next doubling would pass the hint's 125,000 slots, so it stops
     // there.
@@ -294,16 +309,7 @@ describe("OwnershipTable growth", () => {
     expect(table.slotCapacity).toBe(presized.slotCapacity)
     expect(table.byteSize).toBe(presized.byteSize)
     // Past the hint it doubles again, bounded by room for every filter slot.
-    for (let i = expected; i < 200_000; i++) {
-      keyOf("uniform", i, table.key)
-      let slot = table.find()
-      if (!table.hasRoomForKey()) {
-        expect(table.reserve()).toBe(true)
-        capacities.push(table.slotCapacity)
-        slot = table.find()
-      }
-      table.insertAt(-1 - slot, m)
-    }
+    fillUniform(table, m, expected, 200_000, capacities)
     expect(capacities.slice(-2)).toEqual([hintSlots, 2 * hintSlots])
     expect(table.size).toBe(200_000)
   })
@@ -315,18 +321,7 @@ describe("OwnershipTable growth", () => {
     const table = new OwnershipTable(expected, 4 * 131_072)
     const m = table.ensureMember(memberKeyOf(0), "w0", 0)
     const capacities = [table.slotCapacity]
-    let replaced = 0
-    for (let i = 0; i < expected; i++) {
-      keyOf("uniform", i, table.key)
-      let slot = table.find()
-      if (!table.hasRoomForKey()) {
-        replaced += table.size
-        expect(table.reserve()).toBe(true)
-        capacities.push(table.slotCapacity)
-        slot = table.find()
-      }
-      table.insertAt(-1 - slot, m)
-    }
+    const replaced = fillUniform(table, m, 0, expected, capacities)
     expect(capacities.slice(-3)).toEqual([16_384, 32_768, 81_920])
     // 80% of 16 + 32 + … + 32,768 slots: every entry re-placed about 0.8 times, not 1.6.
     expect(replaced).toBeLessThan(0.81 * expected)
