@@ -46,7 +46,7 @@ export const canonicalWorkload = (blocks: number, seed: number, workerId = "1"):
 }
 
 /** The same semantics on Maps and Sets: per-member lineage, per-member ownership, refcounts. */
-export class MapSetCanonical {
+class MapSetCanonical {
   readonly lineage = new Map<string, Map<bigint, bigint>>()
   readonly owned = new Map<string, Set<bigint>>()
   readonly refcounts = new Map<bigint, number>()

@@ -288,12 +288,18 @@ describe("OwnershipTable growth", () => {
     return replaced
   }
 
-  it("doubles from 16 slots, stops once at the sizing hint, and re-places fewer than 2n entries for n", () => {
-    const expected = 100_000
+  /** A table for `expected` keys, filled with them from empty: its capacities and re-placements. */
+  const fillFromEmpty = (expected: number) => {
     const table = new OwnershipTable(expected, 4 * 131_072)
     const m = table.ensureMember(memberKeyOf(0), "w0", 0)
     const capacities = [table.slotCapacity]
     const replaced = fillUniform(table, m, 0, expected, capacities)
+    return { table, m, capacities, replaced }
+  }
+
+  it("doubles from 16 slots, stops once at the sizing hint, and re-places fewer than 2n entries for n", () => {
+    const expected = 100_000
+    const { table, m, capacities, replaced } = fillFromEmpty(expected)
     expect(capacities[0]).toBe(16)
     // 16 · 2^k up to 65,536; the next doubling would pass the hint's 125,000 slots, so it stops
     // there.
@@ -318,10 +324,7 @@ describe("OwnershipTable growth", () => {
     // 65,536 expected keys want 81,920 slots: 2.5 × 32,768. From 32,768 a doubling to 65,536 would
     // leave a 1.25× step to the hint, which would re-place 52,428 entries for a quarter more room.
     const expected = 65_536
-    const table = new OwnershipTable(expected, 4 * 131_072)
-    const m = table.ensureMember(memberKeyOf(0), "w0", 0)
-    const capacities = [table.slotCapacity]
-    const replaced = fillUniform(table, m, 0, expected, capacities)
+    const { table, capacities, replaced } = fillFromEmpty(expected)
     expect(capacities.slice(-3)).toEqual([16_384, 32_768, 81_920])
     // 80% of 16 + 32 + … + 32,768 slots: every entry re-placed about 0.8 times, not 1.6.
     expect(replaced).toBeLessThan(0.81 * expected)
