@@ -1,6 +1,6 @@
 /**
- * End to end: simulated workers (ZeroMQ PUB sockets in this process) → a `kvrelay relay` child
- * process → one HTTP pool-stream subscriber in this process.
+ * End to end: simulated workers (ZMTP PUB sockets in this process, `zmtpPublisher.ts`) → a
+ * `kvrelay relay` child process → one HTTP pool-stream subscriber in this process.
  *
  * - Sustained blocks/s: a fixed burst of 8-block Stored events, timed from the first send until
  *   the subscriber has seen a probe event sent last by every worker (every block applied,
@@ -21,12 +21,12 @@ import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { monitorEventLoopDelay, performance } from "node:perf_hooks"
 import { fileURLToPath } from "node:url"
-import * as zmq from "zeromq"
 import { CkfAddressing, DEFAULT_SEED } from "../src/ckf/addressing.js"
 import { bucketCountFor } from "../src/ckf/config.js"
 import type { RouterEvent } from "../src/domain/events.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC } from "../src/transport/DynamoZmq.js"
 import { type BenchContext, HashStream, percentile, record } from "./harness.js"
+import { ZmtpPublisher } from "./zmtpPublisher.js"
 
 const BLOCKS = 8
 const EXPECTED_BLOCKS = 1_048_576
@@ -37,7 +37,7 @@ const repoRoot = (): string => {
 }
 
 interface Worker {
-  readonly socket: zmq.Publisher
+  readonly socket: ZmtpPublisher
   readonly endpoint: string
   readonly workerId: string
   readonly publisherId: bigint
@@ -48,12 +48,10 @@ interface Worker {
 const makeWorkers = async (count: number): Promise<Array<Worker>> => {
   const workers: Array<Worker> = []
   for (let i = 0; i < count; i++) {
-    // Deep send queue: the burst must be delivered, not dropped at the high-water mark.
-    const socket = new zmq.Publisher({ sendHighWaterMark: 2_000_000, linger: 0 })
-    await socket.bind("tcp://127.0.0.1:*")
+    const socket = await ZmtpPublisher.bind()
     workers.push({
       socket,
-      endpoint: socket.lastEndpoint!,
+      endpoint: socket.endpoint,
       workerId: String(9000 + i),
       publisherId: BigInt(1000 + i),
       eventId: 1,
@@ -61,6 +59,11 @@ const makeWorkers = async (count: number): Promise<Array<Worker>> => {
     })
   }
   return workers
+}
+
+/** Sends one message, waiting only when the relay's socket is backed up: a burst is delivered, not dropped. */
+const send = async (worker: Worker, frames: Array<Buffer>): Promise<void> => {
+  if (!worker.socket.send(frames)) await worker.socket.drained()
 }
 
 const storedFrames = (worker: Worker, hashes: Uint32Array): Array<Buffer> => {
@@ -316,7 +319,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     await until("every rank in the pool", async () => {
       if (performance.now() - sentAt >= 500) {
         sentAt = performance.now()
-        for (const w of workers) await w.socket.send(storedFrames(w, batch()))
+        for (const w of workers) await send(w, storedFrames(w, batch()))
       }
       const stats = await getJson<StatsJson>(`${relay.url}/v1/stats`)
       return (stats.endpoints[0]?.aggregation?.members.length ?? 0) === workers.length
@@ -329,7 +332,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
       if (subscriber!.deltas > 0) return true
       if (performance.now() - sentAt >= 200) {
         sentAt = performance.now()
-        await workers[0]!.socket.send(storedFrames(workers[0]!, batch()))
+        await send(workers[0]!, storedFrames(workers[0]!, batch()))
       }
       return false
     })
@@ -357,18 +360,24 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         }
       }
     })
-    let probeId = 0
-    const probe = (w: Worker): Array<Buffer> => {
+    // A probe's frames are encoded ahead of time; it is watched for from the moment it is sent.
+    interface Probe {
+      readonly frames: Array<Buffer>
+      readonly fp: number
+      readonly a: number
+      readonly b: number
+    }
+    const probeFrames = (w: Worker): Probe => {
       const hashes = batch()
       addressing.prepareHalves(hashes[0]!, hashes[1]!)
-      pending.set(probeId++, {
-        fp: addressing.fp,
-        a: addressing.a,
-        b: addressing.b,
-        sentAt: performance.now()
-      })
-      return storedFrames(w, hashes)
+      return { frames: storedFrames(w, hashes), fp: addressing.fp, a: addressing.a, b: addressing.b }
     }
+    let probeId = 0
+    const sendProbe = (w: Worker, p: Probe): Promise<void> => {
+      pending.set(probeId++, { fp: p.fp, a: p.a, b: p.b, sentAt: performance.now() })
+      return send(w, p.frames)
+    }
+    const probe = (w: Worker): Promise<void> => sendProbe(w, probeFrames(w))
 
     // A burst: `perWorker` events from every worker as fast as the sockets take them, then one
     // probe per worker; done once every probe is on the wire. Returns blocks/s and the send time.
@@ -392,10 +401,10 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         workers.map(async (w, i) => {
           let n = 0
           for (const f of frames[i]!) {
-            await w.socket.send(f)
+            await send(w, f)
             if (++n % 32 === 0) await new Promise((r) => setImmediate(r))
           }
-          await w.socket.send(probe(w))
+          await probe(w)
         })
       )
       const sentIn = performance.now() - start
@@ -450,6 +459,18 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     const durationMs = ctx.quick ? 2_000 : 6_000
     const tickMs = 10
     const batchesPerTick = Math.max(1, Math.round((rate * tickMs) / 1000 / BLOCKS))
+    // Every paced message is encoded before the clock starts, so the bench process only writes
+    // them: encoding them as they went out cost it more CPU per event than the relay spent, on the
+    // two cores the relay's latency is measured on. A probe leads every fifth tick (every 50 ms).
+    const ticks = Math.ceil(durationMs / tickMs)
+    const paced = Array.from({ length: ticks }, (_, tick) =>
+      Array.from({ length: batchesPerTick }, (_, k) => {
+        const worker = workers[(tick * batchesPerTick + k) % workers.length]!
+        const message: Array<Buffer> | Probe =
+          k === 0 && tick % 5 === 0 ? probeFrames(worker) : storedFrames(worker, batch())
+        return { worker, message }
+      })
+    )
     // Relay CPU per event at the paced rate too: unlike the burst's, it does not depend on how far
     // the relay falls behind (a relay that lags takes more events per wake-up, each cheaper).
     const pacedCpuBefore = relayCpuMs(relay)
@@ -460,22 +481,20 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     await relayLoopLag(relay)
     const benchLoop = monitorEventLoopDelay({ resolution: 1 })
     benchLoop.enable()
+    const benchCpuBefore = process.cpuUsage()
     const paceStart = performance.now()
-    let nextProbe = paceStart
-    for (let tick = 0; performance.now() - paceStart < durationMs; tick++) {
+    for (let tick = 0; tick < ticks; tick++) {
       const wait = paceStart + tick * tickMs - performance.now()
       if (wait > 0) await new Promise((r) => setTimeout(r, wait))
-      for (let k = 0; k < batchesPerTick; k++) {
-        const w = workers[(tick * batchesPerTick + k) % workers.length]!
-        if (k === 0 && performance.now() >= nextProbe) {
-          nextProbe += 50
-          await w.socket.send(probe(w))
-        } else await w.socket.send(storedFrames(w, batch()))
+      for (const { worker, message } of paced[tick]!) {
+        if (Array.isArray(message)) await send(worker, message)
+        else await sendProbe(worker, message)
         pacedEvents++
       }
     }
     await until("the last probes", async () => pending.size === 0, 10_000).catch(() => undefined)
     benchLoop.disable()
+    const benchCpu = process.cpuUsage(benchCpuBefore)
     const relayLoop = await relayLoopLag(relay)
     const pacedCpuAfter = relayCpuMs(relay)
     const pacedMainAfter = relayCpuMs(relay, true)
@@ -494,6 +513,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         `at ${Math.round(rate).toLocaleString("en-US")} blocks/s: ${latencies.length} probes, p50 ${percentile(latencies, 50).toFixed(2)} ms, p99 ${percentile(latencies, 99).toFixed(2)} ms, ${pending.size} unseen` +
         (pacedCpu === undefined ? "" : `, relay CPU ${Math.round(pacedCpu)} µs/event`) +
         (pacedMainCpu === undefined ? "" : ` (main thread ${Math.round(pacedMainCpu)})`) +
+        `, bench CPU ${Math.round((benchCpu.user + benchCpu.system) / pacedEvents)} µs/event` +
         `; event-loop delay p99/max: relay ${relayLoop}, bench ${(benchLoop.percentile(99) / 1e6).toFixed(1)}/${(benchLoop.max / 1e6).toFixed(1)} ms`
     )
     return {
@@ -505,7 +525,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
   } finally {
     subscriber?.close()
     await stopRelay(relay)
-    for (const w of workers) w.socket.close()
+    await Promise.all(workers.map((w) => w.socket.close()))
     rmSync(dir, { recursive: true, force: true })
   }
 }
