@@ -10,8 +10,9 @@
  *
  * Linear probing with tombstone-free backward-shift deletion, at most 80% full, growing by 1.5×
  * from 16 slots, so a table stays above 53% full. A slot's home is ⌊mix(ext)·capacity / 2^32⌋:
- * monotone in the mix, so a rehash reads the old table and writes the new one front to back
- * instead of at random. No bigint and no `Map` on the apply path.
+ * monotone in the mix, so moving the entries into a grown table reads the old one and writes the
+ * new one front to back instead of at random; past 4,096 slots the move is spread over the
+ * inserts that follow (see `MemberLineage`). No bigint and no `Map` on the apply path.
  */
 
 const WIDTH = 4
@@ -38,12 +39,78 @@ const mixKey = (hi: number, lo: number): number => {
 const mustShift = (hole: number, j: number, h: number): boolean =>
   hole <= j ? h <= hole || h > j : h <= hole && h > j
 
-/** One member's external → canonical map. */
+/** Home slot of an external hash in a table of `cap` slots (`scale` = cap / 2^32). */
+const homeIn = (cap: number, scale: number, hi: number, lo: number): number =>
+  Math.min(cap - 1, Math.floor(mixKey(hi, lo) * scale))
+
+/** Slot of `(hi, lo)` (not both zero) in `slots`, or -1 - the empty slot where it would go. */
+const slotIn = (slots: Uint32Array, cap: number, scale: number, hi: number, lo: number): number => {
+  let i = homeIn(cap, scale, hi, lo)
+  for (;;) {
+    const at = i * WIDTH
+    const h = slots[at]!
+    const l = slots[at + 1]!
+    if (h === hi && l === lo) return i
+    if (h === 0 && l === 0) return -1 - i
+    i = i + 1 === cap ? 0 : i + 1
+  }
+}
+
+/** Tombstone-free deletion of `slot`: later entries of its probe run move back into the hole. */
+const deleteIn = (slots: Uint32Array, cap: number, scale: number, slot: number): void => {
+  let hole = slot
+  let j = slot
+  for (;;) {
+    j = j + 1 === cap ? 0 : j + 1
+    const at = j * WIDTH
+    const h = slots[at]!
+    const l = slots[at + 1]!
+    if (h === 0 && l === 0) break
+    if (!mustShift(hole, j, homeIn(cap, scale, h, l))) continue
+    const to = hole * WIDTH
+    slots[to] = h
+    slots[to + 1] = l
+    slots[to + 2] = slots[at + 2]!
+    slots[to + 3] = slots[at + 3]!
+    hole = j
+  }
+  slots.fill(0, hole * WIDTH, hole * WIDTH + WIDTH)
+}
+
+/**
+ * Tables up to this many slots are rehashed at once when they grow; larger ones move their
+ * entries a few per insert (see `MemberLineage`).
+ */
+const REHASH_AT_ONCE_SLOTS = 4096
+/**
+ * Old-table slots moved per insert while a larger table grows. A step of 1.5× leaves room for
+ * 0.4 × the old capacity of inserts before the new table is full; at 32 slots per insert the move
+ * ends after 1/32 of the old capacity, and costs one insert ~2 µs instead of pausing the caller
+ * for the whole table (~25 ms at 400k entries on this VM).
+ */
+const MOVE_SLOTS_PER_INSERT = 32
+
+/**
+ * One member's external → canonical map.
+ *
+ * A table past `REHASH_AT_ONCE_SLOTS` grows without a pause: the new table takes the inserts,
+ * while the old one's entries move over in slot order, `MOVE_SLOTS_PER_INSERT` per insert, and
+ * lookups and deletions look in both. The move always ends on an empty old slot, so every old
+ * entry left lies in a probe run that starts after the cursor: a lookup in the old table never
+ * crosses the moved (emptied) region, and a deletion's backward shift never moves an entry into
+ * it.
+ */
 class MemberLineage {
-  slots = new Uint32Array(MIN_CAPACITY * WIDTH)
+  slots: Uint32Array = new Uint32Array(MIN_CAPACITY * WIDTH)
   capacity = MIN_CAPACITY
   scale = MIN_CAPACITY * INV_TWO_32
-  /** Entries in `slots` (the zero external hash not included). */
+  /** The table being moved out of while the table grows; `undefined` otherwise. */
+  private old: Uint32Array | undefined = undefined
+  private oldCapacity = 0
+  private oldScale = 0
+  /** Old slots below this are empty (moved); `old[cursor]`, when in range, is empty too. */
+  private cursor = 0
+  /** Entries in both tables (the zero external hash not included). */
   count = 0
   hasZero = false
   zeroHi = 0
@@ -53,30 +120,29 @@ class MemberLineage {
     return this.count + (this.hasZero ? 1 : 0)
   }
 
-  private home(hi: number, lo: number): number {
-    return Math.min(this.capacity - 1, Math.floor(mixKey(hi, lo) * this.scale))
+  /** Bytes of both tables; kept as a field, since the insert path reads it. */
+  byteSize = MIN_CAPACITY * WIDTH * 4
+
+  /** True while entries are still moving out of the old table. */
+  get moving(): boolean {
+    return this.old !== undefined
   }
 
-  /** Slot of the external hash `(hi, lo)` (not both zero), or -1 - the empty slot where it would go. */
-  private slotOf(hi: number, lo: number): number {
-    const slots = this.slots
-    const cap = this.capacity
-    let i = this.home(hi, lo)
-    for (;;) {
-      const at = i * WIDTH
-      const h = slots[at]!
-      const l = slots[at + 1]!
-      if (h === hi && l === lo) return i
-      if (h === 0 && l === 0) return -1 - i
-      i = i + 1 === cap ? 0 : i + 1
-    }
+  /** Slot of `(hi, lo)` in the old table, or -1. */
+  private oldSlotOf(hi: number, lo: number): number {
+    const old = this.old
+    if (old === undefined) return -1
+    const i = slotIn(old, this.oldCapacity, this.oldScale, hi, lo)
+    return i >= 0 ? i : -1
   }
 
   /** Loads the home slots of the `n` pairs of `ext` (see `LineageTable.touch`). */
   touch(ext: Uint32Array, n: number): number {
     const slots = this.slots
+    const cap = this.capacity
+    const scale = this.scale
     let touched = 0
-    for (let i = 0; i < n; i++) touched |= slots[this.home(ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
+    for (let i = 0; i < n; i++) touched |= slots[homeIn(cap, scale, ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
     return touched
   }
 
@@ -90,10 +156,15 @@ class MemberLineage {
       out[at + 1] = this.zeroLo
       return true
     }
-    const i = this.slotOf(hi, lo)
-    if (i < 0) return false
-    out[at] = this.slots[i * WIDTH + 2]!
-    out[at + 1] = this.slots[i * WIDTH + 3]!
+    let slots = this.slots
+    let i = slotIn(slots, this.capacity, this.scale, hi, lo)
+    if (i < 0) {
+      i = this.oldSlotOf(hi, lo)
+      if (i < 0) return false
+      slots = this.old!
+    }
+    out[at] = slots[i * WIDTH + 2]!
+    out[at + 1] = slots[i * WIDTH + 3]!
     return true
   }
 
@@ -117,9 +188,16 @@ class MemberLineage {
       this.zeroLo = canonLo
       return fresh ? LINEAGE_ADDED : LINEAGE_PRESENT
     }
-    if ((this.count + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) this.grow()
-    const i = this.slotOf(hi, lo)
-    const slots = this.slots
+    if (this.old !== undefined) this.move(MOVE_SLOTS_PER_INSERT)
+    let i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
+    let slots = this.slots
+    if (i < 0 && this.old !== undefined) {
+      const o = this.oldSlotOf(hi, lo)
+      if (o >= 0) {
+        i = o
+        slots = this.old
+      }
+    }
     if (i >= 0) {
       if (slots[i * WIDTH + 2] === canonHi && slots[i * WIDTH + 3] === canonLo) return LINEAGE_PRESENT
       if (!overwrite) return LINEAGE_CONFLICT
@@ -127,7 +205,12 @@ class MemberLineage {
       slots[i * WIDTH + 3] = canonLo
       return LINEAGE_PRESENT
     }
+    if ((this.count + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) {
+      this.grow()
+      i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
+    }
     const at = (-1 - i) * WIDTH
+    slots = this.slots
     slots[at] = hi
     slots[at + 1] = lo
     slots[at + 2] = canonHi
@@ -147,16 +230,24 @@ class MemberLineage {
       this.hasZero = false
       return true
     }
-    const i = this.slotOf(hi, lo)
-    if (i < 0) return false
-    out[at] = this.slots[i * WIDTH + 2]!
-    out[at + 1] = this.slots[i * WIDTH + 3]!
-    this.deleteSlot(i)
+    const i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
+    if (i >= 0) {
+      out[at] = this.slots[i * WIDTH + 2]!
+      out[at + 1] = this.slots[i * WIDTH + 3]!
+      deleteIn(this.slots, this.capacity, this.scale, i)
+    } else {
+      const o = this.oldSlotOf(hi, lo)
+      if (o < 0) return false
+      const old = this.old!
+      out[at] = old[o * WIDTH + 2]!
+      out[at + 1] = old[o * WIDTH + 3]!
+      deleteIn(old, this.oldCapacity, this.oldScale, o)
+    }
+    this.count--
     return true
   }
 
   entriesInto(out: Uint32Array): void {
-    const slots = this.slots
     let k = 0
     if (this.hasZero) {
       out[k++] = 0
@@ -164,58 +255,72 @@ class MemberLineage {
       out[k++] = this.zeroHi
       out[k++] = this.zeroLo
     }
-    for (let at = 0; at < slots.length; at += WIDTH) {
-      if (slots[at] === 0 && slots[at + 1] === 0) continue
-      out[k++] = slots[at]!
-      out[k++] = slots[at + 1]!
-      out[k++] = slots[at + 2]!
-      out[k++] = slots[at + 3]!
+    for (const slots of this.old === undefined ? [this.slots] : [this.old, this.slots]) {
+      for (let at = 0; at < slots.length; at += WIDTH) {
+        if (slots[at] === 0 && slots[at + 1] === 0) continue
+        out[k++] = slots[at]!
+        out[k++] = slots[at + 1]!
+        out[k++] = slots[at + 2]!
+        out[k++] = slots[at + 3]!
+      }
     }
   }
 
-  private deleteSlot(slot: number): void {
+  /** Puts an entry known to be absent into the current table (which has room). */
+  private place(hi: number, lo: number, canonHi: number, canonLo: number): void {
     const slots = this.slots
     const cap = this.capacity
-    let hole = slot
-    let j = slot
-    for (;;) {
-      j = j + 1 === cap ? 0 : j + 1
-      const at = j * WIDTH
-      const h = slots[at]!
-      const l = slots[at + 1]!
-      if (h === 0 && l === 0) break
-      if (!mustShift(hole, j, this.home(h, l))) continue
-      const to = hole * WIDTH
-      slots[to] = h
-      slots[to + 1] = l
-      slots[to + 2] = slots[at + 2]!
-      slots[to + 3] = slots[at + 3]!
-      hole = j
+    let i = homeIn(cap, this.scale, hi, lo)
+    while (slots[i * WIDTH] !== 0 || slots[i * WIDTH + 1] !== 0) i = i + 1 === cap ? 0 : i + 1
+    const to = i * WIDTH
+    slots[to] = hi
+    slots[to + 1] = lo
+    slots[to + 2] = canonHi
+    slots[to + 3] = canonLo
+  }
+
+  /**
+   * Moves at least `budget` old slots' worth of entries to the current table, then on to the
+   * next empty old slot, so that no probe run of the old table straddles the cursor.
+   */
+  private move(budget: number): void {
+    const old = this.old!
+    const cap = this.oldCapacity
+    let cursor = this.cursor
+    let at = cursor * WIDTH
+    for (let moved = 0; cursor < cap; cursor++, moved++, at += WIDTH) {
+      const h = old[at]!
+      const l = old[at + 1]!
+      if (h === 0 && l === 0) {
+        if (moved >= budget) break
+        continue
+      }
+      this.place(h, l, old[at + 2]!, old[at + 3]!)
+      old[at] = 0
+      old[at + 1] = 0
     }
-    slots.fill(0, hole * WIDTH, hole * WIDTH + WIDTH)
-    this.count--
+    this.cursor = cursor
+    if (cursor >= cap) {
+      this.old = undefined
+      this.byteSize = this.slots.byteLength
+    }
   }
 
   private grow(): void {
+    // A move still under way ends first (inserts outran it, which the step sizes rule out).
+    if (this.old !== undefined) this.move(Number.POSITIVE_INFINITY)
     const old = this.slots
-    const capacity = Math.ceil(this.capacity * 1.5)
-    const scale = capacity * INV_TWO_32
-    const slots = new Uint32Array(capacity * WIDTH)
-    for (let at = 0; at < old.length; at += WIDTH) {
-      const h = old[at]!
-      const l = old[at + 1]!
-      if (h === 0 && l === 0) continue
-      let i = Math.min(capacity - 1, Math.floor(mixKey(h, l) * scale))
-      while (slots[i * WIDTH] !== 0 || slots[i * WIDTH + 1] !== 0) i = i + 1 === capacity ? 0 : i + 1
-      const to = i * WIDTH
-      slots[to] = h
-      slots[to + 1] = l
-      slots[to + 2] = old[at + 2]!
-      slots[to + 3] = old[at + 3]!
-    }
-    this.slots = slots
+    const oldCapacity = this.capacity
+    const capacity = Math.ceil(oldCapacity * 1.5)
+    this.slots = new Uint32Array(capacity * WIDTH)
     this.capacity = capacity
-    this.scale = scale
+    this.scale = capacity * INV_TWO_32
+    this.old = old
+    this.oldCapacity = oldCapacity
+    this.oldScale = oldCapacity * INV_TWO_32
+    this.cursor = 0
+    this.byteSize = this.slots.byteLength + old.byteLength
+    this.move(oldCapacity > REHASH_AT_ONCE_SLOTS ? MOVE_SLOTS_PER_INSERT : Number.POSITIVE_INFINITY)
   }
 }
 
@@ -247,9 +352,14 @@ export class LineageTable {
     const m = this.freeMembers.pop() ?? this.tables.length
     const table = new MemberLineage()
     this.tables[m] = table
-    this.slotBytes += table.slots.byteLength
+    this.slotBytes += table.byteSize
     this.members.set(key, m)
     return m
+  }
+
+  /** True while member `m`'s table is moving its entries into a grown one (for tests). */
+  isMoving(m: number): boolean {
+    return m >= 0 && this.tables[m]?.moving === true
   }
 
   entriesOf(m: number): number {
@@ -260,7 +370,7 @@ export class LineageTable {
     const table = this.tables[m]
     if (table !== undefined) {
       this.count -= table.size
-      this.slotBytes -= table.slots.byteLength
+      this.slotBytes -= table.byteSize
     }
     this.tables[m] = undefined
     this.members.delete(key)
@@ -316,10 +426,10 @@ export class LineageTable {
     overwrite: boolean
   ): number {
     const table = this.tables[m]!
-    const before = table.slots.byteLength
+    const before = table.byteSize
     const code = table.insert(ext, k, canon, c, overwrite)
     if (code === LINEAGE_ADDED) this.count++
-    this.slotBytes += table.slots.byteLength - before
+    this.slotBytes += table.byteSize - before
     return code
   }
 
