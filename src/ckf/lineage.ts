@@ -84,23 +84,26 @@ const deleteIn = (slots: Uint32Array, cap: number, scale: number, slot: number):
 const REHASH_AT_ONCE_SLOTS = 4096
 /**
  * Old-table slots moved per insert while a larger table grows. A step of 1.5× leaves room for
- * 0.4 × the old capacity of inserts before the new table is full; at 32 slots per insert the move
- * ends after 1/32 of the old capacity, and costs one insert ~2 µs instead of pausing the caller
- * for the whole table (~25 ms at 400k entries on this VM).
+ * 0.4 × the old capacity of inserts before the new table is full; at 128 slots per insert the move
+ * ends after 1/128 of the old capacity, and costs one insert a few µs instead of pausing the
+ * caller for the whole table (~25 ms at 400k entries on this VM). At 32 the move lasted four times
+ * as many inserts, each of them looking for new hashes in both tables: measurably slower.
  */
-const MOVE_SLOTS_PER_INSERT = 32
+const MOVE_SLOTS_PER_INSERT = 128
 
 /**
  * One member's external → canonical map.
  *
  * A table past `REHASH_AT_ONCE_SLOTS` grows without a pause: the new table takes the inserts,
- * while the old one's entries move over in slot order, `MOVE_SLOTS_PER_INSERT` per insert, and
+ * while the old one's entries move over in slot order, `moveSlotsPerInsert` per insert, and
  * lookups and deletions look in both. The move always ends on an empty old slot, so every old
  * entry left lies in a probe run that starts after the cursor: a lookup in the old table never
  * crosses the moved (emptied) region, and a deletion's backward shift never moves an entry into
  * it.
  */
 class MemberLineage {
+  constructor(private readonly moveSlotsPerInsert: number) {}
+
   slots: Uint32Array = new Uint32Array(MIN_CAPACITY * WIDTH)
   capacity = MIN_CAPACITY
   scale = MIN_CAPACITY * INV_TWO_32
@@ -143,6 +146,12 @@ class MemberLineage {
     const scale = this.scale
     let touched = 0
     for (let i = 0; i < n; i++) touched |= slots[homeIn(cap, scale, ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
+    // While the table grows, a hash not yet in the new table is looked for in the old one too.
+    const old = this.old
+    if (old !== undefined) {
+      for (let i = 0; i < n; i++)
+        touched |= old[homeIn(this.oldCapacity, this.oldScale, ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
+    }
     return touched
   }
 
@@ -188,7 +197,7 @@ class MemberLineage {
       this.zeroLo = canonLo
       return fresh ? LINEAGE_ADDED : LINEAGE_PRESENT
     }
-    if (this.old !== undefined) this.move(MOVE_SLOTS_PER_INSERT)
+    if (this.old !== undefined) this.move(this.moveSlotsPerInsert)
     let i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
     let slots = this.slots
     if (i < 0 && this.old !== undefined) {
@@ -320,11 +329,16 @@ class MemberLineage {
     this.oldScale = oldCapacity * INV_TWO_32
     this.cursor = 0
     this.byteSize = this.slots.byteLength + old.byteLength
-    this.move(oldCapacity > REHASH_AT_ONCE_SLOTS ? MOVE_SLOTS_PER_INSERT : Number.POSITIVE_INFINITY)
+    this.move(oldCapacity > REHASH_AT_ONCE_SLOTS ? this.moveSlotsPerInsert : Number.POSITIVE_INFINITY)
   }
 }
 
 export class LineageTable {
+  constructor(
+    /** Old slots moved per insert while a member's table grows (tests lower it to stretch the move). */
+    private readonly moveSlotsPerInsert = MOVE_SLOTS_PER_INSERT
+  ) {}
+
   /** Member tables by member index; a member without entries has none. */
   private tables: Array<MemberLineage | undefined> = []
   private readonly members = new Map<string, number>()
@@ -350,7 +364,7 @@ export class LineageTable {
     const known = this.members.get(key)
     if (known !== undefined) return known
     const m = this.freeMembers.pop() ?? this.tables.length
-    const table = new MemberLineage()
+    const table = new MemberLineage(this.moveSlotsPerInsert)
     this.tables[m] = table
     this.slotBytes += table.byteSize
     this.members.set(key, m)

@@ -37,11 +37,13 @@ const MIN_CAPACITY = 16
 const REHASH_AT_ONCE_SLOTS = 4096
 /**
  * Old-table slots moved per insert while a larger owner table grows. A growth step is at least
- * 1.25×, leaving room for 0.2 × the old capacity of inserts; at 32 slots per insert the move ends
- * after 1/32 of it. One insert then costs ~2 µs more instead of the whole table's rehash at once
- * (~25 ms for 420k entries on this VM, a stall every publication behind it waited out).
+ * 1.25×, leaving room for 0.2 × the old capacity of inserts; at 128 slots per insert the move ends
+ * after 1/128 of it. One insert then costs a few µs more instead of the whole table's rehash at
+ * once (~25 ms for 420k entries on this VM, a stall every publication behind it waited out). At
+ * 32 the move lasted four times as many inserts, each looking for new keys in both tables: a 1M
+ * fill took 5–10% more CPU per block.
  */
-const MOVE_SLOTS_PER_INSERT = 32
+const MOVE_SLOTS_PER_INSERT = 128
 
 /** Slot of a uniformly distributed u32 in a table of `capacity` (`scale` = capacity / 2^32). */
 const home = (h: number, scale: number, capacity: number): number =>
@@ -130,7 +132,7 @@ export class OwnershipTable {
   private scale: number
   /**
    * While the table grows past `REHASH_AT_ONCE_SLOTS`: the old table, whose entries move to
-   * `slots` in slot order, `MOVE_SLOTS_PER_INSERT` per insert, and at once when `find` meets one.
+   * `slots` in slot order, `moveSlotsPerInsert` per insert, and at once when `find` meets one.
    * Slots below `cursor` are empty (moved), and so is `old[cursor]`: every probe run left in the
    * old table starts after the cursor, so a lookup there never crosses the moved region and a
    * deletion's backward shift never moves an entry into it. Slots handed out by `find` are
@@ -166,7 +168,12 @@ export class OwnershipTable {
    * sized for a million blocks costs its filter, not 15 MiB of empty slots, until it fills.
    * `expectedKeys` (the sizing hint) only shapes the growth steps; `reserveKeys` pre-sizes.
    */
-  constructor(expectedKeys = 0, maxKeys = Number.MAX_SAFE_INTEGER) {
+  constructor(
+    expectedKeys = 0,
+    maxKeys = Number.MAX_SAFE_INTEGER,
+    /** Old slots moved per insert while the table grows (tests lower it to stretch the move). */
+    private readonly moveSlotsPerInsert = MOVE_SLOTS_PER_INSERT
+  ) {
     this.capacity = MIN_CAPACITY
     this.scale = MIN_CAPACITY * INV_TWO_32
     this.slots = new Uint32Array(MIN_CAPACITY * 3)
@@ -254,7 +261,12 @@ export class OwnershipTable {
    * runs.
    */
   touchAt(keys: Uint32Array, k: number): number {
-    return this.slots[3 * home(keys[k]!, this.scale, this.capacity) + 2]!
+    const touched = this.slots[3 * home(keys[k]!, this.scale, this.capacity) + 2]!
+    // While the table grows, a key not yet in the new table is looked for in the old one too.
+    const old = this.old
+    return old === undefined
+      ? touched
+      : touched | old[3 * home(keys[k]!, this.oldScale, this.oldCapacity) + 2]!
   }
 
   /** Slot of the key, or `-1 - i` where `i` is the empty slot an insertion would take. */
@@ -341,8 +353,7 @@ export class OwnershipTable {
     const needed = slotsFor(keys)
     if (needed <= this.capacity) return true
     try {
-      if (this.old !== undefined) this.move(Number.POSITIVE_INFINITY)
-      this.rehash(needed)
+      this.grow(needed, true)
       return true
     } catch {
       return false
@@ -388,7 +399,7 @@ export class OwnershipTable {
     this.counts[m]!++
     this.contributions++
     // After the write: a move only fills empty slots, so slots handed out stay valid.
-    if (this.old !== undefined) this.move(MOVE_SLOTS_PER_INSERT)
+    if (this.old !== undefined) this.move(this.moveSlotsPerInsert)
   }
 
   /** Another owner (n→n+1) of the key at `slot`: duplicate, added, or a refcount overflow. */
@@ -508,15 +519,11 @@ export class OwnershipTable {
   }
 
   /**
-   * Grows to `capacity`: a small table at once, a larger one by moving its entries gradually
-   * (see `old`). A move still under way ends first.
+   * Grows to `capacity`: a small table (or `atOnce`) in one pass, a larger one by moving its
+   * entries gradually (see `old`). A move still under way ends first.
    */
-  private grow(capacity: number): void {
+  private grow(capacity: number, atOnce = false): void {
     if (this.old !== undefined) this.move(Number.POSITIVE_INFINITY)
-    if (this.capacity <= REHASH_AT_ONCE_SLOTS) {
-      this.rehash(capacity)
-      return
-    }
     const next = new Uint32Array(capacity * 3)
     this.old = this.slots
     this.oldCapacity = this.capacity
@@ -525,7 +532,9 @@ export class OwnershipTable {
     this.slots = next
     this.capacity = capacity
     this.scale = capacity * INV_TWO_32
-    this.move(MOVE_SLOTS_PER_INSERT)
+    this.move(
+      atOnce || this.oldCapacity <= REHASH_AT_ONCE_SLOTS ? Number.POSITIVE_INFINITY : this.moveSlotsPerInsert
+    )
   }
 
   /**
@@ -558,25 +567,6 @@ export class OwnershipTable {
     }
     this.cursor = cursor
     if (cursor >= cap) this.old = undefined
-  }
-
-  private rehash(capacity: number): void {
-    const next = new Uint32Array(capacity * 3)
-    const old = this.slots
-    const scale = capacity * INV_TWO_32
-    for (let s = 0; s < old.length; s += 3) {
-      const meta = old[s + 2]!
-      if (meta === 0) continue
-      const u = old[s]!
-      let i = home(u, scale, capacity)
-      while (next[3 * i + 2] !== 0) i = i + 1 === capacity ? 0 : i + 1
-      next[3 * i] = u
-      next[3 * i + 1] = old[s + 1]!
-      next[3 * i + 2] = meta
-    }
-    this.slots = next
-    this.capacity = capacity
-    this.scale = scale
   }
 }
 

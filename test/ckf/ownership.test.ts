@@ -281,8 +281,9 @@ describe("OwnershipTable growth", () => {
   })
 
   it("past the at-once size, keeps matching the model while entries move to the grown table", () => {
-    // Tables past 4,096 slots grow by moving 32 old slots per insert, and a lookup moves the
-    // key it finds: ops and checks below run against two tables for part of the time.
+    // Tables past 4,096 slots grow by moving old slots over with the inserts that follow, and a
+    // lookup moves the key it finds. At 8 slots per insert (128 in production) the moves last
+    // long enough that ops and checks below run against two tables for much of the time.
     const universe = 12_000
     movingStores = 0
     fc.assert(
@@ -296,7 +297,7 @@ describe("OwnershipTable growth", () => {
         fc.constantFrom<KeyShape>("uniform", "clustered", "wrapping"),
         fc.constantFrom(0, 20_000),
         (ops, shape, expected) => {
-          const table = new OwnershipTable(expected)
+          const table = new OwnershipTable(expected, Number.MAX_SAFE_INTEGER, 8)
           const model = new Map<number, Set<number>>()
           for (const op of ops) {
             applyOp(table, model, op, shape, universe)
@@ -482,8 +483,9 @@ describe("LineageTable growth", () => {
 
 describe("LineageTable growth without a pause", () => {
   it("a table past the at-once size moves its entries while lookups, deletes and overwrites go on", () => {
-    // Past 4,096 slots a table grows by moving 32 old slots per insert: every operation below
-    // runs against two tables for part of the time.
+    // Past 4,096 slots a table grows by moving old slots over with the inserts that follow; at 8
+    // slots per insert (128 in production) every operation below runs against two tables for
+    // much of the time.
     const universe = 24_000
     type Op = {
       readonly kind: "insert" | "overwrite" | "delete"
@@ -498,7 +500,7 @@ describe("LineageTable growth without a pause", () => {
     let sawMoving = 0
     fc.assert(
       fc.property(fc.array(op, { minLength: 4, maxLength: 16 }), fc.nat(), (ops, salt) => {
-        const table = new LineageTable()
+        const table = new LineageTable(8)
         const key = memberKeyOf(0)
         const model = new Map<number, number>()
         const out = new Uint32Array(2)
