@@ -18,9 +18,9 @@
 import * as net from "node:net"
 import {
   commandName,
+  encodeFrame,
   encodePong,
   encodeReady,
-  FLAG_LONG,
   FLAG_MORE,
   readyProperties
 } from "../src/transport/zmtp/internal/Commands.js"
@@ -31,30 +31,9 @@ import { checkGreeting, encodeGreeting, GREETING_BYTES } from "../src/transport/
 const HIGH_WATER_BYTES = 4 * 1024 * 1024
 const MAX_FRAME_BYTES = 1024 * 1024
 
-/** One message in ZMTP frames: MORE on all but the last, the long size form above 255 bytes. */
-export const encodeMessage = (frames: ReadonlyArray<Uint8Array>): Buffer => {
-  let bytes = 0
-  for (const f of frames) bytes += (f.length > 255 ? 9 : 2) + f.length
-  const out = Buffer.allocUnsafe(bytes)
-  let at = 0
-  for (let i = 0; i < frames.length; i++) {
-    const f = frames[i]!
-    const more = i + 1 < frames.length ? FLAG_MORE : 0
-    if (f.length > 255) {
-      out[at] = more | FLAG_LONG
-      out.writeUInt32BE(Math.floor(f.length / 4294967296), at + 1)
-      out.writeUInt32BE(f.length >>> 0, at + 5)
-      at += 9
-    } else {
-      out[at] = more
-      out[at + 1] = f.length
-      at += 2
-    }
-    out.set(f, at)
-    at += f.length
-  }
-  return out
-}
+/** One message in ZMTP frames (the subscriber's `encodeFrame`): MORE on all but the last. */
+export const encodeMessage = (frames: ReadonlyArray<Uint8Array>): Buffer =>
+  Buffer.concat(frames.map((f, i) => encodeFrame(i + 1 < frames.length ? FLAG_MORE : 0, f)))
 
 class Peer {
   readonly subscriptions: Array<Buffer> = []
