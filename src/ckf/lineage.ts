@@ -15,6 +15,8 @@
  * inserts that follow (see `MemberLineage`). No bigint and no `Map` on the apply path.
  */
 
+import { MOVE_SLOTS_PER_INSERT, REHASH_AT_ONCE_SLOTS } from "./internal/growth.js"
+
 const WIDTH = 4
 const MIN_CAPACITY = 16
 const MAX_LOAD_NUM = 4
@@ -76,20 +78,6 @@ const deleteIn = (slots: Uint32Array, cap: number, scale: number, slot: number):
   }
   slots.fill(0, hole * WIDTH, hole * WIDTH + WIDTH)
 }
-
-/**
- * Tables up to this many slots are rehashed at once when they grow; larger ones move their
- * entries a few per insert (see `MemberLineage`).
- */
-const REHASH_AT_ONCE_SLOTS = 4096
-/**
- * Old-table slots moved per insert while a larger table grows. A step of 1.5× leaves room for
- * 0.4 × the old capacity of inserts before the new table is full; at 128 slots per insert the move
- * ends after 1/128 of the old capacity, and costs one insert a few µs instead of pausing the
- * caller for the whole table (~25 ms at 400k entries on this VM). At 32 the move lasted four times
- * as many inserts, each of them looking for new hashes in both tables: measurably slower.
- */
-const MOVE_SLOTS_PER_INSERT = 128
 
 /**
  * One member's external → canonical map.

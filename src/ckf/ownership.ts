@@ -29,21 +29,12 @@
  * of a call that is not inlined is boxed into a heap number.
  */
 
+import { MOVE_SLOTS_PER_INSERT, REHASH_AT_ONCE_SLOTS } from "./internal/growth.js"
+
 const MAX_LOAD_NUM = 4
 const MAX_LOAD_DEN = 5
 const INV_TWO_32 = 1 / 4294967296
 const MIN_CAPACITY = 16
-/** Tables up to this many slots are rehashed at once when they grow; larger ones move gradually. */
-const REHASH_AT_ONCE_SLOTS = 4096
-/**
- * Old-table slots moved per insert while a larger owner table grows. A growth step is at least
- * 1.25×, leaving room for 0.2 × the old capacity of inserts; at 128 slots per insert the move ends
- * after 1/128 of it. One insert then costs a few µs more instead of the whole table's rehash at
- * once (~25 ms for 420k entries on this VM, a stall every publication behind it waited out). At
- * 32 the move lasted four times as many inserts, each looking for new keys in both tables: a 1M
- * fill took 5–10% more CPU per block.
- */
-const MOVE_SLOTS_PER_INSERT = 128
 
 /** Slot of a uniformly distributed u32 in a table of `capacity` (`scale` = capacity / 2^32). */
 const home = (h: number, scale: number, capacity: number): number =>
