@@ -185,6 +185,12 @@ export class DcCkfState {
   private slabUsed = 0
 
   // Telemetry.
+  /**
+   * Non-empty buckets as of the last drain: a bucket in the dirty window counts by its pre-image.
+   * `stats` adds the window's difference instead of scanning every bucket, a pass that took
+   * ~8 ms for a 4 MiB filter on a cold path (once per pool on every `/metrics` scrape).
+   */
+  private occupiedAtDrain = 0
   private unknownRemovals = 0
   private capacityFailures = 0
   private physicalTouches = 0
@@ -755,18 +761,23 @@ export class DcCkfState {
     }
     const out = this.slab
     let k = base
+    let occupied = this.occupiedAtDrain
     for (let n = 0; n < dirty; n++) {
       const b = buckets[n]!
       const lo = words[2 * b]!
       const hi = words[2 * b + 1]!
-      if (lo !== originals[2 * n] || hi !== originals[2 * n + 1]) {
+      const wasLo = originals[2 * n]!
+      const wasHi = originals[2 * n + 1]!
+      if (lo !== wasLo || hi !== wasHi) {
         out[k] = b
         out[k + 1] = lo
         out[k + 2] = hi
         k += 3
+        occupied += ((lo | hi) !== 0 ? 1 : 0) - ((wasLo | wasHi) !== 0 ? 1 : 0)
       }
       bits[b >>> 5] = 0
     }
+    this.occupiedAtDrain = occupied
     const images = (k - base) / 3
     let batch: DcCkfPublicationBatch | undefined
     if (images > 0) {
@@ -907,6 +918,8 @@ export class DcCkfState {
   }
 
   private adopt(next: DcCkfState): void {
+    // `occupiedAtDrain` stays: `next`'s window holds pre-images of what consumers have, which is
+    // what this state's count describes.
     this.words32 = next.words32
     this.slots16 = next.slots16
     this.owners = next.owners
@@ -1016,11 +1029,23 @@ export class DcCkfState {
       .sort(compareMembers)
   }
 
+  /** Buckets with at least one fingerprint, the dirty window included. */
+  private occupiedBucketCount(): number {
+    const words = this.words32
+    const buckets = this.dirtyBuckets
+    const originals = this.dirtyOriginals
+    let occupied = this.occupiedAtDrain
+    for (let n = 0; n < this.dirtyCount; n++) {
+      const b = buckets[n]!
+      occupied +=
+        ((words[2 * b]! | words[2 * b + 1]!) !== 0 ? 1 : 0) -
+        ((originals[2 * n]! | originals[2 * n + 1]!) !== 0 ? 1 : 0)
+    }
+    return occupied
+  }
+
   stats(): DcCkfStats {
     const owners = this.owners
-    let occupied = 0
-    const words = this.words32
-    for (let b = 0; b < this.bucketCount; b++) if ((words[2 * b]! | words[2 * b + 1]!) !== 0) occupied++
     return {
       aggregation: {
         memberCount: owners.memberCount,
@@ -1029,7 +1054,7 @@ export class DcCkfState {
         unknownRemovals: this.unknownRemovals,
         capacityFailures: this.capacityFailures,
         parentNotFound: 0,
-        occupiedBucketCount: occupied,
+        occupiedBucketCount: this.occupiedBucketCount(),
         occupiedSlotCount: owners.size
       },
       publication: {

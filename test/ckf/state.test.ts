@@ -378,6 +378,12 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
 const HASH_TABLE: Array<bigint> = []
 for (let n = 0; n <= 40; n++) HASH_TABLE.push(BigInt(n), (BigInt(n) << 40n) ^ 0xfedcba9876543210n)
 
+const nonEmptyBuckets = (words: Uint32Array): number => {
+  let n = 0
+  for (let b = 0; b < words.length; b += 2) if ((words[b]! | words[b + 1]!) !== 0) n++
+  return n
+}
+
 describe("DcCkfState against a Map/Set model", () => {
   it("keeps refcounts exact, tracked hashes present, and consumer words identical", () => {
     fc.assert(
@@ -431,7 +437,11 @@ describe("DcCkfState against a Map/Set model", () => {
             }
             if (owned.size === 0) model.delete(key)
             else model.set(key, owned)
+            // The count of non-empty buckets is kept, not scanned: it must agree with a scan
+            // both while the dirty window is pending and after the drain.
+            expect(state.stats().aggregation.occupiedBucketCount).toBe(nonEmptyBuckets(state.snapshotWords()))
             if (op.kind !== "replace") applyBatch(consumer, state.drainPublication())
+            expect(state.stats().aggregation.occupiedBucketCount).toBe(nonEmptyBuckets(state.snapshotWords()))
           }
           // Exact ownership equals the model.
           const refcounts = new Map<bigint, number>()
