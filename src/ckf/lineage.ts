@@ -123,6 +123,9 @@ class MemberLineage {
   private oldSlotOf(hi: number, lo: number): number {
     const old = this.old
     if (old === undefined) return -1
+    // A hash whose old home the move has passed is not in the old table: its probe run would
+    // have to cross the empty slot at the cursor. Skipping the probe spares a cache miss.
+    if (homeIn(this.oldCapacity, this.oldScale, hi, lo) < this.cursor) return -1
     const i = slotIn(old, this.oldCapacity, this.oldScale, hi, lo)
     return i >= 0 ? i : -1
   }
@@ -137,8 +140,10 @@ class MemberLineage {
     // While the table grows, a hash not yet in the new table is looked for in the old one too.
     const old = this.old
     if (old !== undefined) {
-      for (let i = 0; i < n; i++)
-        touched |= old[homeIn(this.oldCapacity, this.oldScale, ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
+      for (let i = 0; i < n; i++) {
+        const h = homeIn(this.oldCapacity, this.oldScale, ext[2 * i]!, ext[2 * i + 1]!)
+        if (h >= this.cursor) touched |= old[h * WIDTH]!
+      }
     }
     return touched
   }

@@ -255,9 +255,9 @@ export class OwnershipTable {
     const touched = this.slots[3 * home(keys[k]!, this.scale, this.capacity) + 2]!
     // While the table grows, a key not yet in the new table is looked for in the old one too.
     const old = this.old
-    return old === undefined
-      ? touched
-      : touched | old[3 * home(keys[k]!, this.oldScale, this.oldCapacity) + 2]!
+    if (old === undefined) return touched
+    const h = home(keys[k]!, this.oldScale, this.oldCapacity)
+    return h < this.cursor ? touched : touched | old[3 * h + 2]!
   }
 
   /** Slot of the key, or `-1 - i` where `i` is the empty slot an insertion would take. */
@@ -288,6 +288,9 @@ export class OwnershipTable {
     const old = this.old!
     const cap = this.oldCapacity
     let i = home(hi, this.oldScale, cap)
+    // A key whose old home the move has passed is not in the old table: its probe run would have
+    // to cross the empty slot at the cursor.
+    if (i < this.cursor) return -1 - empty
     for (;;) {
       const base = 3 * i
       const meta = old[base + 2]!

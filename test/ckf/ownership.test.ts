@@ -345,6 +345,33 @@ describe("OwnershipTable growth", () => {
     return { table, m, capacities, replaced }
   }
 
+  it("mid-move, finds every key: those whose old home the move passed in the grown table, the rest in the old one", () => {
+    // One old slot per insert, so the move lasts: lookups alone do not advance it, and the keys
+    // just past its cursor are still in the old table (a lookup that skipped them would miss).
+    const table = new OwnershipTable(0, Number.MAX_SAFE_INTEGER, 1)
+    const m = table.ensureMember(memberKeyOf(0), "w0", 0)
+    let n = 0
+    const stored = (count: number): void => {
+      for (const end = n + count; n < end; n++) {
+        keyOf("uniform", n, table.key)
+        if (!table.hasRoomForKey()) expect(table.reserve()).toBe(true)
+        table.insertAt(-1 - table.find(), m)
+      }
+    }
+    while (!table.moving) stored(1)
+    // Into the move, then one pass over every key in an order unrelated to their slots.
+    stored(300)
+    expect(table.moving).toBe(true)
+    const missing: Array<number> = []
+    for (let k = 0; k < n; k++) {
+      const i = (k * 7_919) % n
+      keyOf("uniform", i, table.key)
+      if (table.find() < 0) missing.push(i)
+    }
+    expect(missing).toEqual([])
+    expect(table.size).toBe(n)
+  })
+
   it("doubles from 16 slots, stops once at the sizing hint, and re-places fewer than 2n entries for n", () => {
     const expected = 100_000
     const { table, m, capacities, replaced } = fillFromEmpty(expected)
