@@ -11,7 +11,7 @@
  */
 
 import { Effect, Metric } from "effect"
-import { Counter, Gauge, type Registry } from "prom-client"
+import { Counter, Gauge, type Metric as PromMetric, type Registry } from "prom-client"
 import {
   DROP_REASONS,
   type DropReason,
@@ -20,6 +20,7 @@ import {
   SKIP_REASONS,
   type SkipCounts
 } from "../domain/ingest.js"
+import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "../relay/PublishDelay.js"
 import { ZMTP_ERROR_REASONS } from "../transport/zmtp/ZmtpError.js"
 import { protocolErrorsTotal } from "../transport/zmtp/ZmtpSubscriber.js"
 
@@ -252,9 +253,10 @@ export interface EndpointSample {
   readonly recoveries: number
   readonly mailboxDepth: number
   readonly publicationSequence: bigint
+  readonly publishDelay: PublishDelaySnapshot
 }
 
-type SampleField = Exclude<keyof EndpointSample, "endpoint">
+type SampleField = Exclude<keyof EndpointSample, "endpoint" | "publishDelay">
 
 const ENDPOINT_COUNTERS: ReadonlyArray<readonly [string, string, SampleField]> = [
   ["kv_dc_relay_ingest_events_total", "KV events ingested by the endpoint's sources", "events"],
@@ -308,5 +310,53 @@ export const registerEndpointMetrics = (
         for (const sample of samples()) this.set({ endpoint: sample.endpoint }, Number(sample[field]))
       }
     })
+  }
+  registry.registerMetric(publishDelayFamily(samples) as unknown as PromMetric)
+}
+
+const PUBLISH_DELAY_NAME = "kv_dc_relay_publish_delay_seconds"
+
+/**
+ * `kv_dc_relay_publish_delay_seconds{endpoint}`: each actor keeps its own bucket counts (see
+ * `relay/PublishDelay`), so the family renders them as they are instead of observing into a
+ * prom-client `Histogram`. prom-client formats any registered object with a `get()`; the
+ * buckets are cumulative, as Prometheus reads them.
+ */
+const publishDelayFamily = (samples: () => ReadonlyArray<EndpointSample>) => {
+  const help = "from the admission of the oldest event a pool delta carries to its publication"
+  return {
+    name: PUBLISH_DELAY_NAME,
+    help,
+    type: "histogram",
+    aggregator: "sum",
+    reset: () => undefined,
+    get: () => {
+      const values: Array<{ metricName: string; labels: Record<string, string | number>; value: number }> = []
+      for (const sample of samples()) {
+        const { counts, sumSeconds, count } = sample.publishDelay
+        let cumulative = 0
+        for (let i = 0; i < counts.length; i++) {
+          cumulative += counts[i]!
+          const le =
+            i < PUBLISH_DELAY_BOUNDS_SECONDS.length ? String(PUBLISH_DELAY_BOUNDS_SECONDS[i]) : "+Inf"
+          values.push({
+            metricName: `${PUBLISH_DELAY_NAME}_bucket`,
+            labels: { endpoint: sample.endpoint, le },
+            value: cumulative
+          })
+        }
+        values.push({
+          metricName: `${PUBLISH_DELAY_NAME}_sum`,
+          labels: { endpoint: sample.endpoint },
+          value: sumSeconds
+        })
+        values.push({
+          metricName: `${PUBLISH_DELAY_NAME}_count`,
+          labels: { endpoint: sample.endpoint },
+          value: count
+        })
+      }
+      return { name: PUBLISH_DELAY_NAME, help, type: "histogram", aggregator: "sum", values }
+    }
   }
 }

@@ -46,6 +46,7 @@ import {
   RelayShuttingDown,
   StaleSourceEpoch
 } from "./errors.js"
+import { PublishDelayHistogram, type PublishDelaySnapshot } from "./PublishDelay.js"
 
 export const DEFAULT_MAILBOX_CAPACITY = 256
 export const DEFAULT_PENDING_BLOCK_PERMITS = 65_536
@@ -147,6 +148,8 @@ export interface ActorDiagnostics {
   /** Total and worst rebuild time of `replaceRanks`, in `Clock` milliseconds. */
   readonly rebuildTotalMs: number
   readonly rebuildMaxMs: number
+  /** From the admission of a delta's oldest event to its publication (see `PublishDelay`). */
+  readonly publishDelay: PublishDelaySnapshot
 }
 
 export interface RankReplacement {
@@ -261,6 +264,8 @@ type Command =
       readonly sourceEpoch: SourceEpoch
       readonly event: RouterEvent
       readonly weight: number
+      /** `Clock` milliseconds at admission (the publish-delay histogram's start). */
+      readonly admittedAt: number
       /** Set when the submitter returned the permits itself (its offer was interrupted). */
       permitsReturned?: boolean
     }
@@ -566,21 +571,29 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     let shutdownReply: Reply<void> | undefined
 
     let deltasThisTurn = 0
+    // Admission time of the oldest event in the state's pending publication window; -1 when the
+    // window holds none. Every path that drains the window closes it.
+    let windowSince = -1
+    const publishDelay = new PublishDelayHistogram()
     const publishBatch = (batch: DcCkfPublicationBatch): PublisherFailed | undefined => {
       const outcome = publisher.publish(batch)
       if (outcome instanceof DcCkfPublishError) return new PublisherFailed({ reason: outcome.message })
       if (outcome._tag === "Published") {
         diag.publications++
         deltasThisTurn++
+        if (windowSince >= 0) publishDelay.observe(clock.unsafeCurrentTimeMillis() - windowSince)
       } else {
         diag.unchangedPublications++
       }
+      windowSince = -1
       return undefined
     }
 
     const publishPending = (): PublisherFailed | undefined => {
       const batch = state.flush()
-      return batch === undefined ? undefined : publishBatch(batch)
+      if (batch !== undefined) return publishBatch(batch)
+      windowSince = -1
+      return undefined
     }
 
     const firePublicationTimer = (): void => {
@@ -653,7 +666,11 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
      * Applies one admitted event synchronously. Returns `undefined` when nothing is left to do, or
      * the rare follow-up (logs, a fault send) whose result is false when the consumer must stop.
      */
-    const apply = (sourceEpoch: SourceEpoch, event: RouterEvent): Effect.Effect<boolean> | undefined => {
+    const apply = (
+      sourceEpoch: SourceEpoch,
+      event: RouterEvent,
+      admittedAt: number
+    ): Effect.Effect<boolean> | undefined => {
       const { workerId, dpRank, eventId } = event
       const slot = epochSlot(workerId, dpRank)
       const current = slot.epoch
@@ -684,6 +701,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       // measured; a useful Relay is expected to have a consumer.
       const outcome = state.applyEvent(event)
       diag.appliedEvents++
+      if (windowSince < 0) windowSince = admittedAt
       let followUp: Effect.Effect<void> | undefined
       if (outcome.unknownRemovals !== 0) {
         unknownRemovalEvents++
@@ -710,6 +728,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         if (error !== undefined) recordError(error.message)
       } else if (outcome.publicationBoundary) {
         diag.unchangedPublications++
+        windowSince = -1
       }
       if (outcome.publicationBoundary) {
         timerArmed = false
@@ -846,7 +865,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     const process = (command: Command): Effect.Effect<boolean> | undefined => {
       switch (command._tag) {
         case "Apply":
-          return apply(command.sourceEpoch, command.event)
+          return apply(command.sourceEpoch, command.event, command.admittedAt)
         case "ReplaceRanks":
           command.reply.complete(replaceRanks(command.replacements), undefined)
           return undefined
@@ -976,7 +995,11 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             // Held until processed, as the seed's permit dropped with the command.
             released += command.weight
           }
-          if (!state.hasPendingPublication()) timerArmed = false
+          if (!state.hasPendingPublication()) {
+            timerArmed = false
+            // Whatever drained the window (a snapshot's barrier, a rebuild) closed it.
+            windowSince = -1
+          }
           diag.activeCommand = undefined
           if (++commandsThisTurn >= COMMANDS_PER_TURN || deltasThisTurn >= DELTAS_PER_TURN) {
             // Within a turn the mailbox comes before the timer (the seed's biased select); at a
@@ -1096,6 +1119,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     const admitEventsNow = (sourceEpoch: SourceEpoch, events: ReadonlyArray<RouterEvent>): boolean => {
       const n = events.length
       if (!accepting || n === 0) return n === 0
+      const admittedAt = clock.unsafeCurrentTimeMillis()
       const size = mailbox.unsafeSize()
       if (Option.isNone(size) || mailboxCapacity - size.value < n) return false
       let total = 0
@@ -1105,14 +1129,14 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       let event = events[0]!
       let weight = weightOf(eventPayloadWeight(event))
       // Refused only by a mailbox that is closing; with the first one queued, the rest fit.
-      if (!mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight })) {
+      if (!mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight, admittedAt })) {
         permits.release(total)
         return false
       }
       for (let i = 1; i < n; i++) {
         event = events[i]!
         weight = weightOf(eventPayloadWeight(event))
-        mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight })
+        mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight, admittedAt })
       }
       return true
     }
@@ -1122,7 +1146,10 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       admitEvent: (sourceEpoch, event) =>
         Effect.suspend(() => {
           const weight = weightOf(eventPayloadWeight(event))
-          return enqueueNow({ _tag: "Apply", sourceEpoch, event, weight }, weight)
+          return enqueueNow(
+            { _tag: "Apply", sourceEpoch, event, weight, admittedAt: clock.unsafeCurrentTimeMillis() },
+            weight
+          )
         }),
       admitEventsNow,
       replaceRanks: (replacements) =>
@@ -1193,7 +1220,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       mailboxCapacity,
       canonical: state instanceof CanonicalCkfState,
       awaitStopped: Deferred.await(stopped),
-      diagnostics: Effect.sync(() => ({ ...diag })),
+      diagnostics: Effect.sync(() => ({ ...diag, publishDelay: publishDelay.snapshot() })),
       pause: Effect.gen(function* () {
         const release = yield* Deferred.make<void>()
         yield* submit<void>((entered) => ({ _tag: "Pause", entered, release }))

@@ -525,7 +525,8 @@ export const make = (
                   mailboxCapacity: actor.mailboxCapacity,
                   activeCommand: diagnostics.activeCommand,
                   shuttingDown: diagnostics.shuttingDown,
-                  lastError: diagnostics.lastError
+                  lastError: diagnostics.lastError,
+                  publishDelay: diagnostics.publishDelay
                 },
           ingest
         } satisfies EndpointStats

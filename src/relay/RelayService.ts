@@ -18,6 +18,7 @@ import type { KvDcRelayError } from "./errors.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
 import type { PoolFeed, PublicationError, PublicationFrame } from "./PublicationSource.js"
+import type { PublishDelaySnapshot } from "./PublishDelay.js"
 
 export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
 
@@ -93,6 +94,8 @@ export interface EndpointActorStats {
   readonly activeCommand: string | undefined
   readonly shuttingDown: boolean
   readonly lastError: string | undefined
+  /** `/metrics` only (`kv_dc_relay_publish_delay_seconds`); not part of `/v1/stats`. */
+  readonly publishDelay: PublishDelaySnapshot
 }
 
 /** Ingest counters of the endpoint's event sources (ZeroMQ messages and recoveries). */

@@ -200,6 +200,72 @@ describe("PoolActor", () => {
     })
   )
 
+  it.scoped("the publish delay runs from a delta's oldest admitted event to its publication", () =>
+    Effect.gen(function* () {
+      const actor = yield* spawn(ckfConfig(32, { publishEveryNEvents: 2 }), { publicationDelay: "50 millis" })
+      const subscription = yield* actor.subscribe(lease(1))
+      const delay = () => Effect.map(actor.diagnostics, (d) => d.publishDelay)
+      // Bucket indices by upper bound: 0 ≤ 1 ms, 1 ≤ 2, 2 ≤ 5, 3 ≤ 10, 4 ≤ 20, 5 ≤ 50, 6 ≤ 100, …
+      const bucket = (counts: ReadonlyArray<number>) => counts.flatMap((n, i) => Array(n).fill(i))
+
+      // Two events queued 3 ms apart behind a paused actor, published at the boundary 7 ms after
+      // the first arrived.
+      const release = yield* actor.pause
+      yield* actor.admitEvent(0, stored(1, [1]))
+      yield* TestClock.adjust("3 millis")
+      yield* actor.admitEvent(0, stored(2, [2]))
+      yield* TestClock.adjust("4 millis")
+      yield* release
+      yield* subscription.deltas.take
+      let d = yield* delay()
+      expect(d.count).toBe(1)
+      expect(d.sumSeconds).toBeCloseTo(0.007, 9)
+      expect(bucket(d.counts)).toEqual([3])
+
+      // A lone event goes out on the timer, 50 ms later.
+      yield* actor.admitEvent(0, stored(3, [3]))
+      yield* settle
+      yield* TestClock.adjust("50 millis")
+      yield* subscription.deltas.take
+      d = yield* delay()
+      expect(d.count).toBe(2)
+      expect(d.sumSeconds).toBeCloseTo(0.057, 9)
+      expect(bucket(d.counts)).toEqual([3, 5])
+
+      // A diagnostic snapshot publishes the pending tail at once, and closes its window: the next
+      // delta's delay starts at its own event, not at the one the snapshot carried.
+      yield* actor.admitEvent(0, stored(4, [4]))
+      yield* settle
+      yield* TestClock.adjust("30 millis")
+      yield* actor.snapshot
+      yield* subscription.deltas.take
+      yield* TestClock.adjust("100 millis")
+      yield* actor.admitEvent(0, stored(5, [5]))
+      yield* settle
+      yield* TestClock.adjust("2 millis")
+      yield* actor.flush
+      yield* subscription.deltas.take
+      d = yield* delay()
+      expect(d.count).toBe(4)
+      expect(bucket(d.counts)).toEqual([1, 3, 5, 5])
+      expect(d.sumSeconds).toBeCloseTo(0.007 + 0.05 + 0.03 + 0.002, 9)
+
+      // A new subscription's barrier drains the window too (its tail goes out on the old lease).
+      yield* actor.admitEvent(0, stored(6, [6]))
+      yield* settle
+      yield* TestClock.adjust("30 millis")
+      yield* actor.subscribe(lease(2))
+      yield* TestClock.adjust("100 millis")
+      yield* actor.admitEvent(0, stored(7, [7]))
+      yield* settle
+      yield* TestClock.adjust("1 millis")
+      yield* actor.flush
+      d = yield* delay()
+      expect(d.count).toBe(5)
+      expect(d.sumSeconds).toBeCloseTo(0.089 + 0.001, 9)
+    })
+  )
+
   it.scoped("an expired timer fires at a turn's end even while commands keep coming", () =>
     Effect.gen(function* () {
       const actor = yield* spawn(ckfConfig(65_536, { publishEveryNEvents: 1_000_000 }), {

@@ -72,6 +72,7 @@ import * as LoadWindows from "../../relay/LoadWindows.js"
 import { hasDegradedCoverage } from "../../relay/PoolLoad.js"
 import type { DcPoolCatalog } from "../../relay/PoolRegistry.js"
 import type { PublicationError } from "../../relay/PublicationSource.js"
+import { EMPTY_PUBLISH_DELAY } from "../../relay/PublishDelay.js"
 import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
 import * as Topology from "../../relay/Topology.js"
 import * as BearerAuth from "./BearerAuth.js"
@@ -983,7 +984,8 @@ const refreshGauges = (ctx: ServerContext): Effect.Effect<void> =>
       gaps: endpoint.ingest.gaps,
       recoveries: endpoint.ingest.recoveries,
       mailboxDepth: endpoint.actor?.mailboxDepth ?? 0,
-      publicationSequence: endpoint.publication?.sequence ?? 0n
+      publicationSequence: endpoint.publication?.sequence ?? 0n,
+      publishDelay: endpoint.actor?.publishDelay ?? EMPTY_PUBLISH_DELAY
     }))
   })
 

@@ -23,6 +23,7 @@ import {
 } from "../../../src/domain/json.js"
 import * as LoadWindows from "../../../src/relay/LoadWindows.js"
 import { PublicationError } from "../../../src/relay/PublicationSource.js"
+import { PUBLISH_DELAY_BOUNDS_SECONDS } from "../../../src/relay/PublishDelay.js"
 import {
   FRAME_DELTA,
   FRAME_HEARTBEAT,
@@ -296,7 +297,8 @@ describe("RelayHttpServer: plain routes", () => {
         "kv_dc_relay_ingest_recoveries_total",
         "kv_dc_relay_ingest_dropped_batches_total",
         "kv_dc_relay_actor_mailbox_depth",
-        "kv_dc_relay_publication_sequence"
+        "kv_dc_relay_publication_sequence",
+        "kv_dc_relay_publish_delay_seconds"
       ]) {
         expect(reply.text).toContain(`# TYPE ${family} `)
       }
@@ -310,7 +312,8 @@ describe("RelayHttpServer: plain routes", () => {
   live("GET /metrics parses; counters are *_total counters; process, runtime and build metrics", () =>
     Effect.gen(function* () {
       const { base } = yield* setup()
-      const families = parseExposition((yield* get(base, "/metrics")).text)
+      const text = (yield* get(base, "/metrics")).text
+      const families = parseExposition(text)
       expect(namingProblems(families)).toEqual([])
       for (const [name, type] of PROCESS_FAMILIES) expect(familyOf(families, name)?.type, name).toBe(type)
       expect(sampleValue(families, "kvrelay_build_info", { version: VERSION })).toBe(1)
@@ -333,6 +336,24 @@ describe("RelayHttpServer: plain routes", () => {
       }
       // Only the relay's own Effect metrics: the consumer's are not mixed in.
       expect(families.filter((f) => f.name.startsWith("kvrelay_global_"))).toEqual([])
+      // The publish delay is a histogram per endpoint: cumulative buckets up to +Inf = count. The
+      // parser folds a histogram's labelled series into one, so the series is read off the text.
+      expect(familyOf(families, "kv_dc_relay_publish_delay_seconds")?.type).toBe("HISTOGRAM")
+      const series = (suffix: string) =>
+        [
+          ...text.matchAll(
+            new RegExp(
+              `^kv_dc_relay_publish_delay_seconds_${suffix}\\{endpoint="prod\\.backend\\.generate"(?:,le="([^"]+)")?\\} (\\S+)$`,
+              "gm"
+            )
+          )
+        ].map((m) => ({ le: m[1], value: Number(m[2]) }))
+      const buckets = series("bucket")
+      expect(buckets.map((b) => b.le)).toEqual([...PUBLISH_DELAY_BOUNDS_SECONDS.map(String), "+Inf"])
+      const cumulative = buckets.map((b) => b.value)
+      expect(cumulative).toEqual([...cumulative].sort((a, b) => a - b))
+      expect(series("count").map((c) => c.value)).toEqual([cumulative.at(-1)])
+      expect(series("sum")).toHaveLength(1)
     })
   )
 })

@@ -99,7 +99,8 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             mailboxCapacity: attachment.actor.mailboxCapacity,
             activeCommand: diagnostics.activeCommand,
             shuttingDown: diagnostics.shuttingDown,
-            lastError: diagnostics.lastError
+            lastError: diagnostics.lastError,
+            publishDelay: diagnostics.publishDelay
           },
           ingest: { ...emptyIngest, events: diagnostics.appliedEvents }
         } satisfies EndpointStats
