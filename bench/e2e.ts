@@ -175,18 +175,52 @@ const relayCpuMs = (relay: Relay, mainThreadOnly = false): number | undefined =>
     return undefined
   }
 }
-/** The relay's event-loop delay p99/max since the last scrape (its prom-client gauges), as text. */
-const relayLoopLag = async (relay: Relay): Promise<string> => {
+/** One scrape of the relay: its event-loop delay p99/max since the last scrape (prom-client's
+ * gauges) as text, and its publish-delay histogram summed over the pools (cumulative counts by
+ * upper bound in ms). */
+const scrapeRelay = async (
+  relay: Relay
+): Promise<{ readonly loopLag: string; readonly publishDelay: ReadonlyMap<number, number> }> => {
   try {
     const text = await (await fetch(`${relay.url}/metrics`)).text()
     const gauge = (name: string) => {
       const line = text.split("\n").find((l) => l.startsWith(`${name} `))
       return line === undefined ? "?" : (Number(line.slice(name.length + 1)) * 1000).toFixed(1)
     }
-    return `${gauge("nodejs_eventloop_lag_p99_seconds")}/${gauge("nodejs_eventloop_lag_max_seconds")} ms`
+    const publishDelay = new Map<number, number>()
+    for (const m of text.matchAll(
+      /^kv_dc_relay_publish_delay_seconds_bucket\{[^}]*le="([^"]+)"\} (\S+)$/gm
+    )) {
+      const le = m[1] === "+Inf" ? Number.POSITIVE_INFINITY : Number(m[1]) * 1000
+      publishDelay.set(le, (publishDelay.get(le) ?? 0) + Number(m[2]))
+    }
+    return {
+      loopLag: `${gauge("nodejs_eventloop_lag_p99_seconds")}/${gauge("nodejs_eventloop_lag_max_seconds")} ms`,
+      publishDelay
+    }
   } catch {
-    return "unknown"
+    return { loopLag: "unknown", publishDelay: new Map() }
   }
+}
+
+/**
+ * The relay's own view of a phase: the upper bounds (ms) of the publish-delay buckets that hold
+ * its p50 and p99, from two scrapes' cumulative counts. It covers admission to publication only.
+ */
+const publishDelayBetween = (
+  before: ReadonlyMap<number, number>,
+  after: ReadonlyMap<number, number>
+): string => {
+  const bounds = [...after.keys()].sort((a, b) => a - b)
+  const counts = bounds.map((le) => (after.get(le) ?? 0) - (before.get(le) ?? 0))
+  const total = counts.at(-1) ?? 0
+  if (total <= 0) return "none"
+  const quantile = (q: number) => {
+    const i = counts.findIndex((c) => c >= q * total)
+    const le = bounds[i]!
+    return le === Number.POSITIVE_INFINITY ? `>${bounds.at(-2)}` : `≤${le}`
+  }
+  return `p50 ${quantile(0.5)} / p99 ${quantile(0.99)} ms of ${total} deltas`
 }
 
 /** USER_HZ: 100 on every Linux configuration Node supports. */
@@ -478,7 +512,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     let pacedEvents = 0
     // Where a slow probe waited: the event loops of both processes during the paced phase. A
     // scrape resets the relay's loop-delay histogram (prom-client), so the second one covers it.
-    await relayLoopLag(relay)
+    const scrapeBefore = await scrapeRelay(relay)
     const benchLoop = monitorEventLoopDelay({ resolution: 1 })
     benchLoop.enable()
     const benchCpuBefore = process.cpuUsage()
@@ -495,7 +529,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     await until("the last probes", async () => pending.size === 0, 10_000).catch(() => undefined)
     benchLoop.disable()
     const benchCpu = process.cpuUsage(benchCpuBefore)
-    const relayLoop = await relayLoopLag(relay)
+    const scrapeAfter = await scrapeRelay(relay)
+    const relayLoop = scrapeAfter.loopLag
     const pacedCpuAfter = relayCpuMs(relay)
     const pacedMainAfter = relayCpuMs(relay, true)
     const perPacedEvent = (before: number | undefined, after: number | undefined) =>
@@ -514,7 +549,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         (pacedCpu === undefined ? "" : `, relay CPU ${Math.round(pacedCpu)} µs/event`) +
         (pacedMainCpu === undefined ? "" : ` (main thread ${Math.round(pacedMainCpu)})`) +
         `, bench CPU ${Math.round((benchCpu.user + benchCpu.system) / pacedEvents)} µs/event` +
-        `; event-loop delay p99/max: relay ${relayLoop}, bench ${(benchLoop.percentile(99) / 1e6).toFixed(1)}/${(benchLoop.max / 1e6).toFixed(1)} ms`
+        `; event-loop delay p99/max: relay ${relayLoop}, bench ${(benchLoop.percentile(99) / 1e6).toFixed(1)}/${(benchLoop.max / 1e6).toFixed(1)} ms` +
+        `; relay publish delay ${publishDelayBetween(scrapeBefore.publishDelay, scrapeAfter.publishDelay)}`
     )
     return {
       blocksPerSecond,
