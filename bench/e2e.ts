@@ -260,7 +260,7 @@ class Subscriber {
   deltas = 0
   terminal: string | undefined
   private buffer: Buffer = Buffer.alloc(0)
-  private readonly waiters: Array<(images: Uint32Array, at: number) => void> = []
+  private readonly waiters: Array<(images: Uint32Array, at: number, writtenAt: number) => void> = []
   private closeRequest: (() => void) | undefined
 
   constructor(url: string, producer: unknown) {
@@ -277,7 +277,8 @@ class Subscriber {
     this.closeRequest = () => req.destroy()
   }
 
-  onDelta(listener: (images: Uint32Array, at: number) => void): void {
+  /** `at` on this process's `performance.now()`; `writtenAt` the frame's send time (epoch ms). */
+  onDelta(listener: (images: Uint32Array, at: number, writtenAt: number) => void): void {
     this.waiters.push(listener)
   }
 
@@ -293,6 +294,8 @@ class Subscriber {
       if (this.buffer.length < 4 + size) break
       const kind = this.buffer[4]
       const sequence = this.buffer.readBigUInt64LE(13)
+      // The relay stamps each frame with its clock (epoch µs) as it writes it.
+      const writtenAt = Number(this.buffer.readBigUInt64LE(21)) / 1000
       const payload = this.buffer.subarray(29, 4 + size)
       if (kind === 2) {
         // CBI1 delta body after the 48-byte header: base u64, count u32, count × (bucket u32, word u64).
@@ -306,7 +309,7 @@ class Subscriber {
         }
         this.deltas++
         this.lastSequence = sequence
-        for (const listener of this.waiters) listener(images, at)
+        for (const listener of this.waiters) listener(images, at, writtenAt)
       } else if (kind === 1 || kind === 3) {
         this.lastSequence = sequence
       } else if (kind === 4) {
@@ -378,7 +381,13 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     const addressing = new CkfAddressing(DEFAULT_SEED, bucketCountFor(EXPECTED_BLOCKS))
     const pending = new Map<number, { fp: number; a: number; b: number; sentAt: number }>()
     const latencies: Array<number> = []
-    subscriber.onDelta((images, at) => {
+    // Each probe's latency split at the relay's write of the delta that carried it: before (the
+    // relay: sockets, decode, actor, hub) and after (the stream, this process's loop). Both
+    // processes' clocks are epoch-based on one host, to about a millisecond.
+    const epochOrigin = Date.now() - performance.now()
+    const toWrite: Array<number> = []
+    const fromWrite: Array<number> = []
+    subscriber.onDelta((images, at, writtenAt) => {
       if (pending.size === 0) return
       for (let i = 0; i < images.length; i += 3) {
         const bucket = images[i]!
@@ -389,6 +398,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
           const fp = probe.fp
           if ((lo & 0xffff) === fp || lo >>> 16 === fp || (hi & 0xffff) === fp || hi >>> 16 === fp) {
             latencies.push(at - probe.sentAt)
+            toWrite.push(writtenAt - (epochOrigin + probe.sentAt))
+            fromWrite.push(epochOrigin + at - writtenAt)
             pending.delete(id)
           }
         }
@@ -465,6 +476,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
           ? undefined
           : ((cpuAfter - cpuBefore) * 1000) / events
       latencies.length = 0
+      toWrite.length = 0
+      fromWrite.length = 0
       return {
         blocksPerSecond,
         sentIn,
@@ -538,6 +551,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
     const pacedCpu = perPacedEvent(pacedCpuBefore, pacedCpuAfter)
     const pacedMainCpu = perPacedEvent(pacedMainBefore, pacedMainAfter)
     latencies.sort((a, b) => a - b)
+    toWrite.sort((a, b) => a - b)
+    fromWrite.sort((a, b) => a - b)
     ctx.log(
       `  e2e ${otlp === undefined ? "tracing off" : "tracing on "}: ${Math.round(blocksPerSecond).toLocaleString("en-US")} blocks/s peak; ` +
         `(publishers done in ${Math.round(sentIn)} ms` +
@@ -550,7 +565,8 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
         (pacedMainCpu === undefined ? "" : ` (main thread ${Math.round(pacedMainCpu)})`) +
         `, bench CPU ${Math.round((benchCpu.user + benchCpu.system) / pacedEvents)} µs/event` +
         `; event-loop delay p99/max: relay ${relayLoop}, bench ${(benchLoop.percentile(99) / 1e6).toFixed(1)}/${(benchLoop.max / 1e6).toFixed(1)} ms` +
-        `; relay publish delay ${publishDelayBetween(scrapeBefore.publishDelay, scrapeAfter.publishDelay)}`
+        `; relay publish delay ${publishDelayBetween(scrapeBefore.publishDelay, scrapeAfter.publishDelay)}` +
+        `; probes split at the relay's write, p50/p99: before ${percentile(toWrite, 50).toFixed(1)}/${percentile(toWrite, 99).toFixed(1)} ms, after ${percentile(fromWrite, 50).toFixed(1)}/${percentile(fromWrite, 99).toFixed(1)} ms`
     )
     return {
       blocksPerSecond,
