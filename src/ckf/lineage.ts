@@ -8,8 +8,9 @@
  * external hash 0 is kept beside the table). A table per member needs no member tag in its slots,
  * and a cleared or replaced member's table is dropped whole instead of scanned.
  *
- * Linear probing with tombstone-free backward-shift deletion, at most 80% full, growing by 1.5×
- * from 16 slots, so a table stays above 53% full. A slot's home is ⌊mix(ext)·capacity / 2^32⌋:
+ * Linear probing with tombstone-free backward-shift deletion, at most 80% full (each member grows
+ * between 74% and 80%, so that members that fill alike do not grow at once), growing by 1.5×
+ * from 16 slots, so a table stays above 49% full. A slot's home is ⌊mix(ext)·capacity / 2^32⌋:
  * monotone in the mix, so moving the entries into a grown table reads the old one and writes the
  * new one front to back instead of at random; past 4,096 slots the move is spread over the
  * inserts that follow (see `MemberLineage`). No bigint and no `Map` on the apply path.
@@ -19,8 +20,20 @@ import { MOVE_SLOTS_PER_INSERT, REHASH_AT_ONCE_SLOTS } from "./internal/growth.j
 
 const WIDTH = 4
 const MIN_CAPACITY = 16
-const MAX_LOAD_NUM = 4
-const MAX_LOAD_DEN = 5
+/** The fullest a table gets; each member's table grows a little before it (see `growthLoadOf`). */
+const MAX_LOAD = 0.8
+/** How much earlier than `MAX_LOAD` a member's table may grow: its growth points spread over 6%. */
+const GROWTH_LOAD_SPREAD = 0.06
+
+/**
+ * The load at which member `m`'s table grows: in [0.74, 0.8], spread by the member index. The
+ * members of a pool take about the same share of its stores, so at one threshold their tables
+ * grew in the same few thousand inserts, and their moves (each a few µs an insert) added up into
+ * one stretch of tens of milliseconds. Spread over 6% of a step's fill (0.09 × the old capacity
+ * of inserts), moves that last 1/128 of the old capacity no longer overlap.
+ */
+const growthLoadOf = (m: number): number =>
+  MAX_LOAD - GROWTH_LOAD_SPREAD * ((Math.imul(m + 1, 0x9e3779b1) >>> 0) * INV_TWO_32)
 const INV_TWO_32 = 1 / 4294967296
 
 /** Results of `insertChecked`. */
@@ -90,7 +103,13 @@ const deleteIn = (slots: Uint32Array, cap: number, scale: number, slot: number):
  * it.
  */
 class MemberLineage {
-  constructor(private readonly moveSlotsPerInsert: number) {}
+  constructor(
+    private readonly moveSlotsPerInsert: number,
+    /** The load at which the table grows (`growthLoadOf`). */
+    private readonly growthLoad: number
+  ) {
+    this.growAt = Math.floor(MIN_CAPACITY * growthLoad)
+  }
 
   slots: Uint32Array = new Uint32Array(MIN_CAPACITY * WIDTH)
   capacity = MIN_CAPACITY
@@ -103,6 +122,8 @@ class MemberLineage {
   private cursor = 0
   /** Entries in both tables (the zero external hash not included). */
   count = 0
+  /** The table grows when an insert would take `count` past this. */
+  private growAt: number
   hasZero = false
   zeroHi = 0
   zeroLo = 0
@@ -207,7 +228,7 @@ class MemberLineage {
       slots[i * WIDTH + 3] = canonLo
       return LINEAGE_PRESENT
     }
-    if ((this.count + 1) * MAX_LOAD_DEN > this.capacity * MAX_LOAD_NUM) {
+    if (this.count + 1 > this.growAt) {
       this.grow()
       i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
     }
@@ -316,6 +337,7 @@ class MemberLineage {
     const capacity = Math.ceil(oldCapacity * 1.5)
     this.slots = new Uint32Array(capacity * WIDTH)
     this.capacity = capacity
+    this.growAt = Math.floor(capacity * this.growthLoad)
     this.scale = capacity * INV_TWO_32
     this.old = old
     this.oldCapacity = oldCapacity
@@ -357,7 +379,7 @@ export class LineageTable {
     const known = this.members.get(key)
     if (known !== undefined) return known
     const m = this.freeMembers.pop() ?? this.tables.length
-    const table = new MemberLineage(this.moveSlotsPerInsert)
+    const table = new MemberLineage(this.moveSlotsPerInsert, growthLoadOf(m))
     this.tables[m] = table
     this.slotBytes += table.byteSize
     this.members.set(key, m)

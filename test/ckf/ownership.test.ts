@@ -509,6 +509,25 @@ describe("LineageTable growth", () => {
 })
 
 describe("LineageTable growth without a pause", () => {
+  it("members that fill alike move their entries at different times", () => {
+    // A pool's sources take about equal shares of its stores. With one growth threshold their
+    // tables grew, and moved, in the same inserts; each member's threshold now differs.
+    const table = new LineageTable()
+    const members = 4
+    const ms = Array.from({ length: members }, (_, k) => table.ensureMember(memberKeyOf(k)))
+    let mostAtOnce = 0
+    let movingInserts = 0
+    for (let i = 0; i < 400_000; i++) {
+      const m = ms[i % members]!
+      table.insert(m, pair(mix32(i) | 1, i), 0, pair(i, i), 0)
+      const moving = ms.filter((k) => table.isMoving(k)).length
+      if (moving > 0) movingInserts++
+      mostAtOnce = Math.max(mostAtOnce, moving)
+    }
+    expect(movingInserts).toBeGreaterThan(1_000)
+    expect(mostAtOnce).toBeLessThanOrEqual(2)
+  })
+
   it("a table past the at-once size moves its entries while lookups, deletes and overwrites go on", () => {
     // Past 4,096 slots a table grows by moving old slots over with the inserts that follow; at 8
     // slots per insert (128 in production) every operation below runs against two tables for
