@@ -25,16 +25,17 @@ const MAX_LOAD = 0.8
 /** How much earlier than `MAX_LOAD` a member's table may grow: its growth points spread over 6%. */
 const GROWTH_LOAD_SPREAD = 0.06
 
+const INV_TWO_32 = 1 / 4294967296
+
 /**
- * The load at which member `m`'s table grows: in [0.74, 0.8], spread by the member index. The
- * members of a pool take about the same share of its stores, so at one threshold their tables
- * grew in the same few thousand inserts, and their moves (each a few µs an insert) added up into
- * one stretch of tens of milliseconds. Spread over 6% of a step's fill (0.09 × the old capacity
- * of inserts), moves that last 1/128 of the old capacity no longer overlap.
+ * The load at which member `m`'s table grows: in [0.74, 0.8], spread by the member index (the
+ * fractional parts of (m + 1)·φ). The members of a pool take about the same share of its stores,
+ * so at one threshold their tables grew in the same few thousand inserts, and their moves (a few
+ * µs an insert each) added up into one stretch of tens of milliseconds. Members that fill alike
+ * now reach their thresholds up to 6% of the capacity apart, and a move lasts 1/128 of it.
  */
 const growthLoadOf = (m: number): number =>
   MAX_LOAD - GROWTH_LOAD_SPREAD * ((Math.imul(m + 1, 0x9e3779b1) >>> 0) * INV_TWO_32)
-const INV_TWO_32 = 1 / 4294967296
 
 /** Results of `insertChecked`. */
 export const LINEAGE_PRESENT = 0

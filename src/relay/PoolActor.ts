@@ -1119,7 +1119,6 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     const admitEventsNow = (sourceEpoch: SourceEpoch, events: ReadonlyArray<RouterEvent>): boolean => {
       const n = events.length
       if (!accepting || n === 0) return n === 0
-      const admittedAt = clock.unsafeCurrentTimeMillis()
       const size = mailbox.unsafeSize()
       if (Option.isNone(size) || mailboxCapacity - size.value < n) return false
       let total = 0
@@ -1128,6 +1127,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       if (!permits.tryAcquire(total)) return false
       let event = events[0]!
       let weight = weightOf(eventPayloadWeight(event))
+      const admittedAt = clock.unsafeCurrentTimeMillis()
       // Refused only by a mailbox that is closing; with the first one queued, the rest fit.
       if (!mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight, admittedAt })) {
         permits.release(total)
