@@ -36,7 +36,6 @@ const BOUNDS_MS = PUBLISH_DELAY_BOUNDS_SECONDS.map((s) => s * 1000)
 export class PublishDelayHistogram {
   private readonly counts = new Float64Array(BOUNDS_MS.length + 1)
   private sumMs = 0
-  private total = 0
 
   observe(ms: number): void {
     const delay = Math.max(0, ms)
@@ -44,10 +43,10 @@ export class PublishDelayHistogram {
     while (i < BOUNDS_MS.length && delay > BOUNDS_MS[i]!) i++
     this.counts[i] = this.counts[i]! + 1
     this.sumMs += delay
-    this.total++
   }
 
   snapshot(): PublishDelaySnapshot {
-    return { counts: Array.from(this.counts), sumSeconds: this.sumMs / 1000, count: this.total }
+    const counts = Array.from(this.counts)
+    return { counts, sumSeconds: this.sumMs / 1000, count: counts.reduce((a, n) => a + n, 0) }
   }
 }
