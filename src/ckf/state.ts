@@ -126,6 +126,14 @@ const E_CAPACITY = -1
 const E_ALLOCATION = -2
 const E_DEGREE = -3
 const E_INVARIANT = -4
+/**
+ * +1 when the bucket word `[now[i], now[i + 1]]` is occupied and its pre-image `[was[j], was[j + 1]]`
+ * empty, -1 the other way, else 0. Words come by array and offset: a u32 argument of a call that
+ * is not inlined is boxed.
+ */
+const occupiedChange = (now: Uint32Array, i: number, was: Uint32Array, j: number): number =>
+  ((now[i]! | now[i + 1]!) !== 0 ? 1 : 0) - ((was[j]! | was[j + 1]!) !== 0 ? 1 : 0)
+
 /** `storeFirstOwner` did not apply: take the general path. */
 const SLOW_PATH = 2
 
@@ -773,7 +781,7 @@ export class DcCkfState {
         out[k + 1] = lo
         out[k + 2] = hi
         k += 3
-        occupied += ((lo | hi) !== 0 ? 1 : 0) - ((wasLo | wasHi) !== 0 ? 1 : 0)
+        occupied += occupiedChange(words, 2 * b, originals, 2 * n)
       }
       bits[b >>> 5] = 0
     }
@@ -1037,9 +1045,7 @@ export class DcCkfState {
     let occupied = this.occupiedAtDrain
     for (let n = 0; n < this.dirtyCount; n++) {
       const b = buckets[n]!
-      occupied +=
-        ((words[2 * b]! | words[2 * b + 1]!) !== 0 ? 1 : 0) -
-        ((originals[2 * n]! | originals[2 * n + 1]!) !== 0 ? 1 : 0)
+      occupied += occupiedChange(words, 2 * b, originals, 2 * n)
     }
     return occupied
   }
