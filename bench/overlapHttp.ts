@@ -8,7 +8,7 @@
  * - peak: 16 connections, one request in flight on each, as fast as the servers answer;
  * - latency at half of the real server's peak: the child sends at evenly spaced times over up to
  *   16 keep-alive connections (`node:http` agent; autocannon's rate limit sends in bursts once a
- *   second), both servers at the same rate;
+ *   second), both servers at the same rate, after half a second at that rate that is not timed;
  * - peak while all 16 relays publish deltas to the consumer (the writers of `bench/global.ts`,
  *   in this process as there, paced at 250 events of 8 blocks a second each), against the idle
  *   peak of the same rounds.
@@ -21,7 +21,7 @@ import { spawn } from "node:child_process"
 import { createServer, type Server } from "node:http"
 import { createRequire } from "node:module"
 import type { AddressInfo } from "node:net"
-import { performance } from "node:perf_hooks"
+import { monitorEventLoopDelay, PerformanceObserver, performance } from "node:perf_hooks"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Effect, Fiber, Layer, Logger, LogLevel } from "effect"
 import { GlobalConsumer, make as makeConsumer, RelayConnector } from "../src/consumer/GlobalConsumer.js"
@@ -41,6 +41,9 @@ import {
 import { type BenchContext, gc, HashStream, record } from "./harness.js"
 
 const CONNECTIONS = 16
+
+/** Seconds a paced run sends before it starts timing (see the child's `paced`). */
+const PACED_WARMUP_SECONDS = 0.5
 
 /** What the autocannon child reports of one run. */
 interface LoadResult {
@@ -102,7 +105,10 @@ process.stdin.on("end", () => {
   instance.on("response", (_client, status, _bytes, ms) => { if (status >= 200 && status < 300) latencies.push(ms) })
 })
 // autocannon's rate limit lets each connection send its quota at the start of every second, so
-// its latencies at a rate are those of bursts; this sends at evenly spaced times instead.
+// its latencies at a rate are those of bursts; this sends at evenly spaced times instead. The
+// first warmupSeconds are sent at the same rate but not timed: a fresh child opens its sockets
+// and compiles its HTTP path then, and those first ~20 ms were most of a 2 s run's slowest 1%,
+// against a bare server as much as against the real one.
 function paced(cfg) {
   const http = require("node:http")
   const agent = new http.Agent({ keepAlive: true, maxSockets: cfg.connections })
@@ -111,7 +117,8 @@ function paced(cfg) {
   let non2xx = 0, errors = 0, inFlight = 0, sent = 0
   const interval = 1000 / cfg.rate
   const started = performance.now()
-  const end = started + cfg.seconds * 1000
+  const timedFrom = started + cfg.warmupSeconds * 1000
+  const end = timedFrom + cfg.seconds * 1000
   let next = started
   let finished = false
   const send = () => {
@@ -123,8 +130,8 @@ function paced(cfg) {
       response.on("data", () => {})
       response.on("end", () => {
         inFlight--
-        if (response.statusCode >= 200 && response.statusCode < 300) latencies.push(performance.now() - t)
-        else non2xx++
+        if (response.statusCode < 200 || response.statusCode >= 300) non2xx++
+        else if (t >= timedFrom) latencies.push(performance.now() - t)
         done()
       })
     })
@@ -134,7 +141,7 @@ function paced(cfg) {
   const done = () => {
     if (finished || inFlight > 0 || next < end) return
     finished = true
-    const elapsedMs = performance.now() - started
+    const elapsedMs = performance.now() - timedFrom
     latencies.sort((a, b) => a - b)
     const at = (p) => latencies.length === 0 ? 0 : latencies[Math.min(latencies.length - 1, Math.floor(p / 100 * latencies.length))]
     process.stdout.write(JSON.stringify({ qps: latencies.length * 1000 / elapsedMs, ok: latencies.length, non2xx, errors,
@@ -182,7 +189,15 @@ const load = (options: {
     })
     const { url, bodies, seconds, rate } = options
     child.stdin.end(
-      JSON.stringify({ url, path: "/v1/overlap", bodies, seconds, rate, connections: CONNECTIONS })
+      JSON.stringify({
+        url,
+        path: "/v1/overlap",
+        bodies,
+        seconds,
+        rate,
+        warmupSeconds: PACED_WARMUP_SECONDS,
+        connections: CONNECTIONS
+      })
     )
   })
 
@@ -195,6 +210,36 @@ const measured = async (
   const cpu = process.cpuUsage(before)
   return { ...result, cpuPerQueryUs: result.ok === 0 ? 0 : (cpu.user + cpu.system) / result.ok }
 }
+
+/** What held this process's thread during a run: its event-loop delay and its GC pauses (ms). */
+interface Stalls {
+  readonly loopP99: number
+  readonly loopMax: number
+  readonly gcMax: number
+  readonly gcMs: number
+}
+
+const watchStalls = (): (() => Stalls) => {
+  const loop = monitorEventLoopDelay({ resolution: 1 })
+  let gcMax = 0
+  let gcMs = 0
+  const gcs = new PerformanceObserver((list) => {
+    for (const entry of list.getEntries()) {
+      gcMax = Math.max(gcMax, entry.duration)
+      gcMs += entry.duration
+    }
+  })
+  gcs.observe({ entryTypes: ["gc"] })
+  loop.enable()
+  return () => {
+    loop.disable()
+    gcs.disconnect()
+    return { loopP99: loop.percentile(99) / 1e6, loopMax: loop.max / 1e6, gcMax, gcMs }
+  }
+}
+
+const stallsText = (s: Stalls): string =>
+  `loop delay p99 ${s.loopP99.toFixed(1)} max ${s.loopMax.toFixed(1)} ms, GC ${s.gcMs.toFixed(0)} ms (max ${s.gcMax.toFixed(1)})`
 
 /** The baseline: reads the body, JSON-parses it, answers `answer`. */
 const bareServer = (answer: string): Promise<Server> =>
@@ -371,11 +416,18 @@ const program = (ctx: BenchContext) =>
     const realP99: Array<number> = []
     const bareP99: Array<number> = []
     for (let r = 0; r < rounds; r++) {
+      const realStalls = watchStalls()
       const real = yield* run("real at half peak", { url: realUrl, bodies, seconds, rate })
+      const realHeld = realStalls()
+      const bareStalls = watchStalls()
       const bareRun = yield* run("bare at half peak", { url: bareUrl, bodies, seconds, rate })
+      const bareHeld = bareStalls()
       realP50.push(real.p50)
       realP99.push(real.p99)
       bareP99.push(bareRun.p99)
+      ctx.log(
+        `  half peak ${r + 1}: real p50 ${real.p50.toFixed(2)} p99 ${real.p99.toFixed(2)} ms (${stallsText(realHeld)}); bare p50 ${bareRun.p50.toFixed(2)} p99 ${bareRun.p99.toFixed(2)} ms (${stallsText(bareHeld)})`
+      )
     }
 
     // ---- peak while the 16 relays publish, alternating with idle
