@@ -23,6 +23,7 @@ import { createServer, type Server } from "node:http"
 import { createRequire } from "node:module"
 import type { AddressInfo } from "node:net"
 import { monitorEventLoopDelay, PerformanceObserver, performance } from "node:perf_hooks"
+import { getHeapStatistics } from "node:v8"
 import { isMainThread, parentPort, Worker, workerData } from "node:worker_threads"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Effect, Fiber, Layer, Logger, LogLevel, Queue } from "effect"
@@ -513,6 +514,11 @@ const program = (ctx: BenchContext) =>
     yield* run("warm-up real", { url: realUrl, bodies, seconds: 1 })
     yield* run("warm-up bare", { url: bareUrl, bodies, seconds: 1 })
     yield* Effect.sync(gc)
+    // What this thread's collector starts from: earlier suites of the same run leave theirs.
+    const heap = getHeapStatistics()
+    ctx.log(
+      `  server thread's heap after warm-up and a full GC: ${(heap.used_heap_size / 2 ** 20).toFixed(1)} MiB used, ${(heap.external_memory / 2 ** 20).toFixed(1)} MiB external`
+    )
 
     // ---- peak, alternating
     const realPeaks: Array<number> = []
