@@ -452,12 +452,12 @@ export const startGlobal = (promptCount: number) =>
   Effect.gen(function* () {
     const expected = 65_536
     const prompts = makePrompts(promptCount, PROMPT_SEED)
-    const relays = yield* startRelaysWorker(promptCount, expected)
+    const relayWorker = yield* startRelaysWorker(promptCount, expected)
     const connector = yield* Layer.build(
       RelayConnector.layerHttp().pipe(Layer.provide(NodeHttpClient.layerUndici))
     )
     const consumer = yield* makeConsumer({
-      relays: relays.relays.map((r) => ({ name: r.name, url: r.url }))
+      relays: relayWorker.relays.map((r) => ({ name: r.name, url: r.url }))
     }).pipe(Effect.provide(connector), Effect.orDie)
     const view = makeView(consumer)
     const server = yield* Layer.build(
@@ -478,14 +478,14 @@ export const startGlobal = (promptCount: number) =>
     const bodies = prompts.map((prompt) =>
       JSON.stringify({ namespace: "bench", model: "llama", tokens: Array.from(prompt.tokens) })
     )
-    return { relays, consumer, realUrl, bodies }
+    return { relayWorker, consumer, realUrl, bodies }
   })
 
 const program = (ctx: BenchContext) =>
   Effect.gen(function* () {
     const seconds = ctx.quick ? 2 : 5
     const rounds = 3
-    const { relays, consumer, realUrl, bodies } = yield* startGlobal(512)
+    const { relayWorker, consumer, realUrl, bodies } = yield* startGlobal(512)
     // The bare server's fixed answer is a real answer, so both send the same bytes back.
     const sample = yield* Effect.promise(() =>
       fetch(`${realUrl}/v1/overlap`, {
@@ -568,7 +568,7 @@ const program = (ctx: BenchContext) =>
     for (let r = 0; r < rounds; r++) {
       idlePeaks.push((yield* run("real idle", { url: realUrl, bodies, seconds })).qps)
       const before = sequencesOf(consumer)
-      const stop = yield* relays.startIngest
+      const stop = yield* relayWorker.startIngest
       const started = performance.now()
       ingestPeaks.push((yield* run("real under ingest", { url: realUrl, bodies, seconds })).qps)
       ingestMs += performance.now() - started
