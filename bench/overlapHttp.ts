@@ -18,7 +18,6 @@
  */
 
 import { spawn } from "node:child_process"
-import { readFileSync } from "node:fs"
 import { createServer, type Server } from "node:http"
 import { createRequire } from "node:module"
 import type { AddressInfo } from "node:net"
@@ -41,7 +40,7 @@ import {
   stored,
   storePrefixes
 } from "./global.js"
-import { type BenchContext, gc, HashStream, record } from "./harness.js"
+import { type BenchContext, gc, HashStream, record, threadCpuSeconds } from "./harness.js"
 
 const CONNECTIONS = 16
 
@@ -208,29 +207,12 @@ const load = (options: {
 const measured = async (
   options: Parameters<typeof load>[0]
 ): Promise<LoadResult & { readonly cpuPerQueryUs: number }> => {
-  const before = threadCpuUs()
+  // This thread's CPU only: the servers', without the relays' worker (NaN off Linux).
+  const before = threadCpuSeconds()
   const result = await load(options)
-  const cpu = threadCpuUs() - before
-  return { ...result, cpuPerQueryUs: result.ok === 0 ? 0 : cpu / result.ok }
+  const cpuUs = (threadCpuSeconds() - before) * 1e6
+  return { ...result, cpuPerQueryUs: result.ok === 0 ? 0 : cpuUs / result.ok }
 }
-
-/**
- * CPU time of this thread (µs): the servers', without the relays' worker. From /proc on Linux
- * (clock ticks, 10 ms, against runs of seconds); elsewhere the whole process's.
- */
-const threadCpuUs = (): number => {
-  try {
-    const stat = readFileSync("/proc/thread-self/stat", "utf8")
-    // Fields after the parenthesized command name; utime and stime are the 14th and 15th.
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    return ((Number(fields[11]) + Number(fields[12])) * 1e6) / CLOCK_TICKS_PER_SECOND
-  } catch {
-    const usage = process.cpuUsage()
-    return usage.user + usage.system
-  }
-}
-
-const CLOCK_TICKS_PER_SECOND = 100
 
 /** What held this process's thread during a run: its event-loop delay and its GC pauses (ms). */
 interface Stalls {
