@@ -572,7 +572,8 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
 
     let deltasThisTurn = 0
     // Admission time of the oldest event in the state's pending publication window; -1 when the
-    // window holds none. Every path that drains the window closes it.
+    // window holds none. A publication closes it, and so does the consumer loop after any command
+    // that left nothing pending (an unchanged boundary, a snapshot's barrier, a rebuild).
     let windowSince = -1
     const publishDelay = new PublishDelayHistogram()
     const publishBatch = (batch: DcCkfPublicationBatch): PublisherFailed | undefined => {
@@ -591,9 +592,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
 
     const publishPending = (): PublisherFailed | undefined => {
       const batch = state.flush()
-      if (batch !== undefined) return publishBatch(batch)
-      windowSince = -1
-      return undefined
+      return batch === undefined ? undefined : publishBatch(batch)
     }
 
     const firePublicationTimer = (): void => {
@@ -728,7 +727,6 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         if (error !== undefined) recordError(error.message)
       } else if (outcome.publicationBoundary) {
         diag.unchangedPublications++
-        windowSince = -1
       }
       if (outcome.publicationBoundary) {
         timerArmed = false
