@@ -24,7 +24,7 @@ import { linearPrefixDepths } from "../src/ckf/search.js"
 import { DcCkfState } from "../src/ckf/state.js"
 import { toBigInt } from "../src/ckf/u64.js"
 import { MapSetOwnership } from "./baseline.js"
-import { type BenchContext, bestRate, HashStream, memoryInUse, record } from "./harness.js"
+import { type BenchContext, bestRate, bestRates, HashStream, memoryInUse, record } from "./harness.js"
 
 const BLOCKS_PER_EVENT = 8
 
@@ -68,22 +68,23 @@ export const benchProducerApply = async (ctx: BenchContext): Promise<void> => {
   const fastRounds = ctx.quick ? 3 : 10
   const config = ckfConfig(expected, { publishEveryNEvents: 16 })
 
-  const ours = bestRate(
+  const [ours, baseline] = bestRates(
     fastRounds,
-    () => new DcCkfState(config),
-    (state) => {
-      for (const event of workload.events) state.applyEvent(event)
-      state.flush()
-      return workload.blocks
-    }
-  )
-  const baseline = bestRate(
-    fastRounds,
-    () => new MapSetOwnership(),
-    (model) => {
-      for (const event of workload.events) model.applyEvent(event)
-      return workload.blocks
-    }
+    [
+      () => new DcCkfState(config),
+      (state) => {
+        for (const event of workload.events) state.applyEvent(event)
+        state.flush()
+        return workload.blocks
+      }
+    ],
+    [
+      () => new MapSetOwnership(),
+      (model) => {
+        for (const event of workload.events) model.applyEvent(event)
+        return workload.blocks
+      }
+    ]
   )
   // bloom-filters is CommonJS and a dev dependency: load it lazily.
   const { CuckooFilter } = (await import("bloom-filters")).default
@@ -129,38 +130,39 @@ export const benchMixedChurn = (ctx: BenchContext): void => {
     data: { _tag: "Removed", blockHashes: (e.data as { blockHashes: Uint32Array }).blockHashes }
   }))
   const config = ckfConfig(expected, { publishEveryNEvents: 16 })
-  const ours = bestRate(
+  const [ours, baseline] = bestRates(
     ctx.quick ? 2 : 3,
-    () => {
-      const state = new DcCkfState(config)
-      for (let i = 0; i < residentEvents; i++) state.applyEvent(events[i]!)
-      state.flush()
-      return state
-    },
-    (state) => {
-      // Steady 50% load: each new event is matched by the removal of the oldest resident one.
-      for (let i = residentEvents; i < events.length; i++) {
-        state.applyEvent(events[i]!)
-        state.applyEvent(removals[i - residentEvents]!)
+    [
+      () => {
+        const state = new DcCkfState(config)
+        for (let i = 0; i < residentEvents; i++) state.applyEvent(events[i]!)
+        state.flush()
+        return state
+      },
+      (state) => {
+        // Steady 50% load: each new event is matched by the removal of the oldest resident one.
+        for (let i = residentEvents; i < events.length; i++) {
+          state.applyEvent(events[i]!)
+          state.applyEvent(removals[i - residentEvents]!)
+        }
+        state.flush()
+        return (events.length - residentEvents) * BLOCKS_PER_EVENT * 2
       }
-      state.flush()
-      return (events.length - residentEvents) * BLOCKS_PER_EVENT * 2
-    }
-  )
-  const baseline = bestRate(
-    ctx.quick ? 2 : 3,
-    () => {
-      const model = new MapSetOwnership()
-      for (let i = 0; i < residentEvents; i++) model.applyEvent(events[i]!)
-      return model
-    },
-    (model) => {
-      for (let i = residentEvents; i < events.length; i++) {
-        model.applyEvent(events[i]!)
-        model.applyEvent(removals[i - residentEvents]!)
+    ],
+    [
+      () => {
+        const model = new MapSetOwnership()
+        for (let i = 0; i < residentEvents; i++) model.applyEvent(events[i]!)
+        return model
+      },
+      (model) => {
+        for (let i = residentEvents; i < events.length; i++) {
+          model.applyEvent(events[i]!)
+          model.applyEvent(removals[i - residentEvents]!)
+        }
+        return (events.length - residentEvents) * BLOCKS_PER_EVENT * 2
       }
-      return (events.length - residentEvents) * BLOCKS_PER_EVENT * 2
-    }
+    ]
   )
   record(ctx, "mixed_churn_50pct", "blocks/s", ours, baseline, "store+remove at steady 50% load vs Map/Set")
 }
