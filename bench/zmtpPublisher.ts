@@ -24,7 +24,7 @@ import {
   FLAG_MORE,
   readyProperties
 } from "../src/transport/zmtp/internal/Commands.js"
-import { FrameParser } from "../src/transport/zmtp/internal/FrameParser.js"
+import { FrameParser, messageHandler } from "../src/transport/zmtp/internal/FrameParser.js"
 import { checkGreeting, encodeGreeting, GREETING_BYTES } from "../src/transport/zmtp/internal/Greeting.js"
 
 /** Above this many bytes queued to a peer, `send` reports back-pressure (see `drained`). */
@@ -46,7 +46,7 @@ class Peer {
     private readonly onFault: (peer: Peer, message: string) => void
   ) {
     this.parser = new FrameParser(
-      {
+      messageHandler({
         onMessage: (frames) => {
           // ZMTP 3.0 subscriptions: 0x01 + prefix subscribes, 0x00 + prefix cancels.
           const body = frames[0]!
@@ -73,7 +73,7 @@ class Peer {
           else if (name === "PING") socket.write(encodePong(body))
           return undefined
         }
-      },
+      }),
       MAX_FRAME_BYTES
     )
     socket.setNoDelay(true)

@@ -1,9 +1,11 @@
 /**
  * A ZMTP 3 SUB over `node:net` for the relay's event sockets: it connects to one libzmq PUB or
- * XPUB (`tcp://` only), subscribes to a prefix, and queues every message as the `Array<Buffer>`
- * of frames zeromq.js would give, parsing every message of a TCP chunk in one synchronous pass.
+ * XPUB (`tcp://` only), subscribes to a prefix, parses every message of a TCP chunk in one
+ * synchronous pass, and queues them as places in the chunks; the consumer takes each as the
+ * `Array<Buffer>` of frames zeromq.js would give.
  * zeromq.js's `receive()` costs a native call, a promise and one buffer per frame for every
- * message; this costs none of them (`docs/decisions.md`, "ZMTP subscriber").
+ * message; this costs a view per frame when the message is taken, and none of the rest
+ * (`docs/decisions.md`, "ZMTP subscriber").
  *
  * Like a libzmq SUB it connects in the background and reconnects after the peer closes or before
  * it has bound (100 ms, doubling per failed attempt up to 1 s, back to 100 ms after a

@@ -7,7 +7,7 @@
 import { createHash } from "node:crypto"
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
-import { FrameParser } from "../../../src/transport/zmtp/internal/FrameParser.js"
+import { FrameParser, messageHandler } from "../../../src/transport/zmtp/internal/FrameParser.js"
 import type { ZmtpFault } from "../../../src/transport/zmtp/ZmtpError.js"
 
 type Item =
@@ -41,7 +41,7 @@ const parseAll = (chunks: ReadonlyArray<Buffer>, maxFrameBytes = 1 << 30) => {
   const out: Array<{ kind: string; frames: Array<Buffer> }> = []
   let fault: ZmtpFault | undefined
   const parser = new FrameParser(
-    {
+    messageHandler({
       onMessage: (frames) => {
         out.push({ kind: "message", frames })
         return undefined
@@ -50,7 +50,7 @@ const parseAll = (chunks: ReadonlyArray<Buffer>, maxFrameBytes = 1 << 30) => {
         out.push({ kind: "command", frames: [body] })
         return undefined
       }
-    },
+    }),
     maxFrameBytes
   )
   for (const chunk of chunks) fault ??= parser.push(chunk)
@@ -164,13 +164,13 @@ describe("ZMTP frame parser", () => {
   it("stays stopped after a fault, and a handler's fault stops it mid-chunk", () => {
     const seen: Array<string> = []
     const parser = new FrameParser(
-      {
+      messageHandler({
         onMessage: (frames) => {
           seen.push(frames[0]!.toString())
           return frames[0]!.toString() === "stop" ? { reason: "handshake", message: "stop" } : undefined
         },
         onCommand: () => undefined
-      },
+      }),
       1000
     )
     const bytes = Buffer.concat(

@@ -185,6 +185,48 @@ describe("ZMTP subscriber and bad peers", () => {
     })
   )
 
+  it.scopedLive("a message cut off by its connection's end is dropped, not joined to the next one", () =>
+    Effect.gen(function* () {
+      // The first connection ends after two frames of a three-frame message; the second sends a
+      // filtered-out multipart message, then a whole one.
+      const server = yield* tcpServer((socket: net.Socket) => {
+        socket.on("error", () => {})
+        socket.on("data", () => {})
+        if (firstSent) {
+          socket.write(
+            Buffer.concat([
+              greeting(),
+              ready("PUB"),
+              frame(0x01, Buffer.from("other")),
+              frame(0, Buffer.from("skipped")),
+              frame(0x01, Buffer.from("topic")),
+              frame(0, Buffer.from("whole"))
+            ])
+          )
+          return
+        }
+        firstSent = true
+        socket.end(
+          Buffer.concat([
+            greeting(),
+            ready("PUB"),
+            frame(0x01, Buffer.from("topic")),
+            frame(0x01, Buffer.from("cut"))
+          ])
+        )
+      })
+      let firstSent = false
+      const sub = yield* collect(server.endpoint, "top")
+      yield* eventually(
+        Effect.sync(() => sub.messages.length === 1),
+        "the whole message"
+      )
+      expect(sub.messages.map((frames) => frames.map(String))).toEqual([["topic", "whole"]])
+      expect(server.connections()).toBe(2)
+      expect(sub.subscriber.stats().queued).toBe(0)
+    })
+  )
+
   it.scopedLive("answers PING with PONG and its context, ignores unknown commands, then delivers", () =>
     Effect.gen(function* () {
       const ttl = Buffer.from([0x00, 0x64])

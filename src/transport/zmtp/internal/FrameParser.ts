@@ -1,23 +1,50 @@
 /**
  * Incremental ZMTP 3 frame parser (RFC 23 §2.4): flags (MORE, LONG, COMMAND), a 1-byte or
  * 8-byte big-endian size, the body. It takes TCP chunks as they come and hands on every
- * complete message of a chunk in one synchronous pass.
+ * complete frame of a chunk in one synchronous pass.
  *
- * Frames are views into the chunks (no copy): a chunk is a fresh allocation per read, never
- * reused by `node:net`, so a view stays valid for as long as a consumer holds it. Bytes are
- * copied only when a frame or header straddles chunks, and then once: the parser knows how many
- * bytes the next step needs and concatenates the held chunks only when that many have arrived,
- * so a 10 MB frame over 160 chunks costs one copy, not 160.
+ * A data frame is handed on as its place in a buffer (the chunk, or the bytes joined for a frame
+ * that straddled chunks), not as a view: a queue of received messages then holds numbers and one
+ * reference per chunk instead of a `Buffer` object per frame (see `MessageQueue`). A chunk is a
+ * fresh allocation per read, never reused by `node:net`, so a place in it stays valid for as long
+ * as a consumer holds the chunk. Bytes are copied only when a frame or header straddles chunks,
+ * and then once: the parser knows how many bytes the next step needs and concatenates the held
+ * chunks only when that many have arrived, so a 10 MB frame over 160 chunks costs one copy, not
+ * 160.
  */
 
 import type { ZmtpFault } from "../ZmtpError.js"
 import { FLAG_COMMAND, FLAG_LONG, FLAG_MORE } from "./Commands.js"
 
 export interface FrameHandler {
-  /** A complete message (its frames in order); the array is the handler's to keep. A fault stops the parser. */
-  onMessage(frames: Array<Buffer>): ZmtpFault | undefined
+  /**
+   * A data frame, `buf[start, start + size)`; `last` when it ends its message (MORE clear). A
+   * fault stops the parser.
+   */
+  onFrame(buf: Buffer, start: number, size: number, last: boolean): ZmtpFault | undefined
   /** A command frame's body; a fault stops the parser. */
   onCommand(body: Buffer): ZmtpFault | undefined
+}
+
+/**
+ * A handler that hands on whole messages as `Buffer` views, for a reader that takes messages as
+ * they come rather than queueing them (a publisher reading its peer's subscriptions, tests).
+ */
+export const messageHandler = (handler: {
+  readonly onMessage: (frames: Array<Buffer>) => ZmtpFault | undefined
+  readonly onCommand: (body: Buffer) => ZmtpFault | undefined
+}): FrameHandler => {
+  let frames: Array<Buffer> = []
+  return {
+    onFrame: (buf, start, size, last) => {
+      frames.push(buf.subarray(start, start + size))
+      if (!last) return undefined
+      const message = frames
+      frames = []
+      return handler.onMessage(message)
+    },
+    onCommand: handler.onCommand
+  }
 }
 
 const RESERVED_FLAGS = ~(FLAG_MORE | FLAG_LONG | FLAG_COMMAND) & 0xff
@@ -28,8 +55,8 @@ export class FrameParser {
   private heldBytes = 0
   /** Bytes from the first held byte that the next parse step needs. */
   private need = 0
-  /** Frames of the message in progress. */
-  private frames: Array<Buffer> = []
+  /** Whether frames of a message have come and its last has not. */
+  private inMessage = false
   private failed: ZmtpFault | undefined
 
   constructor(
@@ -38,7 +65,7 @@ export class FrameParser {
     private readonly maxFrameBytes: number
   ) {}
 
-  /** Bytes held for a partial frame; with the frames of a partial message, all the parser keeps. */
+  /** Bytes held for a partial frame: all the parser keeps. */
   get bufferedBytes(): number {
     return this.heldBytes
   }
@@ -120,28 +147,20 @@ export class FrameParser {
         this.need = header + size
         return at
       }
-      const body = buf.subarray(at + header, at + header + size)
-      at += header + size
+      const start = at + header
+      at = start + size
+      let fault: ZmtpFault | undefined
       if ((flags & FLAG_COMMAND) !== 0) {
         if ((flags & FLAG_MORE) !== 0) return this.fail("frame-flags", "a command frame with MORE set")
-        if (this.frames.length > 0)
-          return this.fail("frame-flags", "a command frame inside a multipart message")
-        const fault = this.handler.onCommand(body)
-        if (fault !== undefined) {
-          this.stop(fault)
-          return -1
-        }
-      } else if ((flags & FLAG_MORE) !== 0) {
-        this.frames.push(body)
+        if (this.inMessage) return this.fail("frame-flags", "a command frame inside a multipart message")
+        fault = this.handler.onCommand(buf.subarray(start, at))
       } else {
-        const frames = this.frames
-        frames.push(body)
-        this.frames = []
-        const fault = this.handler.onMessage(frames)
-        if (fault !== undefined) {
-          this.stop(fault)
-          return -1
-        }
+        this.inMessage = (flags & FLAG_MORE) !== 0
+        fault = this.handler.onFrame(buf, start, size, !this.inMessage)
+      }
+      if (fault !== undefined) {
+        this.stop(fault)
+        return -1
       }
     }
   }
@@ -155,7 +174,7 @@ export class FrameParser {
     this.failed = fault
     this.held = []
     this.heldBytes = 0
-    this.frames = []
+    this.inMessage = false
     return fault
   }
 }

@@ -52,6 +52,9 @@ export class Session implements FlowControl {
   private socketError: string | undefined
   private readonly topic: Buffer
   private readonly queue: MessageQueue
+  /** Whether the next data frame starts a message, and whether the current one is filtered out. */
+  private firstFrame = true
+  private skipping = false
 
   constructor(
     private readonly socket: net.Socket,
@@ -61,7 +64,7 @@ export class Session implements FlowControl {
     this.queue = options.queue
     this.parser = new FrameParser(
       {
-        onMessage: (frames) => this.onMessage(frames),
+        onFrame: (buf, start, size, last) => this.onFrame(buf, start, size, last),
         onCommand: (body) => this.onCommand(body)
       },
       options.maxFrameBytes
@@ -134,17 +137,18 @@ export class Session implements FlowControl {
     if (fault !== undefined) this.end(fault)
   }
 
-  private onMessage(frames: Array<Buffer>): ZmtpFault | undefined {
+  private onFrame(buf: Buffer, start: number, size: number, last: boolean): ZmtpFault | undefined {
     if (this.state !== "ready") return { reason: "handshake", message: "a message before the peer's READY" }
     // A libzmq PUB filters for us; a SUB filters again (as libzmq's does), so a peer that
     // sends everything still delivers only the subscribed prefix.
-    const topic = this.topic
-    if (topic.length > 0) {
-      const first = frames[0]!
-      if (first.length < topic.length || first.compare(topic, 0, topic.length, 0, topic.length) !== 0)
-        return undefined
+    if (this.firstFrame) {
+      const topic = this.topic
+      this.skipping =
+        topic.length > 0 &&
+        (size < topic.length || buf.compare(topic, 0, topic.length, start, start + topic.length) !== 0)
     }
-    this.queue.push(frames)
+    this.firstFrame = last
+    if (!this.skipping) this.queue.frame(buf, start, size, last)
     return undefined
   }
 
@@ -182,6 +186,8 @@ export class Session implements FlowControl {
     if (this.state === "ended") return
     const handshaken = this.state === "ready"
     this.state = "ended"
+    // A message cut off by the end never completes: its frames are not the next connection's.
+    this.queue.dropPartial()
     this.queue.detach(this)
     this.socket.destroy()
     const socketError = fault === undefined ? this.socketError : undefined
