@@ -20,12 +20,16 @@ const RECORD = 4
  */
 const COMPACT_AT = 4096
 
+/** Records kept after a backlog drains: 4,096 frames (64 KiB); a larger array is let go then. */
+const KEPT_RECORDS = 4096
+
 /**
  * Queued messages are kept as frame records in a `Uint32Array` plus one reference per chunk
- * they lie in, and become `Buffer` views only when taken. A `Buffer` and an array per message
- * (~400 bytes of heap objects for a 4-frame Dynamo message) lived as long as the message waited:
- * through a burst, a backlog of them survived the young generation and was copied into the old
- * one, and a socket at its mark of 100,000 messages held ~40 MB of them for the collector to trace.
+ * they lie in, and become `Buffer` views only when taken. A `Buffer` per frame and an array per
+ * message (~580 bytes of heap objects for a 4-frame Dynamo message) lived as long as the message
+ * waited: through a burst, a backlog of them outlived the young generation and was copied into
+ * the old one, and a socket at its mark of 100,000 messages held 58 MB of them for the collector
+ * to trace.
  */
 export class MessageQueue {
   private records = new Uint32Array(RECORD * 256)
@@ -129,6 +133,7 @@ export class MessageQueue {
     this.head = 0
     this.tail = 0
     this.chunks.length = 0
+    if (this.records.length > RECORD * KEPT_RECORDS) this.records = new Uint32Array(RECORD * KEPT_RECORDS)
   }
 
   /** Moves the untaken records to the front and releases the chunks only taken frames lay in. */
