@@ -68,29 +68,31 @@ export const memoryInUse = (): number => {
 /** A workload of `bestRates`: setup (untimed), then a run that returns the operations it did. */
 export type RateRun<S> = readonly [setup: () => S, run: (s: S) => number]
 
+/** Ops/s of one fresh run; setup is outside the timed region. */
+const rateOf = <S>(setup: () => S, run: (s: S) => number): number => {
+  const s = setup()
+  const start = performance.now()
+  const ops = run(s)
+  return (ops * 1000) / (performance.now() - start)
+}
+
 /**
  * Best ops/s of `a` and of `b` over `rounds` fresh runs each, alternating which goes first. Run
  * one after the other, the two sampled different spells of a shared machine, and their ratio
  * moved with the machine as much as with the code. No collection is forced between runs: after
  * the Map/Set baselines, a forced full GC left its sweeping to V8's background threads, and the
- * run timed next lost up to half its rate to them on two cores.
+ * run timed next lost more than half its rate to them on two cores.
  */
 export const bestRates = <A, B>(rounds: number, a: RateRun<A>, b: RateRun<B>): [number, number] => {
   let bestA = 0
   let bestB = 0
-  const timed = <S>([setup, run]: RateRun<S>): number => {
-    const s = setup()
-    const start = performance.now()
-    const ops = run(s)
-    return (ops * 1000) / (performance.now() - start)
-  }
   for (let r = 0; r < rounds; r++) {
     if (r % 2 === 0) {
-      bestA = Math.max(bestA, timed(a))
-      bestB = Math.max(bestB, timed(b))
+      bestA = Math.max(bestA, rateOf(...a))
+      bestB = Math.max(bestB, rateOf(...b))
     } else {
-      bestB = Math.max(bestB, timed(b))
-      bestA = Math.max(bestA, timed(a))
+      bestB = Math.max(bestB, rateOf(...b))
+      bestA = Math.max(bestA, rateOf(...a))
     }
   }
   return [bestA, bestB]
@@ -99,13 +101,7 @@ export const bestRates = <A, B>(rounds: number, a: RateRun<A>, b: RateRun<B>): [
 /** Best ops/s over `rounds` fresh runs; setup is outside the timed region. */
 export const bestRate = <S>(rounds: number, setup: () => S, run: (s: S) => number): number => {
   let best = 0
-  for (let r = 0; r < rounds; r++) {
-    const s = setup()
-    const start = performance.now()
-    const ops = run(s)
-    const elapsed = performance.now() - start
-    best = Math.max(best, (ops * 1000) / elapsed)
-  }
+  for (let r = 0; r < rounds; r++) best = Math.max(best, rateOf(setup, run))
   return best
 }
 
