@@ -18,10 +18,10 @@ import { FLAG_COMMAND, FLAG_LONG, FLAG_MORE } from "./Commands.js"
 
 export interface FrameHandler {
   /**
-   * A data frame, `buf[start, start + size)`; `last` when it ends its message (MORE clear). A
-   * fault stops the parser.
+   * A data frame, `buf[start, start + size)`; `first` when it starts its message, `last` when it
+   * ends it (MORE clear). A fault stops the parser.
    */
-  onFrame(buf: Buffer, start: number, size: number, last: boolean): ZmtpFault | undefined
+  onFrame(buf: Buffer, start: number, size: number, first: boolean, last: boolean): ZmtpFault | undefined
   /** A command frame's body; a fault stops the parser. */
   onCommand(body: Buffer): ZmtpFault | undefined
 }
@@ -36,7 +36,7 @@ export const messageHandler = (handler: {
 }): FrameHandler => {
   let frames: Array<Buffer> = []
   return {
-    onFrame: (buf, start, size, last) => {
+    onFrame: (buf, start, size, _first, last) => {
       frames.push(buf.subarray(start, start + size))
       if (!last) return undefined
       const message = frames
@@ -155,8 +155,9 @@ export class FrameParser {
         if (this.inMessage) return this.fail("frame-flags", "a command frame inside a multipart message")
         fault = this.handler.onCommand(buf.subarray(start, at))
       } else {
+        const first = !this.inMessage
         this.inMessage = (flags & FLAG_MORE) !== 0
-        fault = this.handler.onFrame(buf, start, size, !this.inMessage)
+        fault = this.handler.onFrame(buf, start, size, first, !this.inMessage)
       }
       if (fault !== undefined) {
         this.stop(fault)

@@ -52,8 +52,7 @@ export class Session implements FlowControl {
   private socketError: string | undefined
   private readonly topic: Buffer
   private readonly queue: MessageQueue
-  /** Whether the next data frame starts a message, and whether the current one is filtered out. */
-  private firstFrame = true
+  /** Whether the message whose frames are arriving is filtered out. */
   private skipping = false
 
   constructor(
@@ -64,7 +63,7 @@ export class Session implements FlowControl {
     this.queue = options.queue
     this.parser = new FrameParser(
       {
-        onFrame: (buf, start, size, last) => this.onFrame(buf, start, size, last),
+        onFrame: (buf, start, size, first, last) => this.onFrame(buf, start, size, first, last),
         onCommand: (body) => this.onCommand(body)
       },
       options.maxFrameBytes
@@ -137,17 +136,22 @@ export class Session implements FlowControl {
     if (fault !== undefined) this.end(fault)
   }
 
-  private onFrame(buf: Buffer, start: number, size: number, last: boolean): ZmtpFault | undefined {
+  private onFrame(
+    buf: Buffer,
+    start: number,
+    size: number,
+    first: boolean,
+    last: boolean
+  ): ZmtpFault | undefined {
     if (this.state !== "ready") return { reason: "handshake", message: "a message before the peer's READY" }
     // A libzmq PUB filters for us; a SUB filters again (as libzmq's does), so a peer that
     // sends everything still delivers only the subscribed prefix.
-    if (this.firstFrame) {
+    if (first) {
       const topic = this.topic
       this.skipping =
         topic.length > 0 &&
         (size < topic.length || buf.compare(topic, 0, topic.length, start, start + topic.length) !== 0)
     }
-    this.firstFrame = last
     if (!this.skipping) this.queue.frame(buf, start, size, last)
     return undefined
   }
