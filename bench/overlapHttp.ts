@@ -439,7 +439,7 @@ export const startGlobal = (promptCount: number) =>
       RelayConnector.layerHttp().pipe(Layer.provide(NodeHttpClient.layerUndici))
     )
     const consumer = yield* makeConsumer({
-      relays: relayWorker.relays.map((r) => ({ name: r.name, url: r.url }))
+      relays: relayWorker.relays
     }).pipe(Effect.provide(connector), Effect.orDie)
     const view = makeView(consumer)
     const server = yield* Layer.build(
@@ -496,7 +496,8 @@ const program = (ctx: BenchContext) =>
     yield* run("warm-up real", { url: realUrl, bodies, seconds: 1 })
     yield* run("warm-up bare", { url: bareUrl, bodies, seconds: 1 })
     yield* Effect.sync(gc)
-    // What this thread's collector starts from: earlier suites of the same run leave theirs.
+    // What this thread's collector starts from (with KVRELAY_BENCH_IN_PROCESS=1, earlier suites
+    // leave theirs).
     const heap = getHeapStatistics()
     ctx.log(
       `  server thread's heap after warm-up and a full GC: ${(heap.used_heap_size / 2 ** 20).toFixed(1)} MiB used, ${(heap.external_memory / 2 ** 20).toFixed(1)} MiB external`
