@@ -4,8 +4,11 @@
  * Parents resolve through it and removals by external hash find their block.
  *
  * One open-addressing table over a typed array per member: four u32 per slot,
- * `[extHi, extLo, canonHi, canonLo]`, an all-zero external hash marking an empty slot (the one
- * external hash 0 is kept beside the table). A table per member needs no member tag in its slots,
+ * `[mix(ext), extLo, canonHi, canonLo]`, an all-zero pair marking an empty slot (the one
+ * external hash 0, whose pair that is, is kept beside the table). `mix(ext)` is a bijection of
+ * `extHi` for each `extLo`, so the pair is the external hash, recoverable (`unmixKey`), and the
+ * slot's home is read from its first word: a move into a grown table and a deletion's backward
+ * shift place entries without hashing them again. A table per member needs no member tag in its slots,
  * and a cleared or replaced member's table is dropped whole instead of scanned.
  *
  * Linear probing with tombstone-free backward-shift deletion, at most 80% full (each member grows
@@ -43,30 +46,56 @@ export const LINEAGE_ADDED = 1
 /** The external hash is mapped to another canonical hash already; nothing changed. */
 export const LINEAGE_CONFLICT = -1
 
-/** 32-bit mix of an external hash. */
+const MIX_1 = 0x85ebca6b
+const MIX_2 = 0x7feb352d
+const MIX_3 = 0x846ca68b
+
+/**
+ * 32-bit mix of an external hash. For a fixed `lo` it is a bijection of `hi` (a multiply by an
+ * odd constant, xors and xorshifts, each invertible), which `unmixKey` inverts.
+ */
 const mixKey = (hi: number, lo: number): number => {
-  let x = lo ^ Math.imul(hi, 0x85ebca6b)
-  x = Math.imul(x ^ (x >>> 16), 0x7feb352d)
-  x = Math.imul(x ^ (x >>> 15), 0x846ca68b)
+  let x = lo ^ Math.imul(hi, MIX_1)
+  x = Math.imul(x ^ (x >>> 16), MIX_2)
+  x = Math.imul(x ^ (x >>> 15), MIX_3)
   return (x ^ (x >>> 16)) >>> 0
+}
+
+/** The inverse of an odd u32 modulo 2^32 (Newton's iteration: each step doubles the correct bits). */
+const inverseOdd = (a: number): number => {
+  let x = a
+  for (let i = 0; i < 5; i++) x = Math.imul(x, 2 - Math.imul(a, x))
+  return x
+}
+const MIX_1_INV = inverseOdd(MIX_1)
+const MIX_2_INV = inverseOdd(MIX_2)
+const MIX_3_INV = inverseOdd(MIX_3)
+
+/** The `hi` whose `mixKey(hi, lo)` is `x`. */
+const unmixKey = (x: number, lo: number): number => {
+  let y = x ^ (x >>> 16)
+  y = Math.imul(y, MIX_3_INV)
+  y = y ^ (y >>> 15) ^ (y >>> 30)
+  y = Math.imul(y, MIX_2_INV)
+  y = y ^ (y >>> 16)
+  return Math.imul(y ^ lo, MIX_1_INV) >>> 0
 }
 
 /** True when the entry at j, whose home is `h`, must move into the hole at `hole` (cyclic order). */
 const mustShift = (hole: number, j: number, h: number): boolean =>
   hole <= j ? h <= hole || h > j : h <= hole && h > j
 
-/** Home slot of an external hash in a table of `cap` slots (`scale` = cap / 2^32). */
-const homeIn = (cap: number, scale: number, hi: number, lo: number): number =>
-  Math.min(cap - 1, Math.floor(mixKey(hi, lo) * scale))
+/** Home slot of a mixed key `x` in a table of `cap` slots (`scale` = cap / 2^32). */
+const homeIn = (cap: number, scale: number, x: number): number => Math.min(cap - 1, Math.floor(x * scale))
 
-/** Slot of `(hi, lo)` (not both zero) in `slots`, or -1 - the empty slot where it would go. */
-const slotIn = (slots: Uint32Array, cap: number, scale: number, hi: number, lo: number): number => {
-  let i = homeIn(cap, scale, hi, lo)
+/** Slot of the pair `(x, lo)` (not both zero) in `slots`, or -1 - the empty slot where it would go. */
+const slotIn = (slots: Uint32Array, cap: number, scale: number, x: number, lo: number): number => {
+  let i = homeIn(cap, scale, x)
   for (;;) {
     const at = i * WIDTH
     const h = slots[at]!
     const l = slots[at + 1]!
-    if (h === hi && l === lo) return i
+    if (h === x && l === lo) return i
     if (h === 0 && l === 0) return -1 - i
     i = i + 1 === cap ? 0 : i + 1
   }
@@ -82,7 +111,7 @@ const deleteIn = (slots: Uint32Array, cap: number, scale: number, slot: number):
     const h = slots[at]!
     const l = slots[at + 1]!
     if (h === 0 && l === 0) break
-    if (!mustShift(hole, j, homeIn(cap, scale, h, l))) continue
+    if (!mustShift(hole, j, homeIn(cap, scale, h))) continue
     const to = hole * WIDTH
     slots[to] = h
     slots[to + 1] = l
@@ -141,14 +170,14 @@ class MemberLineage {
     return this.old !== undefined
   }
 
-  /** Slot of `(hi, lo)` in the old table, or -1. */
-  private oldSlotOf(hi: number, lo: number): number {
+  /** Slot of the pair `(x, lo)` in the old table, or -1. */
+  private oldSlotOf(x: number, lo: number): number {
     const old = this.old
     if (old === undefined) return -1
     // A hash whose old home the move has passed is not in the old table: its probe run would
     // have to cross the empty slot at the cursor. Skipping the probe spares a cache miss.
-    if (homeIn(this.oldCapacity, this.oldScale, hi, lo) < this.cursor) return -1
-    const i = slotIn(old, this.oldCapacity, this.oldScale, hi, lo)
+    if (homeIn(this.oldCapacity, this.oldScale, x) < this.cursor) return -1
+    const i = slotIn(old, this.oldCapacity, this.oldScale, x, lo)
     return i >= 0 ? i : -1
   }
 
@@ -158,12 +187,13 @@ class MemberLineage {
     const cap = this.capacity
     const scale = this.scale
     let touched = 0
-    for (let i = 0; i < n; i++) touched |= slots[homeIn(cap, scale, ext[2 * i]!, ext[2 * i + 1]!) * WIDTH]!
+    for (let i = 0; i < n; i++)
+      touched |= slots[homeIn(cap, scale, mixKey(ext[2 * i]!, ext[2 * i + 1]!)) * WIDTH]!
     // While the table grows, a hash not yet in the new table is looked for in the old one too.
     const old = this.old
     if (old !== undefined) {
       for (let i = 0; i < n; i++) {
-        const h = homeIn(this.oldCapacity, this.oldScale, ext[2 * i]!, ext[2 * i + 1]!)
+        const h = homeIn(this.oldCapacity, this.oldScale, mixKey(ext[2 * i]!, ext[2 * i + 1]!))
         if (h >= this.cursor) touched |= old[h * WIDTH]!
       }
     }
@@ -180,10 +210,11 @@ class MemberLineage {
       out[at + 1] = this.zeroLo
       return true
     }
+    const x = mixKey(hi, lo)
     let slots = this.slots
-    let i = slotIn(slots, this.capacity, this.scale, hi, lo)
+    let i = slotIn(slots, this.capacity, this.scale, x, lo)
     if (i < 0) {
-      i = this.oldSlotOf(hi, lo)
+      i = this.oldSlotOf(x, lo)
       if (i < 0) return false
       slots = this.old!
     }
@@ -213,10 +244,11 @@ class MemberLineage {
       return fresh ? LINEAGE_ADDED : LINEAGE_PRESENT
     }
     if (this.old !== undefined) this.move(this.moveSlotsPerInsert)
-    let i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
+    const x = mixKey(hi, lo)
+    let i = slotIn(this.slots, this.capacity, this.scale, x, lo)
     let slots = this.slots
     if (i < 0 && this.old !== undefined) {
-      const o = this.oldSlotOf(hi, lo)
+      const o = this.oldSlotOf(x, lo)
       if (o >= 0) {
         i = o
         slots = this.old
@@ -231,11 +263,11 @@ class MemberLineage {
     }
     if (this.count + 1 > this.growAt) {
       this.grow()
-      i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
+      i = slotIn(this.slots, this.capacity, this.scale, x, lo)
     }
     const at = (-1 - i) * WIDTH
     slots = this.slots
-    slots[at] = hi
+    slots[at] = x
     slots[at + 1] = lo
     slots[at + 2] = canonHi
     slots[at + 3] = canonLo
@@ -254,13 +286,14 @@ class MemberLineage {
       this.hasZero = false
       return true
     }
-    const i = slotIn(this.slots, this.capacity, this.scale, hi, lo)
+    const x = mixKey(hi, lo)
+    const i = slotIn(this.slots, this.capacity, this.scale, x, lo)
     if (i >= 0) {
       out[at] = this.slots[i * WIDTH + 2]!
       out[at + 1] = this.slots[i * WIDTH + 3]!
       deleteIn(this.slots, this.capacity, this.scale, i)
     } else {
-      const o = this.oldSlotOf(hi, lo)
+      const o = this.oldSlotOf(x, lo)
       if (o < 0) return false
       const old = this.old!
       out[at] = old[o * WIDTH + 2]!
@@ -281,23 +314,25 @@ class MemberLineage {
     }
     for (const slots of this.old === undefined ? [this.slots] : [this.old, this.slots]) {
       for (let at = 0; at < slots.length; at += WIDTH) {
-        if (slots[at] === 0 && slots[at + 1] === 0) continue
-        out[k++] = slots[at]!
-        out[k++] = slots[at + 1]!
+        const x = slots[at]!
+        const lo = slots[at + 1]!
+        if (x === 0 && lo === 0) continue
+        out[k++] = unmixKey(x, lo)
+        out[k++] = lo
         out[k++] = slots[at + 2]!
         out[k++] = slots[at + 3]!
       }
     }
   }
 
-  /** Puts an entry known to be absent into the current table (which has room). */
-  private place(hi: number, lo: number, canonHi: number, canonLo: number): void {
+  /** Puts the pair `(x, lo)`, known to be absent, into the current table (which has room). */
+  private place(x: number, lo: number, canonHi: number, canonLo: number): void {
     const slots = this.slots
     const cap = this.capacity
-    let i = homeIn(cap, this.scale, hi, lo)
+    let i = homeIn(cap, this.scale, x)
     while (slots[i * WIDTH] !== 0 || slots[i * WIDTH + 1] !== 0) i = i + 1 === cap ? 0 : i + 1
     const to = i * WIDTH
-    slots[to] = hi
+    slots[to] = x
     slots[to + 1] = lo
     slots[to + 2] = canonHi
     slots[to + 3] = canonLo

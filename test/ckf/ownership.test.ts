@@ -506,6 +506,36 @@ describe("LineageTable growth", () => {
       { numRuns: 40 }
     )
   })
+
+  it("entries gives back the external hashes as inserted: slots keep a mix of them, not the hashes", () => {
+    const u32 = fc.oneof(
+      fc.constantFrom(0, 1, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff),
+      fc.nat({ max: 0xffff_ffff })
+    )
+    fc.assert(
+      fc.property(
+        fc.uniqueArray(fc.tuple(u32, u32), {
+          minLength: 1,
+          maxLength: 300,
+          selector: ([h, l]) => `${h}:${l}`
+        }),
+        (keys) => {
+          const table = new LineageTable()
+          const m = table.ensureMember("w/0")
+          for (const [i, [hi, lo]] of keys.entries())
+            table.insert(m, pair(hi, lo), 0, pair(i + 1, hi ^ lo), 0)
+          const got = new Map<string, string>()
+          const entries = table.entries(m)
+          for (let k = 0; k < entries.length; k += 4)
+            got.set(`${entries[k]}:${entries[k + 1]}`, `${entries[k + 2]}:${entries[k + 3]}`)
+          expect(got).toEqual(
+            new Map(keys.map(([hi, lo], i) => [`${hi}:${lo}`, `${i + 1}:${(hi ^ lo) >>> 0}`]))
+          )
+        }
+      ),
+      { numRuns: 200 }
+    )
+  })
 })
 
 describe("LineageTable growth without a pause", () => {
