@@ -4,12 +4,13 @@
  * Parents resolve through it and removals by external hash find their block.
  *
  * One open-addressing table over a typed array per member: four u32 per slot,
- * `[mix(ext), extLo, canonHi, canonLo]`, an all-zero pair marking an empty slot (the one
- * external hash 0, whose pair that is, is kept beside the table). `mix(ext)` is a bijection of
- * `extHi` for each `extLo`, so the pair is the external hash, recoverable (`unmixKey`), and the
- * slot's home is read from its first word: a move into a grown table and a deletion's backward
- * shift place entries without hashing them again. A table per member needs no member tag in its slots,
- * and a cleared or replaced member's table is dropped whole instead of scanned.
+ * `[mix(ext), extLo, canonHi, canonLo]`, an all-zero pair marking an empty slot. For each
+ * `extLo`, `mix` is a bijection of `extHi`, so the pair identifies the external hash exactly and
+ * gives it back (`unmixKey`); only the external hash 0 has the pair (0, 0), and it is kept beside
+ * the table. A slot's home is read from its first word, so a move into a grown table and a
+ * deletion's backward shift place entries without hashing them again. A table per member needs
+ * no member tag in its slots, and a cleared or replaced member's table is dropped whole instead
+ * of scanned.
  *
  * Linear probing with tombstone-free backward-shift deletion, at most 80% full (each member grows
  * between 74% and 80%, so that members that fill alike do not grow at once), growing by 1.5×
