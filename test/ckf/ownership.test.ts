@@ -618,6 +618,9 @@ describe("LineageTable growth without a pause", () => {
             for (let k = 0; k < entries.length; k += 4) {
               if (model.get(entries[k + 1]!) !== entries[k + 2])
                 problems.push(`entry ${entries[k + 1]} → ${entries[k + 2]}`)
+              // The external hash's high word comes back from the slot's mix, in both tables.
+              if (entries[k] !== ext(entries[k + 1]!) >>> 0)
+                problems.push(`entry ${entries[k + 1]} hi ${entries[k]}`)
             }
           }
           for (let i = 0; i < universe; i++) check(i)
