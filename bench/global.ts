@@ -90,6 +90,7 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
         sourcesDegraded: 0,
+        sources: { expected: 0, connecting: 0, live: 0, recovering: 0, degraded: 0, rejected: 0 },
         discovery: { state: "live", since: new Date(0) }
       }),
       stats: Effect.succeed({

@@ -92,6 +92,7 @@ const scriptedActor = (producer: ProducerIdentity, queue: Queue.Queue<DcCkfDelta
       replaceRanks: () => unused,
       replaceRank: () => unused,
       resetRank: () => unused,
+      markHistoryPartial: () => unused,
       flush: unused,
       snapshot: unused,
       stateStats: unused,

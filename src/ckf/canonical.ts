@@ -15,6 +15,13 @@
  *   alias is removed.
  * - Removed resolves each external hash and forgets its mapping; an unmapped one is an unknown
  *   removal. Cleared drops the member's ownership and lineage together.
+ * - Partial history (PROTOCOL §3.3 ◆3). An engine source's Stored event (`skipUnanchored`) whose
+ *   parent the lineage does not know is no fault: the relay joined after the engine stored the
+ *   parent, or could not replay that far. Its blocks (and so, later, their descendants, whose
+ *   parents are then unknown too) are skipped and counted as unanchored, and the member's history
+ *   is partial until a Cleared or a rank replacement starts it afresh. A partial member's removal
+ *   of an external hash it never mapped is expected (a block from before its history) and is
+ *   counted apart from unknown removals.
  * - A rank replacement replays its dump in order (Stored, Removed) into a fresh lineage, so a
  *   child before its parent is `ParentBlockNotFound`, and installs the result transactionally.
  *
@@ -26,7 +33,7 @@ import type { CkfConfig } from "./config.js"
 import type { CkfBuildError } from "./errors.js"
 import { KvCacheEventError, type KvCacheEventErrorKind } from "./errors.js"
 import type { CkfEvent, CkfMemberRef, CkfStoredData } from "./events.js"
-import { memberKey } from "./events.js"
+import { compareMembers, memberKey } from "./events.js"
 import { LINEAGE_ADDED, LINEAGE_CONFLICT, LineageTable } from "./lineage.js"
 import {
   type DcCkfEventOutcome,
@@ -58,7 +65,16 @@ const rejected = (kind: KvCacheEventErrorKind): DcCkfEventOutcome => ({
   firstError: kind,
   publication: undefined,
   unknownRemovals: 0,
-  publicationBoundary: false
+  publicationBoundary: false,
+  unanchoredBlocks: 0
+})
+
+const unanchored = (blocks: number): DcCkfEventOutcome => ({
+  firstError: undefined,
+  publication: undefined,
+  unknownRemovals: 0,
+  publicationBoundary: false,
+  unanchoredBlocks: blocks
 })
 const PARENT_NOT_FOUND = rejected("ParentBlockNotFound")
 const INVALID_SEQUENCE = rejected("InvalidBlockSequence")
@@ -131,6 +147,10 @@ export class CanonicalCkfState extends DcCkfState {
   private parentNotFound = 0
   private invalidSequences = 0
   private lineageUnknownRemovals = 0
+  private unanchoredBlocks = 0
+  private unanchoredRemovals = 0
+  /** Members whose history is partial, by member key. */
+  private readonly partial = new Map<string, CkfMemberRef>()
 
   constructor(config: CkfConfig) {
     super(config)
@@ -179,6 +199,11 @@ export class CanonicalCkfState extends DcCkfState {
       const added = this.addedFor(n)
       const stored = storeLineage(lineage, key, data, canon, added, this.scratch)
       if (stored === PARENT_MISSING) {
+        if (data.skipUnanchored === true) {
+          this.unanchoredBlocks += n
+          this.markPartialKey(key, workerId, dpRank)
+          return unanchored(n)
+        }
         this.parentNotFound++
         return PARENT_NOT_FOUND
       }
@@ -226,12 +251,40 @@ export class CanonicalCkfState extends DcCkfState {
     }
     const outcome = this.applyHashes(REMOVED, workerId, dpRank, canon, resolved)
     if (unknown === 0) return outcome
+    if (this.partial.has(key)) {
+      this.unanchoredRemovals += unknown
+      return outcome
+    }
     this.lineageUnknownRemovals += unknown
     return { ...outcome, unknownRemovals: outcome.unknownRemovals + unknown }
   }
 
+  private markPartialKey(key: string, workerId: string, dpRank: number): void {
+    if (!this.partial.has(key)) this.partial.set(key, { workerId, dpRank })
+  }
+
+  /**
+   * Marks the member's history partial: its source could not deliver everything it stored before
+   * now (a replay that did not reach back far enough, a recovery that failed). Cleared, a rank
+   * reset and a rank replacement make it complete again.
+   */
+  markPartial(workerId: string, dpRank: number): void {
+    this.markPartialKey(memberKey(workerId, dpRank), workerId, dpRank)
+  }
+
+  /** Blocks skipped as unanchored since the pool started. */
+  get unanchoredBlockCount(): number {
+    return this.unanchoredBlocks
+  }
+
+  /** Members whose history is partial, sorted by (worker id, dp rank). */
+  partialMembers(): Array<CkfMemberRef> {
+    return [...this.partial.values()].sort(compareMembers)
+  }
+
   private forgetMember(workerId: string, dpRank: number): void {
     const key = memberKey(workerId, dpRank)
+    this.partial.delete(key)
     const m = this.lineage.memberIndex(key)
     if (m < 0) return
     if (this.aliases.size > 0) {
@@ -259,11 +312,13 @@ export class CanonicalCkfState extends DcCkfState {
       readonly key: string
       readonly entries: Uint32Array
       readonly hashes: RankReplacement
+      readonly unanchored: number
     }> = []
     for (const replacement of replacements) {
       const table = new LineageTable()
       const key = memberKey(replacement.workerId, replacement.dpRank)
       const scratch = new Uint32Array(2)
+      let skipped = 0
       for (const event of replacement.events) {
         if (event.storageTier !== "device") continue
         const data = event.data
@@ -279,6 +334,10 @@ export class CanonicalCkfState extends DcCkfState {
         const canon = new Uint32Array(2 * n)
         const stored = storeLineage(table, key, data, canon, new Uint8Array(n), scratch)
         if (stored === PARENT_MISSING) {
+          if (data.skipUnanchored === true) {
+            skipped += n
+            continue
+          }
           this.parentNotFound++
           return new KvCacheEventError("ParentBlockNotFound")
         }
@@ -293,13 +352,18 @@ export class CanonicalCkfState extends DcCkfState {
       built.push({
         key,
         entries,
-        hashes: { workerId: replacement.workerId, dpRank: replacement.dpRank, hashes }
+        hashes: { workerId: replacement.workerId, dpRank: replacement.dpRank, hashes },
+        unanchored: skipped
       })
     }
     const result = super.replaceRanks(built.map((b) => b.hashes))
     if (result instanceof Error) return result
-    for (const { key, entries, hashes } of built) {
+    for (const { key, entries, hashes, unanchored: skipped } of built) {
       this.forgetMember(hashes.workerId, hashes.dpRank)
+      if (skipped > 0) {
+        this.unanchoredBlocks += skipped
+        this.markPartialKey(key, hashes.workerId, hashes.dpRank)
+      }
       if (entries.length === 0) continue
       const m = this.lineage.ensureMember(key)
       const seen = new Set<string>()
@@ -339,7 +403,9 @@ export class CanonicalCkfState extends DcCkfState {
       aggregation: {
         ...stats.aggregation,
         unknownRemovals: stats.aggregation.unknownRemovals + this.lineageUnknownRemovals,
-        parentNotFound: this.parentNotFound
+        parentNotFound: this.parentNotFound,
+        unanchoredBlocks: this.unanchoredBlocks,
+        unanchoredRemovals: this.unanchoredRemovals
       },
       memory: { ...stats.memory, lineageEntries: this.lineage.size, lineageBytes: this.lineage.bytes }
     }

@@ -15,6 +15,12 @@ export interface CkfStoredData {
   readonly tokensHashes?: Uint32Array | undefined
   /** The external hash of the first block's parent; read by canonically addressed pools only. */
   readonly parentHash?: Uint32Array | undefined
+  /**
+   * What a canonically addressed pool does when the parent is not in the member's lineage: skip
+   * the blocks and count them as unanchored (engine sources, whose history may start after the
+   * engine did: PROTOCOL §3.3), instead of rejecting the event as `ParentBlockNotFound`.
+   */
+  readonly skipUnanchored?: boolean | undefined
 }
 
 export interface CkfRemovedData {

@@ -52,20 +52,24 @@ export interface DcCkfEventOutcome {
   readonly publication: DcCkfPublicationBatch | undefined
   readonly unknownRemovals: number
   readonly publicationBoundary: boolean
+  /** Blocks skipped because their parent's chain is unknown (canonical pools, engine sources). */
+  readonly unanchoredBlocks: number
 }
 
 const IGNORED_OUTCOME: DcCkfEventOutcome = Object.freeze({
   firstError: undefined,
   publication: undefined,
   unknownRemovals: 0,
-  publicationBoundary: false
+  publicationBoundary: false,
+  unanchoredBlocks: 0
 })
 
 const EMPTY_BOUNDARY_OUTCOME: DcCkfEventOutcome = Object.freeze({
   firstError: undefined,
   publication: undefined,
   unknownRemovals: 0,
-  publicationBoundary: true
+  publicationBoundary: true,
+  unanchoredBlocks: 0
 })
 
 export interface DcCkfAggregationStats {
@@ -76,6 +80,13 @@ export interface DcCkfAggregationStats {
   readonly capacityFailures: number
   /** Stored batches whose parent was not in the member's lineage (canonical pools only). */
   readonly parentNotFound: number
+  /** Blocks of engine sources skipped because their parent's chain is unknown (canonical pools only). */
+  readonly unanchoredBlocks: number
+  /**
+   * Removals, by a member whose history is partial, of external hashes it never mapped: blocks
+   * stored before the relay's history of that member begins (canonical pools only).
+   */
+  readonly unanchoredRemovals: number
   /** Full scan of nonzero words: diagnostic only. */
   readonly occupiedBucketCount: number
   readonly occupiedSlotCount: number
@@ -312,7 +323,13 @@ export class DcCkfState {
     if (firstError === undefined && unknown === 0 && publication === undefined) {
       return boundary ? EMPTY_BOUNDARY_OUTCOME : IGNORED_OUTCOME
     }
-    return { firstError, publication, unknownRemovals: unknown, publicationBoundary: boundary }
+    return {
+      firstError,
+      publication,
+      unknownRemovals: unknown,
+      publicationBoundary: boundary,
+      unanchoredBlocks: 0
+    }
   }
 
   /** Scratch for the mixed keys of one batch, as [hi, lo] pairs. */
@@ -1060,6 +1077,8 @@ export class DcCkfState {
         unknownRemovals: this.unknownRemovals,
         capacityFailures: this.capacityFailures,
         parentNotFound: 0,
+        unanchoredBlocks: 0,
+        unanchoredRemovals: 0,
         occupiedBucketCount: this.occupiedBucketCount(),
         occupiedSlotCount: owners.size
       },

@@ -23,6 +23,8 @@ export interface StoredData {
   /** Hash pair of the block preceding the first stored block; undefined at the root. */
   readonly parentHash: Uint32Array | undefined
   readonly startPosition: number | undefined
+  /** Engine sources: an unknown parent skips the blocks as unanchored (`CkfStoredData`). */
+  readonly skipUnanchored?: boolean | undefined
 }
 
 export interface RemovedData {

@@ -729,6 +729,14 @@ export const HealthJson = Schema.Struct({
   fencedEndpointCount: U32,
   sourcesRecovering: U32,
   sourcesDegraded: U32,
+  sources: Schema.Struct({
+    expected: U32,
+    connecting: U32,
+    live: U32,
+    recovering: U32,
+    degraded: U32,
+    rejected: U32
+  }),
   discovery: DiscoveryStatusJson
 })
 export type Health = typeof HealthJson.Type
@@ -1118,6 +1126,7 @@ export const EndpointStatsJson = Schema.Struct({
       unknownRemovals: Count,
       capacityFailures: Count,
       parentNotFound: Count,
+      unanchoredRemovals: Count,
       occupiedBucketCount: Count,
       occupiedSlotCount: Count
     })
@@ -1184,8 +1193,21 @@ export const EndpointStatsJson = Schema.Struct({
     malformedByReason: Schema.Record({ key: Schema.String, value: Count }),
     skipped: Schema.Struct({ medium: Count, locality: Count, ownership: Count, group: Count }),
     stale: Count,
-    restarts: Count
-  })
+    restarts: Count,
+    unanchored: Count
+  }),
+  sources: Schema.Array(
+    Schema.Struct({
+      workerId: WorkerIdJson,
+      dpRank: U32,
+      publisherId: U64,
+      transportEndpoint: Schema.String,
+      state: Schema.Literal("connecting", "live", "recovering", "degraded", "rejected"),
+      since: Schema.Date,
+      history: Schema.Literal("complete", "partial"),
+      reason: Schema.optional(Schema.String)
+    })
+  )
 })
 
 /** `GET /v1/stats`. */

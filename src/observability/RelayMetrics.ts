@@ -105,6 +105,19 @@ const ingestDroppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_
   incremental: true
 })
 
+// The pool actor counts unanchored blocks under the same key (PoolActor.ts).
+const ingestSkippedBlocks = Metric.counter("kv_dc_relay_ingest_skipped_blocks_total", {
+  description: "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)",
+  incremental: true
+})
+export const SKIPPED_BLOCK_REASONS: ReadonlyArray<string> = ["unanchored"]
+
+const sourcesByState = Metric.gauge("kv_dc_relay_sources", {
+  description: "expected KV event source ranks by state (connecting, live, recovering, degraded, rejected)"
+})
+export const SOURCE_STATES = ["connecting", "live", "recovering", "degraded", "rejected"] as const
+export type SourceStateLabel = (typeof SOURCE_STATES)[number]
+
 const recoveries = Metric.counter("kv_dc_relay_recoveries_total", {
   description: "rank recoveries by outcome",
   incremental: true
@@ -164,6 +177,15 @@ export const setServingTopologyCounts = (
       Metric.set(Metric.tagged(servingTopologyCount, "state", state), counts[state])
     ),
     { discard: true }
+  )
+
+export const setSourceCounts = (counts: Readonly<Record<SourceStateLabel, number>>): Effect.Effect<void> =>
+  Effect.forEach(
+    SOURCE_STATES,
+    (state) => Metric.set(Metric.tagged(sourcesByState, "state", state), counts[state]),
+    {
+      discard: true
+    }
   )
 
 export const setDegradedLoadCoverage = (pools: number): Effect.Effect<void> =>
@@ -232,6 +254,10 @@ export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(
     ...DROP_REASONS.map((reason) =>
       Metric.incrementBy(Metric.tagged(ingestDroppedBatches, "reason", reason), 0)
     ),
+    ...SKIPPED_BLOCK_REASONS.map((reason) =>
+      Metric.incrementBy(Metric.tagged(ingestSkippedBlocks, "reason", reason), 0)
+    ),
+    ...SOURCE_STATES.map((state) => Metric.incrementBy(Metric.tagged(sourcesByState, "state", state), 0)),
     ...ZMTP_ERROR_REASONS.map((reason) =>
       Metric.incrementBy(Metric.tagged(protocolErrorsTotal, "reason", reason), 0)
     )

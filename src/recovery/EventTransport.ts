@@ -39,6 +39,11 @@ export interface LiveEventSubscriptions {
   readonly sync: (sources: ReadonlyArray<KvEventSource>) => Effect.Effect<void>
   /** Subscribed sources whose connection to the publisher is established. */
   readonly connectedSources: Effect.Effect<ReadonlyArray<KvEventSource>>
+  /**
+   * Why each subscribed but unconnected source's last connection attempt failed, by
+   * `sourceIdentityKey`, where the transport knows. Optional.
+   */
+  readonly connectionErrors?: Effect.Effect<ReadonlyMap<string, string>>
   readonly totals: Effect.Effect<LiveSubscriptionTotals>
 }
 

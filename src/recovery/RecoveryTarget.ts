@@ -42,6 +42,16 @@ export interface RecoveryTarget {
     dpRank: DpRank,
     events: ReadonlyArray<RouterEvent>
   ) => Effect.Effect<void, RecoveryTargetError>
+  /**
+   * The rank's history is partial from here: its source could not deliver events it stored
+   * before now (PROTOCOL §3.3 ◆3). Ordered with `admitEvent`; completes once queued. Optional: a
+   * target without it keeps no history state.
+   */
+  readonly markHistoryPartial?: (
+    sourceEpoch: SourceEpoch,
+    workerId: WorkerId,
+    dpRank: DpRank
+  ) => Effect.Effect<void, RecoveryTargetError>
   /** The initial restore of a rank finished (successfully or degraded); lets targets batch the first wave. */
   readonly completeInitialRecovery: (workerId: WorkerId, dpRank: DpRank) => Effect.Effect<void>
   readonly resetRank: (

@@ -138,11 +138,15 @@ class SourceSlot {
   resetPending = false
   /** A protocol-faulted incarnation remains ineligible until discovery advances generation. */
   rejectedGeneration: number | undefined = undefined
+  /** Which incarnation was rejected, and why, while `rejectedGeneration` holds. */
+  rejection: { readonly publisherId: bigint; readonly reason: string } | undefined = undefined
   /**
    * The rank's index lacks history it could not recover (a failed recovery or a live-only gap):
    * it serves what arrived since. Cleared by a successful recovery, a restart or a new binding.
    */
   degraded = false
+  /** Why the rank is degraded, while it is. */
+  degradedReason: string | undefined = undefined
 
   constructor(
     readonly key: RankKey,
@@ -161,6 +165,7 @@ class SourceSlot {
     this.lifecycleGeneration = generation
     this.resetPending = false
     this.rejectedGeneration = undefined
+    this.rejection = undefined
   }
 
   fenceForReset(): void {
@@ -173,6 +178,18 @@ class SourceSlot {
     if (this.resetPending) return "degraded"
     if (this.rank.recoveryInflight) return "recovering"
     return this.degraded ? "degraded" : "live"
+  }
+
+  /** Why `state()` is `degraded`, when it is. */
+  reason(): string | undefined {
+    if (this.resetPending) return "waiting for a rank reset the pool could not complete"
+    if (this.rank.recoveryInflight || !this.degraded) return undefined
+    return this.degradedReason
+  }
+
+  markDegraded(reason: string): void {
+    this.degraded = true
+    this.degradedReason = reason
   }
 }
 
@@ -196,6 +213,8 @@ export interface SourceSupervisorHealth {
   readonly sourcesRecovering: number
   readonly sourcesDegraded: number
   readonly sources: ReadonlyArray<SourceStateEntry>
+  /** Rejected source incarnations (PROTOCOL §5 ◆3 `rejected`); not counted in `sources`. */
+  readonly rejected: ReadonlyArray<RejectedSourceEntry>
   readonly pendingLiveEventCount: number
   readonly discoveredEndpointCount: number
 }
@@ -206,6 +225,16 @@ export interface SourceStateEntry {
   readonly dpRank: DpRank
   readonly publisherId: bigint
   readonly state: SourceState
+  /** Why the source is `degraded`, when it is. */
+  readonly reason?: string | undefined
+}
+
+/** A source incarnation rejected after a protocol fault, until its membership generation advances. */
+export interface RejectedSourceEntry {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly publisherId: bigint
+  readonly reason: string
 }
 
 /** Cumulative counters since the supervisor started (additive; for ingest diagnostics). */
@@ -292,11 +321,15 @@ export interface SourceSupervisor {
     sourceEpoch?: SourceEpoch,
     barrierFailed?: boolean
   ) => Effect.Effect<TargetFaultDisposition>
-  /** A protocol-faulted source: deactivate and reset; ineligible until its generation advances. */
+  /**
+   * A protocol-faulted source: deactivate and reset; ineligible until its generation advances.
+   * `reason` says what the fault was, for diagnostics.
+   */
   readonly rejectSource: (
     workerId: WorkerId,
     dpRank: DpRank,
-    sourceEpoch: SourceEpoch
+    sourceEpoch: SourceEpoch,
+    reason?: string
   ) => Effect.Effect<TargetFaultDisposition>
   readonly healthSnapshot: Effect.Effect<SourceSupervisorHealth>
   readonly counters: Effect.Effect<SourceSupervisorCounters>
@@ -386,6 +419,20 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           }
         })
       )
+
+    /** The rank's history is partial from here (PROTOCOL §3.3 ◆3); a target without history state ignores it. */
+    const markHistoryPartial = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
+      target.markHistoryPartial === undefined
+        ? Effect.void
+        : target
+            .markHistoryPartial(epoch, slot.workerId, slot.dpRank)
+            .pipe(
+              Effect.catchAll((error) =>
+                Effect.logDebug("Could not mark a rank's history partial").pipe(
+                  Effect.annotateLogs({ error: error.message })
+                )
+              )
+            )
 
     const resetRankOrFence = (
       slot: SourceSlot,
@@ -561,8 +608,18 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
     // -------------------------------------------------------------------------------------------
     // Completing a recovery (recovery-events.md §3.4)
 
-    const finishDegradedLocked = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
+    /**
+     * Admits the buffered live events around history that could not be recovered. `degraded`:
+     * the recovery failed (the source is then `degraded`); otherwise an engine's bounded replay
+     * buffer simply did not reach back (a normal state: the source stays live, its history partial).
+     */
+    const finishDegradedLocked = (
+      slot: SourceSlot,
+      epoch: SourceEpoch,
+      degradedReason: string | undefined
+    ): Effect.Effect<void> =>
       Effect.gen(function* () {
+        yield* markHistoryPartial(slot, epoch)
         const pending = slot.rank.takeFailedRecoveryDegraded()
         const lastEventId = pending.length === 0 ? undefined : pending[pending.length - 1]!.eventId
         if (pending.length > 0) {
@@ -577,7 +634,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
           }
         }
         slot.rank.commitFailedRecoveryDegraded(lastEventId)
-        slot.degraded = true
+        if (degradedReason !== undefined) slot.markDegraded(degradedReason)
       })
 
     const fenceCorruptRecoveryLocked = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
@@ -617,7 +674,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         const epoch = binding.epoch
         if (Either.isLeft(result)) {
           yield* Effect.logWarning("KV recovery failed; continuing with degraded live events", result.left)
-          yield* finishDegradedLocked(slot, epoch)
+          yield* finishDegradedLocked(slot, epoch, `recovery failed: ${result.left.message}`)
           return undefined
         }
         const response = result.right
@@ -630,6 +687,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               yield* fenceCorruptRecoveryLocked(slot, epoch)
               return undefined
             }
+            if (response.historyPartial === true) yield* markHistoryPartial(slot, epoch)
             recoveredEvents = response.events
             recoveredCursor = Math.max(slot.rank.lastAdmittedId() ?? 0, response.lastEventId)
             break
@@ -651,6 +709,8 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               )
               return undefined
             }
+            // After the replacement, which starts the rank's history afresh.
+            if (response.historyPartial === true) yield* markHistoryPartial(slot, epoch)
             recoveredEvents = []
             recoveredCursor = response.lastEventId
             break
@@ -672,10 +732,23 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
             break
           }
           default: {
+            // An engine's replay buffer that no longer holds the range is its normal state
+            // (PROTOCOL §3.3 ◆3): the rank follows on from the live events, its history partial.
+            if (binding.incrementalGaps) {
+              yield* Effect.logInfo(
+                "Engine replay buffer does not reach back; following on from live events"
+              ).pipe(Effect.annotateLogs({ response: describeResponse(response) }))
+              yield* finishDegradedLocked(slot, epoch, undefined)
+              return undefined
+            }
             yield* Effect.logWarning("KV recovery returned no applicable state").pipe(
               Effect.annotateLogs({ response: describeResponse(response) })
             )
-            yield* finishDegradedLocked(slot, epoch)
+            yield* finishDegradedLocked(
+              slot,
+              epoch,
+              `recovery returned no applicable state: ${describeResponse(response)}`
+            )
             return undefined
           }
         }
@@ -932,7 +1005,8 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
     const rejectSource = (
       workerId: WorkerId,
       dpRank: DpRank,
-      sourceEpoch: SourceEpoch
+      sourceEpoch: SourceEpoch,
+      reason = "protocol fault"
     ): Effect.Effect<TargetFaultDisposition> =>
       Effect.suspend(() => {
         const slot = slots.get(rankKey(workerId, dpRank))
@@ -948,6 +1022,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
             }
             slot.rank = new RankState()
             slot.rejectedGeneration = sourceEpoch
+            slot.rejection = { publisherId: binding.source.publisherId, reason }
             return "Fenced" as const
           }).pipe(rankLogs(workerId, dpRank))
         )
@@ -979,6 +1054,13 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
 
     // -------------------------------------------------------------------------------------------
     // Live batches (recovery-events.md §3.2)
+
+    /**
+     * A live-only engine source whose first batch is not seq 0: the engine ran before the relay
+     * heard it, so the rank's history is partial from the start (PROTOCOL §3.3 ◆3).
+     */
+    const joinsLate = (slot: SourceSlot, binding: MutableBinding, firstEventId: number): boolean =>
+      !binding.recoverable && binding.restartsAtFirstId && slot.rank.cursor === undefined && firstEventId > 1
 
     const admitEventsNow = target.admitEventsNow
 
@@ -1032,6 +1114,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       if (first === undefined) return undefined
       if (
         oneGroup &&
+        !joinsLate(slot, binding, first.eventId) &&
         admitEventsNow !== undefined &&
         slot.lock.free &&
         slot.active === binding &&
@@ -1086,7 +1169,14 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       groups: ReadonlyArray<CommitGroup>
     ): Effect.Effect<void> =>
       Effect.suspend(() => {
-        if (slot.active === binding && !slot.resetPending) return liveGroupsFrom(slot, binding, groups, 0)
+        if (slot.active === binding && !slot.resetPending) {
+          if (groups.length > 0 && joinsLate(slot, binding, groups[0]!.eventId))
+            return Effect.zipRight(
+              markHistoryPartial(slot, binding.epoch),
+              liveGroupsFrom(slot, binding, groups, 0)
+            )
+          return liveGroupsFrom(slot, binding, groups, 0)
+        }
         countDrop("fenced")
         return Effect.void
       })
@@ -1192,6 +1282,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               )
               return false
             }
+            yield* markHistoryPartial(slot, epoch)
             const admitted = yield* admitGroupOrFence(
               slot,
               epoch,
@@ -1200,7 +1291,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
             )
             if (!admitted) return false
             slot.rank.commitLiveAdmission(action.group.eventId)
-            slot.degraded = true
+            slot.markDegraded("event gap on a source without recovery: the rank was reset")
             return true
           }
           case "Restart": {
@@ -1238,7 +1329,16 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
       let sourcesRecovering = 0
       let sourcesDegraded = 0
       const sources: Array<SourceStateEntry> = []
+      const rejected: Array<RejectedSourceEntry> = []
       for (const slot of slots.values()) {
+        if (slot.rejection !== undefined && slot.rejectedGeneration === slot.lifecycleGeneration) {
+          rejected.push({
+            workerId: slot.workerId,
+            dpRank: slot.dpRank,
+            publisherId: slot.rejection.publisherId,
+            reason: slot.rejection.reason
+          })
+        }
         if (slot.rank.recoveryInflight) recoveringRankCount += 1
         pendingLiveEventCount += slot.rank.pendingLiveEventCount()
         const active = slot.active
@@ -1252,7 +1352,8 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
             workerId: slot.workerId,
             dpRank: slot.dpRank,
             publisherId: active.source.publisherId,
-            state
+            state,
+            reason: slot.reason()
           })
         }
       }
@@ -1263,6 +1364,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         sourcesRecovering,
         sourcesDegraded,
         sources,
+        rejected,
         pendingLiveEventCount,
         discoveredEndpointCount: endpoints.size
       }

@@ -19,8 +19,24 @@ export interface WorkerKvQueryRequest {
 }
 
 export type WorkerKvQueryResponse =
-  | { readonly _tag: "Events"; readonly events: ReadonlyArray<RouterEvent>; readonly lastEventId: number }
-  | { readonly _tag: "TreeDump"; readonly events: ReadonlyArray<RouterEvent>; readonly lastEventId: number }
+  | {
+      readonly _tag: "Events"
+      readonly events: ReadonlyArray<RouterEvent>
+      readonly lastEventId: number
+      /** An engine replay that could not reach back to the requested start (see `historyPartial`). */
+      readonly historyPartial?: boolean
+    }
+  | {
+      readonly _tag: "TreeDump"
+      readonly events: ReadonlyArray<RouterEvent>
+      readonly lastEventId: number
+      /**
+       * Set by an engine replay whose buffer no longer reaches back to seq 0 (PROTOCOL §3.3 ◆3):
+       * the events are what it still holds, in order; the rank's history is partial. A Dynamo
+       * worker's dump is always complete.
+       */
+      readonly historyPartial?: boolean
+    }
   | { readonly _tag: "TreeDumpFailed"; readonly lastEventId: number; readonly message: string }
   | {
       readonly _tag: "TooNew"

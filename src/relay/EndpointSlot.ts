@@ -609,7 +609,12 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
               const collected = yield* collectPendingWhile(
                 active.attachment.faults,
                 pending,
-                active.subscriber.supervisor.rejectSource(fault.workerId, fault.dpRank, fault.sourceEpoch)
+                active.subscriber.supervisor.rejectSource(
+                  fault.workerId,
+                  fault.dpRank,
+                  fault.sourceEpoch,
+                  fault.message
+                )
               )
               if (collected._tag === "ProducerFence") {
                 yield* reportProducerFenceTrigger(collected.trigger)

@@ -16,13 +16,15 @@ import {
   FiberHandle,
   FiberId,
   Mailbox,
+  Metric,
+  MetricLabel,
   Option,
   Queue,
   type Scope
 } from "effect"
 import { CanonicalCkfState } from "../ckf/canonical.js"
 import { CkfBuildError, eventErrorText, KvCacheEventError } from "../ckf/errors.js"
-import { memberKey } from "../ckf/events.js"
+import { type CkfMemberRef, memberKey } from "../ckf/events.js"
 import { type CkfFailureDisposition, eventFailurePoint, failureDisposition } from "../ckf/failure.js"
 import { type LaneLease, type PoolId, ProducerIdentity } from "../ckf/identity.js"
 import {
@@ -126,6 +128,8 @@ export interface ActorStats {
   /** The publisher's last sequence. */
   readonly sequence: bigint
   readonly members: ReadonlyArray<MemberCount>
+  /** Members whose history is partial (PROTOCOL §3.3 ◆3); sorted by (worker id, dp rank). */
+  readonly partialMembers: ReadonlyArray<CkfMemberRef>
 }
 
 export interface ActorDiagnostics {
@@ -186,6 +190,15 @@ export interface PoolActor {
     dpRank: DpRank,
     events: ReadonlyArray<RouterEvent>
   ) => Effect.Effect<void, KvDcRelayError>
+  /**
+   * Marks the rank's history partial (its source lost events it stored before now), in order
+   * with the rank's admitted events; returns once queued. A superseded epoch is dropped.
+   */
+  readonly markHistoryPartial: (
+    sourceEpoch: SourceEpoch,
+    workerId: WorkerId,
+    dpRank: DpRank
+  ) => Effect.Effect<void, RelayShuttingDown>
   /** Clears the rank; completes once the removal is applied and its batch published. */
   readonly resetRank: (
     sourceEpoch: SourceEpoch,
@@ -277,6 +290,12 @@ type Command =
       permitsReturned?: boolean
     }
   | {
+      readonly _tag: "MarkPartial"
+      readonly sourceEpoch: SourceEpoch
+      readonly workerId: WorkerId
+      readonly dpRank: DpRank
+    }
+  | {
       readonly _tag: "ResetRank"
       readonly sourceEpoch: SourceEpoch
       readonly workerId: WorkerId
@@ -298,6 +317,7 @@ type Command =
 const COMMAND_KIND: Record<Command["_tag"], string> = {
   Apply: "apply_event",
   ReplaceRanks: "replace_ranks",
+  MarkPartial: "mark_history_partial",
   ResetRank: "reset_rank",
   Flush: "flush",
   Snapshot: "snapshot",
@@ -399,6 +419,20 @@ class PayloadPermits {
 }
 
 const failShuttingDown = Effect.fail(new RelayShuttingDown())
+
+// The key `RelayMetrics` registers at zero (the actor does not import observability): one series.
+const skippedBlocks = Metric.counter("kv_dc_relay_ingest_skipped_blocks_total", {
+  description: "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)",
+  incremental: true
+})
+const UNANCHORED_LABELS = [MetricLabel.make("reason", "unanchored")]
+/** Synchronous, so that the apply path counts without running an effect. */
+const countUnanchored = (blocks: number): void => {
+  skippedBlocks.unsafeUpdate(blocks, UNANCHORED_LABELS)
+}
+
+const canonicalUnanchored = (state: DcCkfState): number =>
+  state instanceof CanonicalCkfState ? state.unanchoredBlockCount : 0
 
 const isPowerOfTwo = (n: number): boolean =>
   n > 0 && (n <= 0x4000_0000 ? (n & (n - 1)) === 0 : Number.isInteger(Math.log2(n)))
@@ -700,6 +734,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       // measured; a useful Relay is expected to have a consumer.
       const outcome = state.applyEvent(event)
       diag.appliedEvents++
+      if (outcome.unanchoredBlocks !== 0) countUnanchored(outcome.unanchoredBlocks)
       if (windowSince < 0) windowSince = admittedAt
       let followUp: Effect.Effect<void> | undefined
       if (outcome.unknownRemovals !== 0) {
@@ -778,7 +813,10 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         if (stale !== undefined) return stale
       }
       const started = clock.unsafeCurrentTimeMillis()
+      const unanchoredBefore = canonicalUnanchored(state)
       const result = rebuild(replacements)
+      const unanchoredNow = canonicalUnanchored(state)
+      if (unanchoredNow > unanchoredBefore) countUnanchored(unanchoredNow - unanchoredBefore)
       if (result === undefined) {
         for (const r of replacements) epochSlot(r.workerId, r.dpRank).epoch = r.sourceEpoch
       }
@@ -867,6 +905,12 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         case "ReplaceRanks":
           command.reply.complete(replaceRanks(command.replacements), undefined)
           return undefined
+        case "MarkPartial": {
+          const current = epochSlot(command.workerId, command.dpRank).epoch
+          if (state instanceof CanonicalCkfState && (current === undefined || command.sourceEpoch >= current))
+            state.markPartial(command.workerId, command.dpRank)
+          return undefined
+        }
         case "ResetRank":
           return Effect.map(
             resetRank(command.sourceEpoch, command.workerId, command.dpRank, command.degraded),
@@ -894,7 +938,8 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
           command.reply.succeed({
             stats: state.stats(),
             sequence: publisher.lastSequence,
-            members: state.memberCounts()
+            members: state.memberCounts(),
+            partialMembers: state instanceof CanonicalCkfState ? state.partialMembers() : []
           })
           return undefined
         case "Members":
@@ -1162,6 +1207,8 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         ),
       replaceRank: (sourceEpoch, workerId, dpRank, events) =>
         actor.replaceRanks([{ sourceEpoch, workerId, dpRank, events }]),
+      markHistoryPartial: (sourceEpoch, workerId, dpRank) =>
+        enqueueNow({ _tag: "MarkPartial", sourceEpoch, workerId, dpRank }, 0),
       resetRank: (sourceEpoch, workerId, dpRank, degraded) =>
         span(
           "resetRank",

@@ -234,6 +234,8 @@ export const make = (
             ? FiberSet.run(tasks, flushReplacementBatch(false)).pipe(Effect.asVoid)
             : Effect.void
         ),
+      markHistoryPartial: (sourceEpoch, workerId, dpRank) =>
+        actor.markHistoryPartial(sourceEpoch, workerId, dpRank).pipe(Effect.mapError(toRecoveryTargetError)),
       resetRank: (sourceEpoch, workerId, dpRank, reason) =>
         actor
           .resetRank(sourceEpoch, workerId, dpRank, reason === "TreeDumpFailed")

@@ -37,6 +37,7 @@ import {
   Stream,
   SubscriptionRef
 } from "effect"
+import { memberKey } from "../ckf/events.js"
 import { type DcId, PoolId } from "../ckf/identity.js"
 import { Discovery, type DiscoveryStatus } from "../discovery/Discovery.js"
 import {
@@ -69,8 +70,10 @@ import {
   KvDcRelay,
   type KvDcRelayService,
   type RelayHealth,
-  type RelayStats
+  type RelayStats,
+  type SourceCounts
 } from "./RelayService.js"
+import type { ExpectedSourceState } from "./SourceSubscriber.js"
 
 export const DEFAULT_EXPECTED_UNIQUE_BLOCKS = 1_048_576
 export const DEFAULT_PUBLICATION_THRESHOLD = 16
@@ -214,10 +217,31 @@ const ALWAYS_LIVE: DiscoveryStatus = { state: "live", since: new Date(0) }
  * `KvDcRelay::health` over the slots' statuses. Discovery is reported, not judged: a stale or
  * connecting backend leaves the relay healthy (PROTOCOL §2), since the last membership serves.
  */
+export const NO_SOURCES: SourceCounts = {
+  expected: 0,
+  connecting: 0,
+  live: 0,
+  recovering: 0,
+  degraded: 0,
+  rejected: 0
+}
+
+/** Counts expected sources by state. */
+export const countSources = (
+  sources: Iterable<{ readonly state: ExpectedSourceState }>,
+  into: { -readonly [K in keyof SourceCounts]: SourceCounts[K] } = { ...NO_SOURCES }
+): SourceCounts => {
+  for (const source of sources) {
+    into.expected++
+    into[source.state]++
+  }
+  return into
+}
+
 export const relayHealth = (
   statuses: Iterable<EndpointSlot.EndpointSlotStatus>,
   shuttingDown: boolean,
-  sources: { readonly recovering: number; readonly degraded: number } = { recovering: 0, degraded: 0 },
+  sources: SourceCounts = NO_SOURCES,
   discovery: DiscoveryStatus = ALWAYS_LIVE
 ): RelayHealth => {
   let endpointCount = 0
@@ -236,6 +260,7 @@ export const relayHealth = (
     fencedEndpointCount,
     sourcesRecovering: sources.recovering,
     sourcesDegraded: sources.degraded,
+    sources,
     discovery
   }
 }
@@ -463,8 +488,11 @@ export const make = (
         const diagnostics = actor === undefined ? undefined : yield* actor.diagnostics
         const mailboxDepth = actor === undefined ? 0 : yield* actor.mailboxDepth
         const health = subscriber === undefined ? undefined : yield* subscriber.health
-        const ingest = yield* status.ingest
         const stats = actorStats?.stats
+        const ingest = { ...(yield* status.ingest), unanchored: stats?.aggregation.unanchoredBlocks ?? 0 }
+        const partial = new Set(
+          (actorStats?.partialMembers ?? []).map((m) => memberKey(m.workerId, m.dpRank))
+        )
         return {
           servingEndpoint: status.endpoint,
           lifecycle: status.lifecycle,
@@ -487,6 +515,7 @@ export const make = (
                   unknownRemovals: stats.aggregation.unknownRemovals,
                   capacityFailures: stats.aggregation.capacityFailures,
                   parentNotFound: stats.aggregation.parentNotFound,
+                  unanchoredRemovals: stats.aggregation.unanchoredRemovals,
                   occupiedBucketCount: stats.aggregation.occupiedBucketCount,
                   occupiedSlotCount: stats.aggregation.occupiedSlotCount
                 },
@@ -528,7 +557,17 @@ export const make = (
                   lastError: diagnostics.lastError,
                   publishDelay: diagnostics.publishDelay
                 },
-          ingest
+          ingest,
+          sources: (health?.expected ?? []).map((source) => ({
+            workerId: source.workerId,
+            dpRank: source.dpRank,
+            publisherId: source.publisherId,
+            transportEndpoint: source.transportEndpoint,
+            state: source.state,
+            since: new Date(source.since),
+            history: partial.has(memberKey(source.workerId, source.dpRank)) ? "partial" : "complete",
+            reason: source.reason
+          }))
         } satisfies EndpointStats
       })
 
@@ -597,13 +636,11 @@ export const make = (
       subscribePoolFeed: publication.subscribePoolFeed,
       health: Effect.gen(function* () {
         const statuses = [...slots.values()].map((slot) => slot.status)
-        const sources = { recovering: 0, degraded: 0 }
+        const sources = { ...NO_SOURCES }
         for (const status of statuses) {
           const subscriber = status.subscriber
           if (subscriber === undefined) continue
-          const health = yield* subscriber.health
-          sources.recovering += health.sourcesRecovering
-          sources.degraded += health.sourcesDegraded
+          countSources((yield* subscriber.health).expected, sources)
         }
         return relayHealth(statuses, shuttingDown, sources, yield* discovery.status)
       }),

@@ -19,8 +19,33 @@ import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
 import type { PoolFeed, PublicationError, PublicationFrame } from "./PublicationSource.js"
 import type { PublishDelaySnapshot } from "./PublishDelay.js"
+import type { ExpectedSourceState } from "./SourceSubscriber.js"
 
 export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
+
+/** Expected source ranks by state, summed over the relay's endpoints (PROTOCOL §5 ◆3). */
+export interface SourceCounts {
+  readonly expected: number
+  readonly connecting: number
+  readonly live: number
+  readonly recovering: number
+  readonly degraded: number
+  readonly rejected: number
+}
+
+/** One expected source rank in `/v1/stats` (PROTOCOL §5 ◆3). */
+export interface SourceStats {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly publisherId: bigint
+  readonly transportEndpoint: string
+  readonly state: ExpectedSourceState
+  /** Since when the source is in `state` (by the relay's `Clock`). */
+  readonly since: Date
+  /** `partial` from the moment the relay knows it missed stored events of the rank (§3.3). */
+  readonly history: "complete" | "partial"
+  readonly reason: string | undefined
+}
 
 export interface RelayHealth {
   readonly healthy: boolean
@@ -32,6 +57,8 @@ export interface RelayHealth {
   readonly sourcesRecovering: number
   /** Active sources serving without history they could not recover, or fenced pending a reset. */
   readonly sourcesDegraded: number
+  /** Every expected source rank by state. */
+  readonly sources: SourceCounts
   /** The discovery backend's state; `stale` and `connecting` leave the relay healthy (PROTOCOL §2). */
   readonly discovery: DiscoveryStatus
 }
@@ -47,6 +74,8 @@ export interface EndpointAggregationStats {
   readonly unknownRemovals: number
   readonly capacityFailures: number
   readonly parentNotFound: number
+  /** Removals of blocks stored before a partial member's history began (not unknown removals). */
+  readonly unanchoredRemovals: number
   readonly occupiedBucketCount: number
   readonly occupiedSlotCount: number
 }
@@ -113,6 +142,8 @@ export interface EndpointIngestStats {
   readonly stale: number
   /** Publishers that counted from seq 0 again (engine restarts under one publisher id). */
   readonly restarts: number
+  /** Blocks skipped because their parent chain is unknown (PROTOCOL §3.3 ◆3); 0 without a pool. */
+  readonly unanchored: number
 }
 
 export interface EndpointStats {
@@ -130,6 +161,8 @@ export interface EndpointStats {
   readonly recovery: EndpointRecoveryStats
   readonly actor: EndpointActorStats | undefined
   readonly ingest: EndpointIngestStats
+  /** Every expected source rank of the endpoint. */
+  readonly sources: ReadonlyArray<SourceStats>
 }
 
 export interface RelayStats {

@@ -50,6 +50,43 @@ export const STEADY_POLL: Duration.Duration = Duration.millis(250)
 export const INITIAL_CONNECT_GRACE: Duration.Duration = Duration.seconds(2)
 /** How long a new source's first restore may run before its `recovering` state is logged. */
 export const RECOVERING_WARN_AFTER: Duration.Duration = Duration.seconds(2)
+/** How long a source may stay `connecting` before it is logged (PROTOCOL §5 ◆3). */
+export const CONNECTING_WARN_AFTER: Duration.Duration = Duration.seconds(5)
+
+/**
+ * The state of an expected source rank (an advertised source of the pool), PROTOCOL §5 ◆3:
+ * `connecting` until its connection to the publisher completed the ZMTP handshake (the endpoint
+ * may be wrong, closed or not speaking ZMTP), then the supervisor's `live`, `recovering` or
+ * `degraded`, or `rejected` after a protocol fault until its membership generation advances.
+ */
+export type ExpectedSourceState = "connecting" | SourceSupervisor.SourceState | "rejected"
+
+export const EXPECTED_SOURCE_STATES: ReadonlyArray<ExpectedSourceState> = [
+  "connecting",
+  "live",
+  "recovering",
+  "degraded",
+  "rejected"
+]
+
+/** One expected source rank and its state. */
+export interface ExpectedSource {
+  readonly workerId: string
+  readonly dpRank: number
+  readonly publisherId: bigint
+  /** The source's `transport.endpoint`. */
+  readonly transportEndpoint: string
+  readonly state: ExpectedSourceState
+  /** `Clock` milliseconds since the source is in `state`. */
+  readonly since: number
+  /** Why it is connecting, degraded or rejected, where known. */
+  readonly reason: string | undefined
+}
+
+/** The supervisor's health plus every expected source's state. */
+export interface SourceSubscriberHealth extends SourceSupervisor.SourceSupervisorHealth {
+  readonly expected: ReadonlyArray<ExpectedSource>
+}
 
 /** The endpoint's source view as the KV source coordinator publishes it. */
 export interface SourceViewWatch {
@@ -76,7 +113,7 @@ export interface SourceSubscriberOptions {
 
 export interface SourceSubscriber {
   readonly supervisor: SourceSupervisor.SourceSupervisor
-  readonly health: Effect.Effect<SourceSupervisor.SourceSupervisorHealth>
+  readonly health: Effect.Effect<SourceSubscriberHealth>
   /** Cumulative over this generation; frozen at shutdown. */
   readonly ingest: Effect.Effect<EndpointIngestStats>
   /** Closes the subscriptions, then shuts the supervisor down (every rank reset). Idempotent. */
@@ -92,7 +129,8 @@ export const emptyIngest: EndpointIngestStats = {
   malformedByReason: {},
   skipped: { medium: 0, locality: 0, ownership: 0, group: 0 },
   stale: 0,
-  restarts: 0
+  restarts: 0,
+  unanchored: 0
 }
 
 const addByReason = <K extends string>(
@@ -118,7 +156,8 @@ export const addIngest = (a: EndpointIngestStats, b: EndpointIngestStats): Endpo
     group: a.skipped.group + b.skipped.group
   },
   stale: a.stale + b.stale,
-  restarts: a.restarts + b.restarts
+  restarts: a.restarts + b.restarts,
+  unanchored: a.unanchored + b.unanchored
 })
 
 /** Only the reasons that occurred, so diagnostics list what happened. */
@@ -171,6 +210,8 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
 
     let closed = false
     let bound: string | undefined
+    /** The sources the last reconcile expected (the view's active sources under a resolved endpoint). */
+    let expectedSources: ReadonlyArray<DesiredSource> = []
     let lastView: KvSourceMembershipView | undefined
     let lastReady: ReadonlySet<string> = new Set()
     /** Publisher → ready key of every source that was active and connected at the last sync. */
@@ -193,7 +234,9 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
         malformedByReason: nonZero(totals.malformed),
         skipped: totals.skipped ?? emptyIngest.skipped,
         stale: totals.stale ?? 0,
-        restarts: counters.restarts
+        restarts: counters.restarts,
+        // The pool counts unanchored blocks; the host adds them from the actor's stats.
+        unanchored: 0
       } satisfies EndpointIngestStats
     })
     let finalIngest: EndpointIngestStats | undefined
@@ -241,6 +284,7 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
             }
           }
         }
+        expectedSources = desired
         const connected = new Set((yield* pool.connectedSources).map(sourceIdentityKey))
         const ready = new Set<string>()
         const desiredKeys = new Set<string>()
@@ -301,45 +345,122 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
       Effect.forkIn(scope)
     )
     /**
-     * The state each source was last seen in, since when, and whether that state was logged: one
-     * WARN line per change of state (PROTOCOL §3.2). A new source's first restore is the normal
-     * start: it is logged only once it has lasted `RECOVERING_WARN_AFTER`, and its end only then.
+     * The state each expected source was last seen in, since when, and whether that was logged.
+     * Both `health` and the readiness loop refresh it, so `since` is as fresh as the last look.
      */
-    const reportedStates = new Map<
-      string,
-      { state: SourceSupervisor.SourceState; since: number; logged: boolean }
-    >()
-    const reportStates = Effect.gen(function* () {
-      const health = yield* supervisor.healthSnapshot
-      const now = yield* Clock.currentTimeMillis
-      const seen = new Set<string>()
-      for (const source of health.sources) {
-        const key = `${source.workerId}/${source.dpRank}/${source.publisherId}`
-        seen.add(key)
-        const before = reportedStates.get(key)
-        let previous: string
-        if (before?.state === source.state) {
-          if (before.logged || now - before.since < Duration.toMillis(RECOVERING_WARN_AFTER)) continue
-          before.logged = true
-          previous = "new"
-        } else {
-          const quiet =
-            before === undefined ? source.state !== "degraded" : !before.logged && source.state === "live"
-          reportedStates.set(key, { state: source.state, since: now, logged: !quiet })
-          if (quiet) continue
-          previous = before?.state ?? "new"
-        }
-        yield* Effect.logWarning(`KV event source is ${source.state}`).pipe(
-          Effect.annotateLogs({
+    const stateRecords = new Map<string, { state: ExpectedSourceState; since: number; logged: boolean }>()
+    const noErrors: ReadonlyMap<string, string> = new Map()
+
+    const expectedNow = (
+      health: SourceSupervisor.SourceSupervisorHealth,
+      now: number
+    ): Effect.Effect<ReadonlyArray<ExpectedSource>> =>
+      Effect.gen(function* () {
+        const connected = new Set((yield* pool.connectedSources).map(sourceIdentityKey))
+        const errors = pool.connectionErrors === undefined ? noErrors : yield* pool.connectionErrors
+        const active = new Map<string, SourceSupervisor.SourceStateEntry>()
+        for (const entry of health.sources)
+          active.set(`${entry.workerId}/${entry.dpRank}/${entry.publisherId}`, entry)
+        const rejected = new Map<string, SourceSupervisor.RejectedSourceEntry>()
+        for (const entry of health.rejected)
+          rejected.set(`${entry.workerId}/${entry.dpRank}/${entry.publisherId}`, entry)
+        const out: Array<ExpectedSource> = []
+        const seen = new Set<string>()
+        for (const { source } of expectedSources) {
+          const key = `${source.workerId}/${source.dpRank}/${source.publisherId}`
+          seen.add(key)
+          let state: ExpectedSourceState
+          let reason: string | undefined
+          const rejection = rejected.get(key)
+          const entry = active.get(key)
+          if (rejection !== undefined) {
+            state = "rejected"
+            reason = rejection.reason
+          } else if (entry !== undefined && connected.has(sourceIdentityKey(source))) {
+            state = entry.state
+            reason = entry.reason
+          } else {
+            state = "connecting"
+            reason = errors.get(sourceIdentityKey(source)) ?? "no connection to the publisher yet"
+          }
+          let record = stateRecords.get(key)
+          if (record === undefined || record.state !== state) {
+            record = { state, since: now, logged: false }
+            stateRecords.set(key, record)
+          }
+          out.push({
             workerId: source.workerId,
             dpRank: source.dpRank,
-            publisherId: String(source.publisherId),
-            state: source.state,
-            previous
+            publisherId: source.publisherId,
+            transportEndpoint: source.transport.endpoint,
+            state,
+            since: record.since,
+            reason
           })
+        }
+        for (const key of stateRecords.keys()) if (!seen.has(key)) stateRecords.delete(key)
+        return out
+      })
+
+    const health: Effect.Effect<SourceSubscriberHealth> = Effect.gen(function* () {
+      const supervisorHealth = yield* supervisor.healthSnapshot
+      const now = yield* Clock.currentTimeMillis
+      return { ...supervisorHealth, expected: yield* expectedNow(supervisorHealth, now) }
+    })
+
+    /**
+     * Logs each expected source's state once per change (PROTOCOL §3.2, §5 ◆3): `live` at INFO;
+     * `degraded` and `rejected` at WARN at once; `recovering` at WARN at once when a live source
+     * starts recovering, and a new source's first restore only once it has lasted
+     * `RECOVERING_WARN_AFTER`; `connecting` at WARN once it has lasted `CONNECTING_WARN_AFTER`.
+     */
+    const previousStates = new Map<string, ExpectedSourceState>()
+    const reportStates = Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const { expected } = yield* health
+      const seen = new Set<string>()
+      for (const source of expected) {
+        const key = `${source.workerId}/${source.dpRank}/${source.publisherId}`
+        seen.add(key)
+        const record = stateRecords.get(key)
+        if (record === undefined || record.logged) continue
+        const previous = previousStates.get(key)
+        const lasted = now - record.since
+        let due: boolean
+        switch (source.state) {
+          case "live":
+          case "degraded":
+          case "rejected":
+            due = true
+            break
+          case "recovering":
+            due = previous === "live" || lasted >= Duration.toMillis(RECOVERING_WARN_AFTER)
+            break
+          case "connecting":
+            due = lasted >= Duration.toMillis(CONNECTING_WARN_AFTER)
+            break
+        }
+        if (!due) continue
+        record.logged = true
+        previousStates.set(key, source.state)
+        const annotations = {
+          workerId: source.workerId,
+          dpRank: source.dpRank,
+          publisherId: String(source.publisherId),
+          transportEndpoint: source.transportEndpoint,
+          state: source.state,
+          previous: previous ?? "new",
+          ...(source.reason === undefined ? {} : { reason: source.reason })
+        }
+        const message =
+          source.state === "connecting"
+            ? `KV event source is still connecting after ${Duration.format(Duration.millis(lasted))}`
+            : `KV event source is ${source.state}`
+        yield* (source.state === "live" ? Effect.logInfo(message) : Effect.logWarning(message)).pipe(
+          Effect.annotateLogs(annotations)
         )
       }
-      for (const key of reportedStates.keys()) if (!seen.has(key)) reportedStates.delete(key)
+      for (const key of previousStates.keys()) if (!seen.has(key)) previousStates.delete(key)
     })
     yield* Effect.suspend(() => {
       if (allConnected) return Effect.sleep(steadyPoll)
@@ -365,7 +486,7 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
 
     return {
       supervisor,
-      health: supervisor.healthSnapshot,
+      health,
       ingest: Effect.suspend(() => (finalIngest !== undefined ? Effect.succeed(finalIngest) : ingestNow)),
       shutdown
     } satisfies SourceSubscriber

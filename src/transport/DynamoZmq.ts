@@ -180,6 +180,7 @@ export interface DynamoSubscriptionOptions {
   /** Every decoded or malformed message, in arrival order. */
   readonly deliver: (message: IngestMessage) => Delivered
   readonly onConnection?: (connected: boolean) => void
+  readonly onConnectionError?: (error: string) => void
 }
 
 /** A SUB on one Dynamo publisher endpoint; batches carry the envelope's publisher id. */
@@ -191,5 +192,6 @@ export const subscribeDynamo = (
     topic: options.topic,
     decode: makeDynamoDecoder(options.topic),
     deliver: options.deliver,
-    ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection })
+    ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection }),
+    ...(options.onConnectionError === undefined ? {} : { onConnectionError: options.onConnectionError })
   })

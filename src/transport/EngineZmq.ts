@@ -535,7 +535,9 @@ const readEvents = (
         blockHashes,
         tokensHashes: localHashesOf(f, blockHashes.length >>> 1),
         parentHash: f.parentHash,
-        startPosition: undefined
+        startPosition: undefined,
+        // An engine's history reaches only as far back as its replay buffer (PROTOCOL §3.3 ◆3).
+        skipUnanchored: true
       }
     } else data = { _tag: "Removed", blockHashes: f.blockHashes }
     out.push({ workerId, dpRank, eventId, storageTier: "device", data })
@@ -703,6 +705,7 @@ export interface EngineSubscriptionOptions {
   readonly decode?: EngineDecodeOptions
   readonly deliver: (message: IngestMessage) => Delivered
   readonly onConnection?: (connected: boolean) => void
+  readonly onConnectionError?: (error: string) => void
 }
 
 /** A SUB on one engine rank's PUB endpoint. */
@@ -714,7 +717,8 @@ export const subscribeEngine = (
     topic: options.source.topic,
     decode: makeEngineDecoder(options.source, options.decode),
     deliver: options.deliver,
-    ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection })
+    ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection }),
+    ...(options.onConnectionError === undefined ? {} : { onConnectionError: options.onConnectionError })
   })
 
 // ---------------------------------------------------------------------------------------------

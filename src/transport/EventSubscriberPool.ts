@@ -112,6 +112,8 @@ export interface EventSubscriberPool {
   /** Active sources whose socket has completed its handshake with the publisher. */
   readonly connectedSources: Effect.Effect<ReadonlyArray<KvEventSource>>
   readonly isConnected: (source: KvEventSource) => Effect.Effect<boolean>
+  /** Why each unconnected source's last attempt failed, by source identity key. */
+  readonly connectionErrors: Effect.Effect<ReadonlyMap<string, string>>
   readonly stats: Effect.Effect<EventSubscriberPoolStats>
 }
 
@@ -166,6 +168,8 @@ interface Subscription {
   readonly endpoint: string
   readonly scope: Scope.CloseableScope
   connected: boolean
+  /** Why the last connection attempt failed or ended, until a handshake succeeds. */
+  lastError: string | undefined
   readonly sources: Map<string, SourceEntry>
   readonly lanes: Map<bigint, Lane>
   fallback: Lane | undefined
@@ -364,6 +368,7 @@ export const makeEventSubscriberPool = (
           endpoint: transport.endpoint,
           scope,
           connected: false,
+          lastError: undefined,
           sources: new Map(),
           lanes: new Map(),
           fallback: undefined,
@@ -373,6 +378,10 @@ export const makeEventSubscriberPool = (
         }
         const onConnection = (connected: boolean) => {
           subscription.connected = connected
+          if (connected) subscription.lastError = undefined
+        }
+        const onConnectionError = (error: string) => {
+          subscription.lastError = error
         }
         const open: Effect.Effect<ReceiveLoop, ZmqError, Scope.Scope> =
           transport.kind === "dynamo-zmq"
@@ -380,7 +389,8 @@ export const makeEventSubscriberPool = (
                 endpoint: transport.endpoint,
                 topic: transport.topic,
                 deliver: deliver(subscription),
-                onConnection
+                onConnection,
+                onConnectionError
               })
             : subscribeEngine({
                 endpoint: transport.endpoint,
@@ -392,7 +402,8 @@ export const makeEventSubscriberPool = (
                 },
                 decode: { kvBlockSize: options.kvBlockSize },
                 deliver: deliver(subscription),
-                onConnection
+                onConnection,
+                onConnectionError
               })
         // Each attempt owns a child scope, so a failed attempt releases its socket at once. An
         // attempt lasts as long as its receive loop: a receive error reopens the subscription
@@ -588,6 +599,14 @@ export const makeEventSubscriberPool = (
       ),
       isConnected: (source) =>
         Effect.sync(() => sources.get(sourceKey(source))?.subscription.connected ?? false),
+      connectionErrors: Effect.sync(() => {
+        const errors = new Map<string, string>()
+        for (const entry of sources.values()) {
+          const error = entry.subscription.lastError
+          if (!entry.subscription.connected && error !== undefined) errors.set(entry.key, error)
+        }
+        return errors
+      }),
       stats
     } satisfies EventSubscriberPool
   })

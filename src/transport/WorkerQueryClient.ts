@@ -4,16 +4,16 @@
  * - `dynamo-zmq` with a `recoveryTarget`: a DEALER to the target's ROUTER sends
  *   `[empty, request]` and takes the single `[empty, response]` (PROTOCOL.md §4).
  * - `engine-zmq` with a `replayEndpoint`: the engine replay protocol (§3, recovery-events B.4).
- *   A full restore replays from seq 0; when the first batch is seq 0 the replay is the complete
- *   history, folded into the rank's device-tier block set and answered as a `TreeDump` of
- *   synthetic Stored events (ids from 0) with `lastEventId = last seq + 1`. An incremental
- *   request for event id N replays from seq N − 1 and answers `Events` (ids seq + 1).
- *   History that cannot be covered is answered so that the supervisor takes its degraded path:
- *   - nothing at or after the requested seq → `TooNew{requestedStart, requestedEnd, newestAvailable: 0}`
- *     (the replay endpoint cannot say what its newest seq is);
- *   - a replay that starts later than requested, skips a seq, or holds an undecodable batch →
- *     `InvalidRange{startId: the first id needed, endId: the first id the replay could not supply}`
- *     (so `startId ≤ endId` tells it apart from a reversed request range).
+ *   A full restore replays from seq 0 and answers a `TreeDump` of the replayed events in order
+ *   (ids seq + 1), with `lastEventId = last seq + 1`, for the rank to be replaced from. An
+ *   incremental request for event id N replays from seq N − 1 and answers `Events`.
+ *   Engines keep a bounded replay buffer, so history that cannot be covered is normal
+ *   (PROTOCOL §3.3 ◆3): the answer then carries the contiguous run of decodable batches that ends
+ *   at the newest one, flagged `historyPartial` (a replay that starts later than asked, skips a
+ *   seq, or holds an undecodable batch). A full restore's events start after the run's last
+ *   Cleared, if it has one: the rank's history is then complete from there. Nothing at or after
+ *   an incremental request's seq is `TooNew{requestedStart, requestedEnd, newestAvailable: 0}`
+ *   (the replay endpoint cannot say what its newest seq is).
  *
  * Every query uses its own DEALER, acquired in a Scope: the caller's attempt timeout interrupts
  * the query, the Scope closes the socket with linger 0, and a late reply can never be taken by
@@ -33,7 +33,6 @@ import {
 } from "../recovery/WorkerQuery.js"
 import { type ReplayedBatch, replayEngine } from "./EngineZmq.js"
 import { decodeWorkerQueryResponse, encodeWorkerQueryRequest } from "./msgpack.js"
-import { BlockLedger } from "./WorkerQueryServer.js"
 import { acquireSocket, connectSocket, receiveFrames, sendFrames, type ZmqError } from "./ZmqSocket.js"
 
 export interface WorkerQueryClientOptions {
@@ -75,14 +74,41 @@ export const queryDynamoWorker = (
     })
   ).pipe(Effect.catchTag("ZmqError", (error) => Effect.fail(toQueryError(error))))
 
-/** The first id a replay could not supply, or -1 when `batches` cover `firstSeq..` contiguously. */
-const firstUncovered = (batches: ReadonlyArray<ReplayedBatch>, firstSeq: number): number => {
-  for (let i = 0; i < batches.length; i++) {
-    const batch = batches[i]!
-    if (batch.seq !== firstSeq + i) return firstSeq + i + 1
-    if (batch.batch === undefined) return batch.seq + 1
+/**
+ * Where the contiguous run of decodable batches that ends at the newest one starts: every batch
+ * from that index on is decodable and one seq after the one before it.
+ */
+const coveredSuffixStart = (batches: ReadonlyArray<ReplayedBatch>): number => {
+  let k = batches.length
+  while (k > 0) {
+    const batch = batches[k - 1]!
+    if (batch.batch === undefined) break
+    if (k < batches.length && batches[k]!.seq !== batch.seq + 1) break
+    k--
   }
-  return -1
+  return k
+}
+
+/** The events of `batches[from..]` in order; a full restore keeps only those after the last Cleared. */
+const replayedEvents = (
+  batches: ReadonlyArray<ReplayedBatch>,
+  from: number,
+  afterLastClear: boolean
+): { readonly events: Array<RouterEvent>; readonly cleared: boolean } => {
+  const events: Array<RouterEvent> = []
+  let cleared = false
+  for (let i = from; i < batches.length; i++) {
+    for (const event of batches[i]!.batch!.events) {
+      if (afterLastClear && event.data._tag === "Cleared") {
+        // Everything before a clear is gone from the rank: its history starts over here.
+        events.length = 0
+        cleared = true
+        continue
+      }
+      events.push(event)
+    }
+  }
+  return { events, cleared }
 }
 
 const foreignRank = (
@@ -131,26 +157,27 @@ export const queryEngineReplay = (
         newestAvailable: 0
       } satisfies WorkerKvQueryResponse
     }
-    const firstNeeded = startSeq + 1
-    const uncovered = firstUncovered(batches, startSeq)
-    if (uncovered >= 0) {
-      return { _tag: "InvalidRange", startId: firstNeeded, endId: uncovered } satisfies WorkerKvQueryResponse
-    }
     const foreign = foreignRank(batches, request)
     if (foreign !== undefined) return foreign
     const lastEventId = batches[batches.length - 1]!.seq + 1
+    const from = coveredSuffixStart(batches)
+    const reachesStart = from === 0 && batches[0]!.seq === startSeq
     if (start === undefined) {
-      const ledger = new BlockLedger()
-      for (const replayed of batches) for (const event of replayed.batch!.events) ledger.apply(event)
+      const { events, cleared } = replayedEvents(batches, from, true)
       return {
         _tag: "TreeDump",
-        events: ledger.dump(request.workerId, request.dpRank),
-        lastEventId
+        events,
+        lastEventId,
+        ...(reachesStart || cleared ? {} : { historyPartial: true })
       } satisfies WorkerKvQueryResponse
     }
-    const events: Array<RouterEvent> = []
-    for (const replayed of batches) for (const event of replayed.batch!.events) events.push(event)
-    return { _tag: "Events", events, lastEventId } satisfies WorkerKvQueryResponse
+    const { events } = replayedEvents(batches, from, false)
+    return {
+      _tag: "Events",
+      events,
+      lastEventId,
+      ...(reachesStart ? {} : { historyPartial: true })
+    } satisfies WorkerKvQueryResponse
   })
 
 /** Where a source's recovery queries go. */

@@ -13,6 +13,7 @@ export const makeZmqEventTransport = (): KvEventTransport => ({
     Effect.map(makeEventSubscriberPool({ handler, kvBlockSize: options.kvBlockSize }), (pool) => ({
       sync: pool.sync,
       connectedSources: pool.connectedSources,
+      connectionErrors: pool.connectionErrors,
       totals: Effect.map(pool.stats, (stats) => stats.lifetime)
     })),
   query: makeWorkerQueryClient()

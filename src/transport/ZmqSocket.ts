@@ -208,6 +208,8 @@ export interface SubscriptionOptions {
   readonly deliver: (message: IngestMessage) => Delivered
   /** Connection state from the socket monitor (handshake = connected, disconnect = not). */
   readonly onConnection?: (connected: boolean) => void
+  /** Why a connection attempt failed or a connection ended, where the transport knows (tcp). */
+  readonly onConnectionError?: (error: string) => void
 }
 
 /** The receive loop of a subscription. */
@@ -244,7 +246,8 @@ const openReceiver = (
         address,
         topic: options.topic,
         highWaterMark: EVENT_HWM,
-        ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection })
+        ...(options.onConnection === undefined ? {} : { onConnection: options.onConnection }),
+        ...(options.onConnectionError === undefined ? {} : { onConnectionError: options.onConnectionError })
       })
       return subscriber.receiveBatch(into, ZMTP_RECEIVE_BATCH)
     }

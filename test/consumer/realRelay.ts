@@ -115,6 +115,7 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
       sourcesDegraded: 0,
+      sources: { expected: 0, connecting: 0, live: 0, recovering: 0, degraded: 0, rejected: 0 },
       discovery: { state: "live", since: new Date(0) }
     })
     const service: KvDcRelayService = {

@@ -199,6 +199,7 @@ describe("relay host over file discovery and ZeroMQ", () => {
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
         sourcesDegraded: 0,
+        sources: { expected: 1, connecting: 0, live: 1, recovering: 0, degraded: 0, rejected: 0 },
         discovery: { state: "live", since: expect.any(Date) }
       })
     }).pipe(Effect.provide(quiet))

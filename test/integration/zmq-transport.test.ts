@@ -8,6 +8,7 @@ import { it } from "@effect/vitest"
 import { Deferred, Effect, Either, Fiber } from "effect"
 import { describe, expect } from "vitest"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
+import type { RouterEvent } from "../../src/domain/events.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import type { WorkerKvQueryRequest } from "../../src/recovery/WorkerQuery.js"
 import { encodeDynamoMessage, frameEnvelope } from "../../src/transport/DynamoZmq.js"
@@ -516,92 +517,113 @@ describe("worker query client against the worker query server", () => {
   )
 })
 
+/** The device blocks a rank holds after `events` in order (a Cleared empties it). */
+const heldAfter = (events: ReadonlyArray<RouterEvent>): Set<bigint> => {
+  const held = new Set<bigint>()
+  for (const event of events) {
+    const data = event.data
+    if (data._tag === "Cleared") held.clear()
+    else if (data._tag === "Stored") for (const h of hashPairsToBigInts(data.blockHashes)) held.add(h)
+    else for (const h of hashPairsToBigInts(data.blockHashes)) held.delete(h)
+  }
+  return held
+}
+
 describe("engine replay path", () => {
-  it.scopedLive("full history is folded into a tree dump; an incremental range is answered with events", () =>
-    Effect.gen(function* () {
-      for (const format of ["vllm", "sglang"] as const) {
-        const engine = yield* makeEngineZmqPublisher({ workerId: WORKER, dpRank: 2, format })
-        const source = yield* engine.source(KV_ENDPOINT)
-        const client = makeWorkerQueryClient()
-        yield* engine.store([1n, 2n, 3n])
-        yield* engine.store([4n], { parentHash: 3n })
-        yield* engine.remove([2n])
-        yield* engine.store([9n], { storageTier: "host_pinned" })
-        yield* engine.store([2n ** 64n - 5n])
-        const full = yield* client.queryWorker(source, request({ dpRank: 2 }))
-        expect(full._tag).toBe("TreeDump")
-        if (full._tag === "TreeDump") {
-          expect(full.lastEventId).toBe(5)
-          expect(storedBigInts(full.events).sort()).toEqual([1n, 3n, 4n, 2n ** 64n - 5n].sort())
-          expect(full.events.map((e) => e.eventId)).toEqual(full.events.map((_, i) => i))
-          expect(
-            full.events.every((e) => e.storageTier === "device" && e.dpRank === 2 && e.workerId === WORKER)
-          ).toBe(true)
-          // Chains stay together with their parent (block 2 was removed, so 3 now starts a run).
-          expect(
-            full.events.map((e) => [
-              storedBigInts([e]),
-              e.data._tag === "Stored" && e.data.parentHash !== undefined
-                ? hashPairsToBigInts(e.data.parentHash)[0]
-                : "root"
+  it.scopedLive(
+    "full history is answered as a tree dump of the replayed events; an incremental range with events",
+    () =>
+      Effect.gen(function* () {
+        for (const format of ["vllm", "sglang"] as const) {
+          const engine = yield* makeEngineZmqPublisher({ workerId: WORKER, dpRank: 2, format })
+          const source = yield* engine.source(KV_ENDPOINT)
+          const client = makeWorkerQueryClient()
+          yield* engine.store([1n, 2n, 3n])
+          yield* engine.store([4n], { parentHash: 3n })
+          yield* engine.remove([2n])
+          yield* engine.store([9n], { storageTier: "host_pinned" })
+          yield* engine.store([2n ** 64n - 5n])
+          const full = yield* client.queryWorker(source, request({ dpRank: 2 }))
+          expect(full._tag).toBe("TreeDump")
+          if (full._tag === "TreeDump") {
+            expect(full.lastEventId).toBe(5)
+            expect(full.historyPartial).toBeUndefined()
+            // The replayed events in order, ids seq + 1: the rank is replaced by replaying them.
+            expect(full.events.map((e) => e.eventId)).toEqual([1, 2, 3, 4, 5])
+            expect(full.events.map((e) => e.data._tag)).toEqual([
+              "Stored",
+              "Stored",
+              "Removed",
+              "Removed",
+              "Stored"
             ])
-          ).toEqual([
-            [[1n], "root"],
-            [[3n, 4n], 2n],
-            [[2n ** 64n - 5n], "root"]
-          ])
+            expect(
+              full.events.every((e) => e.storageTier === "device" && e.dpRank === 2 && e.workerId === WORKER)
+            ).toBe(true)
+            expect([...heldAfter(full.events)].sort()).toEqual([1n, 3n, 4n, 2n ** 64n - 5n].sort())
+            // Block 4 keeps its parent, so the rank can chain it.
+            const second = full.events[1]!.data
+            expect(second._tag === "Stored" && hashPairsToBigInts(second.parentHash!)).toEqual([3n])
+          }
+          const range = yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 3 }))
+          expect(range._tag).toBe("Events")
+          if (range._tag === "Events") {
+            expect(range.events.map((e) => e.eventId)).toEqual([3, 4, 5])
+            // Event 4 was a host-tier store: skipped, it holds its id as an empty removal.
+            expect(range.events.map((e) => e.data._tag)).toEqual(["Removed", "Removed", "Stored"])
+            expect(range.lastEventId).toBe(5)
+            expect(range.historyPartial).toBeUndefined()
+          }
+          expect(yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 6 }))).toEqual({
+            _tag: "TooNew",
+            requestedStart: 6,
+            requestedEnd: undefined,
+            newestAvailable: 0
+          })
+          expect(
+            yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 4, endEventId: 2 }))
+          ).toEqual({
+            _tag: "InvalidRange",
+            startId: 4,
+            endId: 2
+          })
+          expect((yield* engine.stats).replays).toBe(3)
         }
-        const range = yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 3 }))
-        expect(range._tag).toBe("Events")
-        if (range._tag === "Events") {
-          expect(range.events.map((e) => e.eventId)).toEqual([3, 4, 5])
-          // Event 4 was a host-tier store: skipped, it holds its id as an empty removal.
-          expect(range.events.map((e) => e.data._tag)).toEqual(["Removed", "Removed", "Stored"])
-          expect(range.lastEventId).toBe(5)
-        }
-        expect(yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 6 }))).toEqual({
-          _tag: "TooNew",
-          requestedStart: 6,
-          requestedEnd: undefined,
-          newestAvailable: 0
-        })
-        expect(
-          yield* client.queryWorker(source, request({ dpRank: 2, startEventId: 4, endEventId: 2 }))
-        ).toEqual({
-          _tag: "InvalidRange",
-          startId: 4,
-          endId: 2
-        })
-        expect((yield* engine.stats).replays).toBe(3)
-      }
-    })
+      })
   )
 
-  it.scopedLive("truncated history and holes take the degraded answer; an empty engine dumps nothing", () =>
-    Effect.gen(function* () {
-      const engine = yield* makeEngineZmqPublisher({ workerId: WORKER, dpRank: 0, format: "vllm" })
-      const source = yield* engine.source(KV_ENDPOINT)
-      const client = makeWorkerQueryClient()
-      expect(yield* client.queryWorker(source, request())).toEqual({
-        _tag: "TreeDump",
-        events: [],
-        lastEventId: 0
+  it.scopedLive(
+    "a buffer that no longer reaches back answers what it holds, flagged partial; a clear in it makes a dump complete",
+    () =>
+      Effect.gen(function* () {
+        const engine = yield* makeEngineZmqPublisher({ workerId: WORKER, dpRank: 0, format: "vllm" })
+        const source = yield* engine.source(KV_ENDPOINT)
+        const client = makeWorkerQueryClient()
+        expect(yield* client.queryWorker(source, request())).toEqual({
+          _tag: "TreeDump",
+          events: [],
+          lastEventId: 0
+        })
+        for (let i = 0; i < 6; i++) yield* engine.store([BigInt(i)])
+        yield* engine.forgetBefore(2)
+        const dump = yield* client.queryWorker(source, request())
+        expect(dump._tag === "TreeDump" && dump.historyPartial).toBe(true)
+        expect(dump._tag === "TreeDump" && dump.events.map((e) => e.eventId)).toEqual([3, 4, 5, 6])
+        expect(dump._tag === "TreeDump" && dump.lastEventId).toBe(6)
+        const gap = yield* client.queryWorker(source, request({ startEventId: 2 }))
+        expect(gap._tag === "Events" && gap.historyPartial).toBe(true)
+        expect(gap._tag === "Events" && gap.events.map((e) => e.eventId)).toEqual([3, 4, 5, 6])
+        const covered = yield* client.queryWorker(source, request({ startEventId: 3 }))
+        expect(covered._tag === "Events" && covered.events.map((e) => e.eventId)).toEqual([3, 4, 5, 6])
+        expect(covered._tag === "Events" && covered.historyPartial).toBeUndefined()
+        // A clear after the forgotten batches: everything the rank holds is known again.
+        yield* engine.clear
+        yield* engine.store([7n])
+        const afterClear = yield* client.queryWorker(source, request())
+        expect(afterClear._tag === "TreeDump" && afterClear.historyPartial).toBeUndefined()
+        expect(afterClear._tag === "TreeDump" && afterClear.events.map((e) => e.eventId)).toEqual([8])
+        expect(afterClear._tag === "TreeDump" && storedBigInts(afterClear.events)).toEqual([7n])
       })
-      for (let i = 0; i < 6; i++) yield* engine.store([BigInt(i)])
-      yield* engine.forgetBefore(2)
-      expect(yield* client.queryWorker(source, request())).toEqual({
-        _tag: "InvalidRange",
-        startId: 1,
-        endId: 1
-      })
-      expect(yield* client.queryWorker(source, request({ startEventId: 2 }))).toEqual({
-        _tag: "InvalidRange",
-        startId: 2,
-        endId: 2
-      })
-      const covered = yield* client.queryWorker(source, request({ startEventId: 3 }))
-      expect(covered._tag === "Events" && covered.events.map((e) => e.eventId)).toEqual([3, 4, 5, 6])
-    })
   )
 
   it.scopedLive("a replay endpoint that never answers is interrupted cleanly by the caller's timeout", () =>

@@ -716,6 +716,7 @@ describe("SourceSupervisor faults, health and shutdown", () => {
           { workerId: "42", dpRank: 1, publisherId: 2n, state: "live" },
           { workerId: "43", dpRank: 0, publisherId: 3n, state: "live" }
         ],
+        rejected: [],
         pendingLiveEventCount: 2,
         discoveredEndpointCount: 1
       })

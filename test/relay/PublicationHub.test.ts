@@ -82,6 +82,7 @@ const scriptedActor = Effect.gen(function* () {
     replaceRanks: () => unused,
     replaceRank: () => unused,
     resetRank: () => unused,
+    markHistoryPartial: () => unused,
     flush: unused,
     snapshot: unused,
     stateStats: unused,

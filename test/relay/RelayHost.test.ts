@@ -189,6 +189,8 @@ describe("RelayHost", () => {
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
         sourcesDegraded: 0,
+        // Nothing listens on the deaf source's endpoint: it is expected, and connecting.
+        sources: { expected: 1, connecting: 1, live: 0, recovering: 0, degraded: 0, rejected: 0 },
         discovery: { state: "live", since: expect.any(Date) }
       })
       const catalog = yield* catalogOf(relay)

@@ -973,6 +973,7 @@ const refreshGauges = (ctx: ServerContext): Effect.Effect<void> =>
     yield* RelayMetrics.setServingTopologyCounts(counts)
     const load = yield* SubscriptionRef.get(ctx.relay.loadRef)
     yield* RelayMetrics.setDegradedLoadCoverage(load.filter(hasDegradedCoverage).length)
+    yield* RelayMetrics.setSourceCounts((yield* ctx.relay.health).sources)
     // Stats go through the actors; a busy relay must not stall the scrape.
     const relayStats = yield* ctx.relay.stats.pipe(Effect.timeoutOption("2 seconds"), Effect.option)
     if (Option.isNone(relayStats) || Option.isNone(relayStats.value)) return

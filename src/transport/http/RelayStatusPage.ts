@@ -1,7 +1,8 @@
 /**
  * The relay's status page, `GET /` (PROTOCOL §5 ◆): the relay's identity and health, one row
  * per pool (serving endpoint) with its members and blocks, filter fill, ingest and publication
- * rates, the sources that are recovering or degraded, and the subscribers of each stream kind.
+ * rates, every expected source that is not live (connecting, recovering, degraded or rejected,
+ * with its reason and history), and the subscribers of each stream kind.
  *
  * Data: `/v1/health`, `/v1/catalog` and `/v1/stats`, plus the `kv_dc_relay_subscribers` gauge of
  * `/metrics` (the JSON APIs do not count subscribers). Rates are differences of the stats'
@@ -23,7 +24,7 @@ const BODY = `
   <dt>Health</dt><dd id="health">—</dd>
   <dt>Discovery</dt><dd id="discovery">—</dd>
   <dt>Endpoints</dt><dd id="endpoint-counts">—</dd>
-  <dt>Sources recovering / degraded</dt><dd id="source-counts">—</dd>
+  <dt>Sources live / expected</dt><dd id="source-counts">—</dd>
   <dt>Catalog revision</dt><dd id="catalog-revision">—</dd>
 </dl>
 </section>
@@ -33,7 +34,8 @@ const BODY = `
 <table id="pools">
 <thead><tr><th>Serving endpoint</th><th>State</th><th>Models</th><th>Roles</th><th>Members</th>
 <th>Blocks</th><th>Filter fill</th><th>Ingest events</th><th>Ingest blocks</th><th>Publications</th>
-<th>Sequence</th><th>Pending events</th><th>Malformed / gaps</th><th>Mailbox</th><th>Last error</th></tr></thead>
+<th>Sequence</th><th>Pending events</th><th>Malformed / gaps</th><th>Unanchored</th><th>Mailbox</th>
+<th>Last error</th></tr></thead>
 <tbody></tbody>
 </table>
 </section>
@@ -41,15 +43,16 @@ const BODY = `
 <section>
 <h2>Members</h2>
 <table id="members">
-<thead><tr><th>Serving endpoint</th><th>Worker</th><th>DP rank</th><th>Blocks</th><th>Source</th></tr></thead>
+<thead><tr><th>Serving endpoint</th><th>Worker</th><th>DP rank</th><th>Blocks</th><th>Source</th><th>History</th></tr></thead>
 <tbody></tbody>
 </table>
 </section>
 
 <section>
-<h2>Recovering sources</h2>
+<h2>Sources that are not live</h2>
 <table id="recovering">
-<thead><tr><th>Serving endpoint</th><th>Worker</th><th>DP rank</th><th>Publisher</th><th>State</th></tr></thead>
+<thead><tr><th>Serving endpoint</th><th>Worker</th><th>DP rank</th><th>Publisher</th><th>Transport</th>
+<th>State</th><th>Since</th><th>History</th><th>Reason</th></tr></thead>
 <tbody></tbody>
 </table>
 </section>
@@ -107,9 +110,14 @@ const SCRIPT = String.raw`
       " since " + (discovery.since ? new Date(discovery.since).toLocaleString() : "—"));
     $("endpoint-counts").textContent = health.endpointCount + " (" + health.activeEndpointCount + " active, " +
       health.fencedEndpointCount + " fenced)";
+    var counts = health.sources;
+    var allLive = counts.live === counts.expected;
+    var notLive = ["connecting", "recovering", "degraded", "rejected"]
+      .filter(function (state) { return counts[state] > 0; })
+      .map(function (state) { return counts[state] + " " + state; });
     $("source-counts").replaceChildren(
-      kv.state(String(health.sourcesRecovering), health.sourcesRecovering === 0), " / ",
-      kv.state(String(health.sourcesDegraded), health.sourcesDegraded === 0));
+      kv.state(counts.live + " / " + counts.expected, allLive),
+      notLive.length > 0 ? " (" + notLive.join(", ") + ")" : "");
     $("catalog-revision").textContent = catalog.revision;
 
     var pools = {};
@@ -149,7 +157,7 @@ const SCRIPT = String.raw`
         ? poolOf.registrations.map(function (r) { return r.model; }).join(", ")
         : ep.models.join(", ");
       var roles = poolOf ? poolOf.poolRoles.join(", ") : ep.roles.join(", ");
-      var recovering = ep.recovery.sources.filter(function (s) { return s.state !== "live"; });
+      var recovering = ep.sources.filter(function (s) { return s.state !== "live"; });
       poolRows.push(el("tr", { "data-endpoint": key }, [
         td(key, "mono endpoint"),
         el("td", { class: "lifecycle" }, [kv.state(ep.lifecycle, ep.lifecycle === "active")]),
@@ -164,37 +172,52 @@ const SCRIPT = String.raw`
         el("td", { class: "num sequence", text: pub ? kv.int(pub.sequence) : "—" }),
         num(pub ? kv.int(pub.pendingEvents) : null),
         num(kv.int(ep.ingest.malformed) + " / " + kv.int(ep.ingest.gaps)),
+        el("td", { class: "num unanchored", text: kv.int(ep.ingest.unanchored) }),
         num(ep.actor ? ep.actor.mailboxDepth + " / " + ep.actor.mailboxCapacity : null),
         td(ep.actor && ep.actor.lastError ? ep.actor.lastError : "—")
       ]));
       var states = {};
-      for (var s = 0; s < ep.recovery.sources.length; s++) {
-        var source = ep.recovery.sources[s];
-        states[source.workerId + "/" + source.dpRank] = source.state;
+      for (var s = 0; s < ep.sources.length; s++) {
+        var source = ep.sources[s];
+        states[source.workerId + "/" + source.dpRank] = source;
       }
       var members = agg ? agg.members : [];
       for (var m = 0; m < members.length; m++) {
         var member = members[m];
-        var sourceState = states[member.workerId + "/" + member.dpRank];
+        var memberSource = states[member.workerId + "/" + member.dpRank];
+        var sourceState = memberSource ? memberSource.state : null;
         memberRows.push(el("tr", { "data-endpoint": key, "data-worker": member.workerId, "data-rank": member.dpRank }, [
           td(key, "mono"),
           td(member.workerId, "mono worker"),
           num(member.dpRank),
           el("td", { class: "num blocks", text: kv.int(member.blocks) }),
-          el("td", { class: "source" }, [sourceState ? kv.state(sourceState, sourceState === "live") : "—"])
+          el("td", { class: "source" }, [sourceState ? kv.state(sourceState, sourceState === "live") : "—"]),
+          el("td", { class: "history" }, [
+            memberSource ? kv.state(memberSource.history, memberSource.history === "complete") : "—"
+          ])
         ]));
       }
       for (var r = 0; r < recovering.length; r++) {
         var rs = recovering[r];
         recoveringRows.push(el("tr", { "data-endpoint": key, "data-worker": rs.workerId, "data-rank": rs.dpRank }, [
           td(key, "mono"), td(rs.workerId, "mono"), num(rs.dpRank), td(rs.publisherId, "mono"),
-          el("td", { class: "state" }, [kv.state(rs.state, false)])
+          td(rs.transportEndpoint, "mono transport"),
+          el("td", { class: "state" }, [kv.state(rs.state, false)]),
+          td(new Date(rs.since).toLocaleString(), "since"),
+          el("td", { class: "history" }, [kv.state(rs.history, rs.history === "complete")]),
+          td(rs.reason || "—", "reason")
         ]));
       }
     }
     kv.rows($("pools").tBodies[0], poolRows, "no pools");
     kv.rows($("members").tBodies[0], memberRows, "no members");
-    kv.rows($("recovering").tBodies[0], recoveringRows, "none: every source is live");
+    // Every source is live only when the live ones are all the expected ones (PROTOCOL §5 ◆3).
+    kv.rows($("recovering").tBodies[0], recoveringRows,
+      counts.expected === 0
+        ? "no sources expected"
+        : allLive
+          ? "none: every source is live"
+          : (counts.expected - counts.live) + " of " + counts.expected + " not live (changing state)");
 
     var subscribers = subscribersOf(metricsText);
     kv.rows($("subscribers").tBodies[0],

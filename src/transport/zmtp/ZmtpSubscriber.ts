@@ -38,6 +38,8 @@ export interface ZmtpSubscriberOptions {
   /** Default 30 s (ZMQ_HANDSHAKE_IVL). */
   readonly handshakeTimeout?: Duration.DurationInput
   readonly onConnection?: (connected: boolean) => void
+  /** Why each failed attempt failed or each connection ended (a fault, a socket error). */
+  readonly onConnectionError?: (error: string) => void
 }
 
 /**
@@ -182,6 +184,15 @@ export const makeZmtpSubscriber = (
       if (end.handshaken) {
         disconnects++
         notify(false)
+      }
+      // Every failed attempt says why, so a source that never connects can show the reason.
+      const error = end.fault !== undefined ? `${end.fault.reason}: ${end.fault.message}` : end.socketError
+      if (error !== undefined && options.onConnectionError !== undefined) {
+        try {
+          options.onConnectionError(error)
+        } catch (defect) {
+          callbackDefect ??= defect
+        }
       }
       const failed = callbackDefect
       callbackDefect = undefined

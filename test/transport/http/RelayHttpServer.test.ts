@@ -95,6 +95,7 @@ describe("RelayHttpServer: plain routes", () => {
         fencedEndpointCount: 0,
         sourcesRecovering: 0,
         sourcesDegraded: 0,
+        sources: { expected: 0, connecting: 0, live: 0, recovering: 0, degraded: 0, rejected: 0 },
         discovery: { state: "live", since: "1970-01-01T00:00:00.000Z" }
       })
       decoded(HealthJson, healthy.json)

@@ -41,6 +41,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
       sourcesDegraded: 0,
+      sources: { expected: 0, connecting: 0, live: 0, recovering: 0, degraded: 0, rejected: 0 },
       discovery: { state: "live", since: new Date(0) }
     })
 
@@ -67,6 +68,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             unknownRemovals: state.stats.aggregation.unknownRemovals,
             capacityFailures: state.stats.aggregation.capacityFailures,
             parentNotFound: state.stats.aggregation.parentNotFound,
+            unanchoredRemovals: state.stats.aggregation.unanchoredRemovals,
             occupiedBucketCount: state.stats.aggregation.occupiedBucketCount,
             occupiedSlotCount: state.stats.aggregation.occupiedSlotCount
           },
@@ -102,7 +104,8 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             lastError: diagnostics.lastError,
             publishDelay: diagnostics.publishDelay
           },
-          ingest: { ...emptyIngest, events: diagnostics.appliedEvents }
+          ingest: { ...emptyIngest, events: diagnostics.appliedEvents },
+          sources: []
         } satisfies EndpointStats
       }).pipe(Effect.annotateLogs("endpoint", key))
 
