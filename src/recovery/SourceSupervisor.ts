@@ -420,6 +420,11 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
         })
       )
 
+    const logPartialReplay = (lastEventId: number) =>
+      Effect.logInfo(
+        "Engine replay does not reach back to the rank's first event; indexing what it holds (history partial)"
+      ).pipe(Effect.annotateLogs({ lastEventId }))
+
     /** The rank's history is partial from here (PROTOCOL §3.3 ◆3); a target without history state ignores it. */
     const markHistoryPartial = (slot: SourceSlot, epoch: SourceEpoch): Effect.Effect<void> =>
       target.markHistoryPartial === undefined
@@ -687,7 +692,10 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               yield* fenceCorruptRecoveryLocked(slot, epoch)
               return undefined
             }
-            if (response.historyPartial === true) yield* markHistoryPartial(slot, epoch)
+            if (response.historyPartial === true) {
+              yield* logPartialReplay(response.lastEventId)
+              yield* markHistoryPartial(slot, epoch)
+            }
             recoveredEvents = response.events
             recoveredCursor = Math.max(slot.rank.lastAdmittedId() ?? 0, response.lastEventId)
             break
@@ -710,7 +718,10 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
               return undefined
             }
             // After the replacement, which starts the rank's history afresh.
-            if (response.historyPartial === true) yield* markHistoryPartial(slot, epoch)
+            if (response.historyPartial === true) {
+              yield* logPartialReplay(response.lastEventId)
+              yield* markHistoryPartial(slot, epoch)
+            }
             recoveredEvents = []
             recoveredCursor = response.lastEventId
             break

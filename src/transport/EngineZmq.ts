@@ -956,7 +956,12 @@ export const replayEngine = (options: ReplayOptions): Effect.Effect<ReadonlyArra
   Effect.scoped(
     Effect.gen(function* () {
       const endpoint = options.replayEndpoint
-      const socket = yield* acquireSocket(() => new zmq.Dealer({ linger: 0 }))
+      // An engine's replay ROUTER drops what it cannot queue for a slow reader (libzmq's ROUTER
+      // at its send high-water mark, 1000 messages by default), the end marker included, and a
+      // replay is up to its whole buffer (vLLM: 10,000 batches) sent at once. An unbounded
+      // receive queue lets this side's I/O thread take every reply off TCP as it arrives, so the
+      // engine's queue for us never fills however busy the relay is.
+      const socket = yield* acquireSocket(() => new zmq.Dealer({ linger: 0, receiveHighWaterMark: 0 }))
       yield* connectSocket(socket, endpoint)
       yield* sendFrames(socket, [Buffer.alloc(0), u64FrameOf(options.startSeq)], endpoint)
       const max = options.maxBatches ?? 1_000_000

@@ -178,7 +178,8 @@ const stored = (
   dpRank: number,
   external: ReadonlyArray<bigint>,
   local: ReadonlyArray<bigint>,
-  parent?: bigint
+  parent?: bigint,
+  skipUnanchored?: boolean
 ): CkfEvent => ({
   workerId,
   dpRank,
@@ -187,9 +188,18 @@ const stored = (
     _tag: "Stored",
     blockHashes: hashPairs(external),
     tokensHashes: hashPairs(local),
-    parentHash: parent === undefined ? undefined : hashPairs([parent])
+    parentHash: parent === undefined ? undefined : hashPairs([parent]),
+    ...(skipUnanchored === true ? { skipUnanchored } : {})
   }
 })
+/** A Stored event as an engine source sends it: an unknown parent skips it as unanchored. */
+const engineStored = (
+  workerId: string,
+  dpRank: number,
+  external: ReadonlyArray<bigint>,
+  local: ReadonlyArray<bigint>,
+  parent?: bigint
+): CkfEvent => stored(workerId, dpRank, external, local, parent, true)
 const removed = (workerId: string, dpRank: number, external: ReadonlyArray<bigint>): CkfEvent => ({
   workerId,
   dpRank,
@@ -442,5 +452,177 @@ describe("CanonicalCkfState", () => {
     )
     expect(state.memberBlockCount("7001", 0)).toBe(big)
     expect(performance.now() - started).toBeLessThan(10_000)
+  })
+})
+
+describe("CanonicalCkfState: engine sources with partial history (PROTOCOL §3.3 ◆3)", () => {
+  /** The plain model of an engine member: Model's lineage plus unanchored counts and partial members. */
+  class EngineModel extends Model {
+    unanchored = 0
+    unanchoredRemovals = 0
+    unknownRemovals = 0
+    readonly partial = new Set<string>()
+
+    /** "skipped" when the parent is unknown, else whether Model.store accepted it. */
+    storeEngine(
+      member: string,
+      external: ReadonlyArray<bigint>,
+      local: ReadonlyArray<bigint>,
+      parent: bigint | undefined
+    ): "stored" | "skipped" | "invalid" {
+      if (parent !== undefined && !(this.lineage.get(member)?.has(parent) ?? false)) {
+        this.unanchored += external.length
+        this.partial.add(member)
+        return "skipped"
+      }
+      return this.store(member, external, local, parent) ? "stored" : "invalid"
+    }
+
+    removeEngine(member: string, external: ReadonlyArray<bigint>): void {
+      const lineage = this.lineage.get(member)
+      for (const e of external) {
+        if (lineage?.delete(e) === true) continue
+        if (this.partial.has(member)) this.unanchoredRemovals++
+        else this.unknownRemovals++
+      }
+    }
+
+    override clear(member: string): void {
+      super.clear(member)
+      this.partial.delete(member)
+    }
+  }
+
+  it("agrees with a plain model: unanchored blocks are skipped and counted, history is partial until a clear", () => {
+    const op = fc.oneof(
+      {
+        weight: 4,
+        arbitrary: fc.record({
+          kind: fc.constant("store" as const),
+          member: fc.nat({ max: 2 }),
+          blocks: fc.array(fc.tuple(fc.bigInt({ min: 1n, max: 40n }), fc.bigInt({ min: 1n, max: 4n })), {
+            minLength: 1,
+            maxLength: 4
+          }),
+          parent: fc.oneof(fc.constant("none" as const), fc.nat(), fc.constant("unknown" as const))
+        })
+      },
+      {
+        weight: 2,
+        arbitrary: fc.record({
+          kind: fc.constant("remove" as const),
+          member: fc.nat({ max: 2 }),
+          external: fc.array(fc.bigInt({ min: 1n, max: 60n }), { maxLength: 4 })
+        })
+      },
+      fc.record({ kind: fc.constant("clear" as const), member: fc.nat({ max: 2 }) }),
+      fc.record({ kind: fc.constant("mark" as const), member: fc.nat({ max: 2 }) }),
+      fc.record({ kind: fc.constant("replace" as const), member: fc.nat({ max: 2 }) })
+    )
+    fc.assert(
+      fc.property(fc.array(op, { minLength: 20, maxLength: 60 }), (ops) => {
+        const state = new CanonicalCkfState(ckfConfig(4096))
+        const model = new EngineModel()
+        // What each member was sent since its last clear, in order: a replay of its buffer.
+        const history = new Map<string, Array<CkfEvent>>()
+        for (const o of ops) {
+          const [workerId, dpRank] = MEMBERS[o.member]!
+          const member = `${workerId}/${dpRank}`
+          const log = history.get(member) ?? []
+          history.set(member, log)
+          if (o.kind === "store") {
+            const external = o.blocks.map(([e]) => e)
+            const local = o.blocks.map(([, l]) => l)
+            const held = [...(model.lineage.get(member)?.keys() ?? [])]
+            const parent =
+              o.parent === "none"
+                ? undefined
+                : o.parent === "unknown" || held.length === 0
+                  ? 999n
+                  : held[o.parent % held.length]
+            const event = engineStored(workerId, dpRank, external, local, parent)
+            const expected = model.storeEngine(member, external, local, parent)
+            const outcome = state.applyEvent(event)
+            expect(outcome.firstError === undefined).toBe(expected !== "invalid")
+            expect(outcome.unanchoredBlocks).toBe(expected === "skipped" ? external.length : 0)
+            if (expected !== "invalid") log.push(event)
+          } else if (o.kind === "remove") {
+            model.removeEngine(member, o.external)
+            state.applyEvent(removed(workerId, dpRank, o.external))
+            log.push(removed(workerId, dpRank, o.external))
+          } else if (o.kind === "clear") {
+            model.clear(member)
+            state.applyEvent(cleared(workerId, dpRank))
+            log.length = 0
+          } else if (o.kind === "mark") {
+            model.partial.add(member)
+            state.markPartial(workerId, dpRank)
+          } else {
+            // The member replaced from a replay of everything it was sent since its last clear: the
+            // same blocks are skipped again, and its history is partial exactly when some are.
+            model.partial.delete(member)
+            const replay = new EngineModel()
+            for (const event of log) {
+              const data = event.data
+              if (data._tag === "Stored") {
+                const external = hashPairsToBigInts(data.blockHashes)
+                const local = hashPairsToBigInts(data.tokensHashes!)
+                const parent =
+                  data.parentHash === undefined ? undefined : hashPairsToBigInts(data.parentHash)[0]
+                replay.storeEngine(member, external, local, parent)
+              } else if (data._tag === "Removed") replay.remove(member, hashPairsToBigInts(data.blockHashes))
+            }
+            model.unanchored += replay.unanchored
+            if (replay.partial.has(member)) model.partial.add(member)
+            expect(state.replaceRanksFromEvents([{ workerId, dpRank, events: [...log] }])).not.toBeInstanceOf(
+              Error
+            )
+          }
+          for (const [w, r] of MEMBERS) {
+            const owned = model.owned(`${w}/${r}`)
+            expect(state.memberBlockCount(w, r)).toBe(owned.size)
+            for (const c of owned) expect(state.owns(w, r, c)).toBe(true)
+          }
+          expect(state.partialMembers().map((m) => `${m.workerId}/${m.dpRank}`)).toEqual(
+            MEMBERS.map(([w, r]) => `${w}/${r}`).filter((m) => model.partial.has(m))
+          )
+        }
+        const stats = state.stats().aggregation
+        expect(stats.unanchoredBlocks).toBe(model.unanchored)
+        expect(stats.unanchoredRemovals).toBe(model.unanchoredRemovals)
+        expect(stats.unknownRemovals).toBe(model.unknownRemovals)
+        expect(stats.parentNotFound).toBe(0)
+      }),
+      { numRuns: 300 }
+    )
+  })
+
+  it("a late join: a prompt whose chain is known is exact at once; children of unseen blocks are skipped", () => {
+    const state = new CanonicalCkfState(ckfConfig(4096))
+    const local = hashPairsToBigInts(localBlockHashes(range(100, 148), 16))
+    const canon = hashPairsToBigInts(sequenceHashes(hashPairs(local)))
+    // The engine stored 0xa1 before the relay joined; its child and grandchild arrive now.
+    const child = state.applyEvent(engineStored("7001", 0, [0xa2n], [local[1]!], 0xa1n))
+    expect(child).toMatchObject({ firstError: undefined, unanchoredBlocks: 1 })
+    expect(state.applyEvent(engineStored("7001", 0, [0xa3n], [local[2]!], 0xa2n)).unanchoredBlocks).toBe(1)
+    expect(state.memberBlockCount("7001", 0)).toBe(0)
+    expect(state.partialMembers()).toEqual([{ workerId: "7001", dpRank: 0 }])
+    // A removal of the block stored before the join is expected, not an unknown removal.
+    expect(state.applyEvent(removed("7001", 0, [0xa1n])).unknownRemovals).toBe(0)
+    // A new prompt, stored whole after the join, is at its canonical addresses.
+    state.applyEvent(engineStored("7001", 0, [0xb1n, 0xb2n, 0xb3n], local))
+    for (const c of canon) expect(state.contains(c)).toBe(true)
+    expect(state.stats().aggregation).toMatchObject({
+      unanchoredBlocks: 2,
+      unanchoredRemovals: 1,
+      unknownRemovals: 0
+    })
+    // A Dynamo source's event (no skipUnanchored) keeps the seed's rule.
+    expect(state.applyEvent(stored("7002", 0, [0xc2n], [local[1]!], 0xc1n)).firstError).toBe(
+      "ParentBlockNotFound"
+    )
+    // AllBlocksCleared makes the engine's history complete again.
+    state.applyEvent(cleared("7001", 0))
+    expect(state.partialMembers()).toEqual([])
   })
 })
