@@ -12,6 +12,7 @@
  */
 
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import * as net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Scope } from "effect"
@@ -437,6 +438,56 @@ describe.skipIf(SKIP)("status pages in headless Chromium", () => {
       )
       await waitForText(page, `${member} td.blocks`, String(before + PROMPT_BLOCKS + 1))
       expect(await page.locator("#auth").isHidden()).toBe(true)
+      expect(problems).toEqual([])
+      await page.close()
+    },
+    TEST_MS
+  )
+
+  it(
+    "a relay page with a source still connecting does not say every source is live",
+    async () => {
+      // dc-c follows engine 5001 (live) and worker 5009, whose advertised endpoint is closed.
+      const closed = await new Promise<number>((resolve) => {
+        const server = net.createServer()
+        server.listen(0, "127.0.0.1", () => {
+          const { port } = server.address() as net.AddressInfo
+          server.close(() => resolve(port))
+        })
+      })
+      const live = await discoveryOf([engineA])
+      const path = join(dir!.path, "dc-c.json")
+      writeDiscovery(path, {
+        cards: [...live.cards, { ...(live.cards[0] as Record<string, unknown>), instanceId: "5009" }],
+        sources: [
+          ...live.sources,
+          {
+            ...(live.sources[0] as Record<string, unknown>),
+            workerId: "5009",
+            publisherId: "5009",
+            transport: {
+              kind: "engine-zmq",
+              endpoint: `tcp://127.0.0.1:${closed}`,
+              topic: "",
+              replayEndpoint: null
+            }
+          }
+        ]
+      })
+      const relayC = await startKvrelay(
+        "relay dc-c",
+        ["relay", "--dc-id", "dc-c", "--discovery", `file:${path}`, "--http", "127.0.0.1:0"],
+        START_MS
+      )
+      const { page, problems } = await openPage(relayC.url)
+      await waitForText(page, "#dc-name", "dc-c")
+      await waitForText(page, "#source-counts", "1 / 2 (1 connecting)")
+      const row = '#recovering tr[data-worker="5009"]'
+      await waitForText(page, `${row} td.state`, "connecting")
+      expect(await textOf(page, `${row} td.transport`)).toBe(`tcp://127.0.0.1:${closed}`)
+      expect(await textOf(page, `${row} td.reason`)).toMatch(/ECONNREFUSED/)
+      expect(await textOf(page, "#recovering tbody")).not.toContain("every source is live")
+      expect(await page.locator('#recovering tr[data-worker="5001"]').count()).toBe(0)
       expect(problems).toEqual([])
       await page.close()
     },
