@@ -512,7 +512,7 @@ export const makeFastPath = (
         let reply: Reply
         try {
           const text =
-            chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")
+            chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks, bytes).toString("utf8")
           reply = answer(route, text, span)
         } catch (cause) {
           // A defect must cost this request only, never the process or its listener.
