@@ -571,8 +571,9 @@ export const make = (
             Effect.timeout(STREAM_FAULT_PROBE_TIMEOUT),
             Effect.isSuccess
           )
-          // A relay that does not answer is going away: its catalog watch ends and says so.
-          if (!answers) return
+          // A relay that does not answer is likely going away, and its catalog watch will end and
+          // say so; one whose watch still stands a while later is reported as failing streams.
+          if (!answers) yield* Effect.sleep(STREAM_FAULT_SETTLE)
         }
         if (!pending()) return
         let newest: LaneState | undefined

@@ -132,6 +132,22 @@ describe("the consumer's log lines about a relay", () => {
     }).pipe(Effect.provide(log.layer), Logger.withMinimumLogLevel(LogLevel.Debug))
   })
 
+  it.scoped("streams failing on a relay that keeps its catalog watch but stops answering: one WARN", () => {
+    const log = capture()
+    return Effect.gen(function* () {
+      const a = yield* FakeRelay.make("a", 1n)
+      const pool = yield* a.addPool()
+      const consumer = yield* started(a)
+      yield* waitUntil(() => readyLanes(consumer).length === 1, "lane ready")
+      a.infoFailure = new RelayTransportError({ url: "fake", message: "timeout" })
+      a.pools.delete(pool.producer.key)
+      yield* pool.lag()
+      yield* settle
+      yield* advance(12_000)
+      expect(log.about("WARN").map((line) => line.message)).toEqual(["relay pool streams failing; retrying"])
+    }).pipe(Effect.provide(log.layer))
+  })
+
   it.scoped("an unreachable relay at start is one WARN with the error and the next delay", () => {
     const log = capture()
     return Effect.gen(function* () {

@@ -217,6 +217,7 @@ const CASES: ReadonlyArray<Sent> = [
   { body: { model: "llama", tokens: [1] } },
   { body: { namespace: "prod", model: "mistral", tokens: [1] } }, // 404
   { body: { namespace: "dev", model: "llama", tokens: [1] } }, // 404
+  { body: byTokens(TOKENS, { loraName: "no-such-adapter" }) }, // 404 ADAPTER_NOT_FOUND
   {
     body: {
       poolDomain: { ...POOL_DOMAIN, routingScope: { digest: "03".repeat(16), source: "explicit" } },
@@ -237,6 +238,12 @@ const CASES: ReadonlyArray<Sent> = [
   { path: "/v1/overlap/batch", body: { queries: Array.from({ length: 257 }, () => ({})) } },
   { path: "/v1/overlap/batch", body: { queries: [byTokens(TOKENS)], more: true } },
   { path: "/v1/overlap/batch", body: "[" },
+  { path: "/v1/overlap/batch", body: [byTokens(TOKENS)] },
+  { path: "/v1/overlap/batch", body: { queries: {} } },
+  {
+    path: "/v1/overlap/batch",
+    body: { queries: [byTokens(TOKENS, { loraName: "no-such-adapter" }), byTokens(TOKENS)] }
+  },
   // left to the general path on both servers
   { method: "GET" },
   { method: "PUT", body: byTokens(TOKENS) },
