@@ -119,7 +119,7 @@ export const relayCommand: CommandSpec = {
     { name: "max-load-watchers", help: "load watch streams (default 64)", placeholder: "N" },
     {
       name: "max-request-body-bytes",
-      help: "largest accepted request body (default 65536)",
+      help: "largest body of the query routes, in bytes (default 16777216); 413 BODY_TOO_LARGE beyond",
       placeholder: "N"
     },
     ...serverTlsFlags,
@@ -142,7 +142,7 @@ export const globalCommand: CommandSpec = {
     },
     {
       name: "max-request-body-bytes",
-      help: "largest accepted request body (default 1048576)",
+      help: "largest body of the overlap routes, in bytes (default 16777216); 413 BODY_TOO_LARGE beyond",
       placeholder: "N"
     },
     ...serverTlsFlags,
@@ -320,7 +320,8 @@ export const RelaySettings = Schema.Struct({
   maxCatalogWatchers: withDefault(PositiveInt, () => 64),
   maxReadinessWatchers: withDefault(PositiveInt, () => 64),
   maxLoadWatchers: withDefault(PositiveInt, () => 64),
-  maxRequestBodyBytes: withDefault(PositiveInt, () => 65_536),
+  // PROTOCOL §7 ◆3: 256 queries of 2,048 tokens fit (ErrorText.DEFAULT_MAX_REQUEST_BODY_BYTES).
+  maxRequestBodyBytes: withDefault(PositiveInt, () => 16_777_216),
   ...serverTlsFields,
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)
@@ -362,7 +363,8 @@ export const GlobalSettings = Schema.Struct({
       return duplicate === undefined || `relay name ${JSON.stringify(duplicate)} is given twice`
     })
   ),
-  maxRequestBodyBytes: withDefault(PositiveInt, () => 1_048_576),
+  // PROTOCOL §7 ◆3: 256 queries of 2,048 tokens fit (ErrorText.DEFAULT_MAX_REQUEST_BODY_BYTES).
+  maxRequestBodyBytes: withDefault(PositiveInt, () => 16_777_216),
   ...serverTlsFields,
   relayCa: Schema.optional(FilePath),
   relayCert: Schema.optional(FilePath),

@@ -63,6 +63,7 @@ import {
   type GlobalCkfIngestionPoolConfig,
   make as makeIngestionPool
 } from "./IngestionPool.js"
+import { KnownModels, type KnownModelsView } from "./KnownModels.js"
 import {
   make as makeRelayClient,
   type PoolStreamEvent,
@@ -117,6 +118,8 @@ export interface GlobalConsumerConfig {
   readonly ingestion?: Partial<GlobalCkfIngestionPoolConfig> | undefined
   /** Prefix-search verification window (default 2). */
   readonly verificationWindow?: number | undefined
+  /** Names no current catalog lists that are still remembered (`KnownModels`, default 4096). */
+  readonly retainedNames?: number | undefined
 }
 
 export class GlobalConsumerConfigError extends Data.TaggedError("GlobalConsumerConfigError")<{
@@ -285,6 +288,8 @@ export interface GlobalConsumerService {
   readonly domains: () => ReadonlyArray<DomainStatus>
   /** Pools served by a relay that could not be laned, with the reason (format mismatch, …). */
   readonly problems: () => ReadonlyArray<string>
+  /** What the relays' catalogs have registered since the consumer started (PROTOCOL §7 ◆3). */
+  readonly known: KnownModelsView
   /** Sets the consumer's gauges from the current state (called before a metrics scrape). */
   readonly refreshGauges: Effect.Effect<void>
 }
@@ -326,6 +331,21 @@ const relayConnectedGauge = Metric.gauge("kvrelay_global_relay_connected", {
 // ---------------------------------------------------------------------------------------------
 // Internal state
 
+/**
+ * What the log last said about a relay (PROTOCOL §7 ◆3): a WARN once when it becomes
+ * unreachable or its pool streams start failing, an INFO once when it is back; every retry in
+ * between is logged at DEBUG only.
+ */
+type RelayHealth = "starting" | "up" | "unreachable" | "streams"
+
+/**
+ * A lane fault is called a failing stream only after this long, and only if the relay still
+ * answers: a relay that went away breaks its pool streams and its catalog watch at once, and
+ * that is one event (unreachable), whichever socket noticed first.
+ */
+const STREAM_FAULT_SETTLE = Duration.seconds(1)
+const STREAM_FAULT_PROBE_TIMEOUT = Duration.seconds(2)
+
 /** Why a lane attempt ended. */
 class LaneFault extends Data.TaggedError("LaneFault")<{ readonly kind: string; readonly message: string }> {}
 
@@ -342,6 +362,11 @@ interface RelayState {
   lastError: string | undefined
   /** The first attempt to learn the relay finished (either way). */
   attempted: boolean
+  health: RelayHealth
+  /** Lanes whose stream failed and that have not installed a snapshot since. */
+  readonly failingLanes: Set<LaneState>
+  /** A pending check whether failing lanes mean failing streams (`STREAM_FAULT_SETTLE`). */
+  streamCheck: boolean
 }
 
 /** Also the public `LaneStatus` (queries read these objects directly; they must not write). */
@@ -363,6 +388,8 @@ interface LaneState {
   snapshotsInstalled: number
   deltasApplied: number
   resubscribes: number
+  /** When the lane subscribes again after its last fault (clock ms). */
+  retryAt: number
 }
 
 /** Also the public `DomainStatus`. */
@@ -454,8 +481,12 @@ export const make = (
       connected: false,
       epochs: 0,
       lastError: undefined,
-      attempted: false
+      attempted: false,
+      health: "starting",
+      failingLanes: new Set(),
+      streamCheck: false
     }))
+    const known = new KnownModels(config.retainedNames)
     const domains = new Map<string, DomainState>()
     // Queries read the live domain and lane objects: no copy per query. The ordered list is
     // rebuilt only when a domain opens or closes.
@@ -470,8 +501,109 @@ export const make = (
       Queue.unsafeOffer(wakeups, undefined)
     }
 
-    const sleepBackoff = (attempt: number) =>
-      Effect.flatMap(equalJitter(backoffCeiling(attempt, reconnect.initial, reconnect.max)), Effect.sleep)
+    const backoffDelay = (attempt: number) =>
+      equalJitter(backoffCeiling(attempt, reconnect.initial, reconnect.max))
+
+    // ---- what the log says about each relay (one line per change of its state)
+
+    const relayLog = (relay: RelayState) => Effect.annotateLogs(relayAnnotations(relay))
+
+    /** The relay's epoch failed; `retryMs` is the wait before the next one. */
+    const relayUnreachable = (relay: RelayState, why: string, retryMs: number): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        relay.failingLanes.clear()
+        const annotations = { error: why, retryInMs: Math.round(retryMs) }
+        if (relay.health === "unreachable") {
+          return Effect.logDebug("relay still unreachable; retrying").pipe(Effect.annotateLogs(annotations))
+        }
+        relay.health = "unreachable"
+        return Effect.logWarning("relay unreachable; retrying").pipe(Effect.annotateLogs(annotations))
+      }).pipe(relayLog(relay))
+
+    /** The relay's catalog arrived: it is up (its lanes may still fail on their own). */
+    const relayConnected = (
+      relay: RelayState,
+      info: RelayInfo,
+      catalog: CatalogSnapshot
+    ): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const before = relay.health
+        if (before === "up" || before === "streams") return Effect.void
+        relay.health = "up"
+        return Effect.logInfo(before === "starting" ? "relay connected" : "relay reachable again").pipe(
+          Effect.annotateLogs({
+            dcName: info.dcName,
+            dcId: info.dcId.hex,
+            relayIncarnation: String(info.relay.relayIncarnation),
+            pools: catalog.pools.length
+          })
+        )
+      }).pipe(relayLog(relay))
+
+    /** A lane is no longer failing (ready again, or gone). */
+    const laneRecovered = (lane: LaneState, ready: boolean): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const relay = lane.source
+        if (!relay.failingLanes.delete(lane) || relay.failingLanes.size > 0 || relay.health !== "streams") {
+          return Effect.void
+        }
+        relay.health = "up"
+        return ready
+          ? Effect.logInfo("relay pool streams recovered").pipe(relayLog(relay))
+          : Effect.logDebug("relay pool streams no longer failing: the failing lanes left").pipe(
+              relayLog(relay)
+            )
+      })
+
+    /**
+     * After `STREAM_FAULT_SETTLE`, failing lanes of a relay that still has its catalog and still
+     * answers `GET /v1/relay` are failing streams: one WARN, with the newest fault and the wait
+     * before that lane subscribes again.
+     */
+    const checkStreams = (relay: RelayState): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        yield* Effect.sleep(STREAM_FAULT_SETTLE)
+        const pending = () => relay.connected && relay.health === "up" && relay.failingLanes.size > 0
+        if (!pending()) return
+        const client = relay.client
+        if (client !== undefined) {
+          const answers = yield* client.relayInfo.pipe(
+            Effect.timeout(STREAM_FAULT_PROBE_TIMEOUT),
+            Effect.isSuccess
+          )
+          // A relay that does not answer is likely going away, and its catalog watch will end and
+          // say so; one whose watch still stands a while later is reported as failing streams.
+          if (!answers) yield* Effect.sleep(STREAM_FAULT_SETTLE)
+        }
+        if (!pending()) return
+        let newest: LaneState | undefined
+        for (const lane of relay.failingLanes)
+          if (newest === undefined || lane.retryAt > newest.retryAt) newest = lane
+        relay.health = "streams"
+        yield* Effect.logWarning("relay pool streams failing; retrying").pipe(
+          Effect.annotateLogs({
+            error: newest?.lastFault ?? "unknown",
+            retryInMs: Math.max(0, Math.round((newest?.retryAt ?? nowMs()) - nowMs())),
+            failingLanes: relay.failingLanes.size
+          }),
+          relayLog(relay)
+        )
+      }).pipe(
+        Effect.ensuring(
+          Effect.sync(() => {
+            relay.streamCheck = false
+          })
+        )
+      )
+
+    const laneFailed = (lane: LaneState): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const relay = lane.source
+        relay.failingLanes.add(lane)
+        if (relay.health !== "up" || relay.streamCheck) return Effect.void
+        relay.streamCheck = true
+        return Effect.asVoid(Effect.forkIn(checkStreams(relay), consumerScope))
+      })
 
     // ---- lanes
 
@@ -526,9 +658,12 @@ export const make = (
               lane.ready = true
               lane.installedSequence = outcome.sequence
               lane.snapshotsInstalled++
-              return Effect.logInfo("global lane ready").pipe(
+              return Effect.logDebug("global lane ready").pipe(
                 Effect.annotateLogs("sequence", String(outcome.sequence)),
-                Effect.zipRight(Metric.increment(Metric.tagged(snapshotsInstalledTotal, "relay", lane.relay)))
+                Effect.zipRight(
+                  Metric.increment(Metric.tagged(snapshotsInstalledTotal, "relay", lane.relay))
+                ),
+                Effect.zipRight(laneRecovered(lane, true))
               )
             }),
             Effect.withSpan("GlobalConsumer.lane.installSnapshot", {
@@ -641,6 +776,8 @@ export const make = (
           const started = nowMs()
           if (attempt > 0) lane.resubscribes++
           const exit = yield* Effect.exit(laneAttempt(domain, lane))
+          if (nowMs() - started >= resetAfterMs) attempt = 0
+          const delay = yield* backoffDelay(attempt)
           if (Exit.isFailure(exit)) {
             const failure = Cause.failureOption(exit.cause)
             const text =
@@ -651,18 +788,20 @@ export const make = (
             lane.faults += 1
             lane.faultsByKind[kind] = (lane.faultsByKind[kind] ?? 0) + 1
             lane.lastFault = text
+            lane.retryAt = nowMs() + Duration.toMillis(delay)
             yield* Metric.increment(
               Metric.tagged(Metric.tagged(laneFaultsTotal, "relay", lane.relay), "kind", kind)
             )
-            yield* Effect.logWarning("global lane retired; subscribing again after backoff").pipe(
-              Effect.annotateLogs({ fault: text, attempt }),
+            // Per retry and per lane at DEBUG; the relay's own line says it once (checkStreams).
+            yield* Effect.logDebug("global lane retired; subscribing again after backoff").pipe(
+              Effect.annotateLogs({ fault: text, attempt, retryInMs: Math.round(Duration.toMillis(delay)) }),
               Effect.withSpan("GlobalConsumer.lane.retire", {
                 attributes: { lane: lane.lane, relay: lane.relay, fault: kind }
               })
             )
+            yield* laneFailed(lane)
           }
-          if (nowMs() - started >= resetAfterMs) attempt = 0
-          yield* sleepBackoff(attempt)
+          yield* Effect.sleep(delay)
           attempt += 1
         }
       }).pipe(Effect.annotateLogs(laneAnnotations(domain, lane)))
@@ -684,11 +823,12 @@ export const make = (
           lastFault: undefined,
           snapshotsInstalled: 0,
           deltasApplied: 0,
-          resubscribes: 0
+          resubscribes: 0,
+          retryAt: 0
         }
         domain.lanes.set(lane.lane, lane)
         lane.fiber = yield* Effect.forkIn(laneLoop(domain, lane), domain.scope)
-        yield* Effect.logInfo("global lane started").pipe(Effect.annotateLogs(laneAnnotations(domain, lane)))
+        yield* Effect.logDebug("global lane started").pipe(Effect.annotateLogs(laneAnnotations(domain, lane)))
       })
 
     const stopLane = (domain: DomainState, lane: LaneState, why: string): Effect.Effect<void> =>
@@ -697,7 +837,8 @@ export const make = (
         domain.indexer.retireLaneReadiness(lane.lane)
         lane.ready = false
         if (lane.fiber !== undefined) yield* Fiber.interrupt(lane.fiber)
-        yield* Effect.logInfo("global lane stopped").pipe(
+        yield* laneRecovered(lane, false)
+        yield* Effect.logDebug("global lane stopped").pipe(
           Effect.annotateLogs({ ...laneAnnotations(domain, lane), why })
         )
       }).pipe(Effect.withSpan("GlobalConsumer.lane.stop", { attributes: { lane: lane.lane, why } }))
@@ -784,7 +925,7 @@ export const make = (
           broken: false
         }
         yield* Effect.forkIn(supervised("consumer.domain-faults", dispatchFaults(domain)), scope)
-        yield* Effect.logInfo("global domain opened").pipe(
+        yield* Effect.logDebug("global domain opened").pipe(
           Effect.annotateLogs({ domain: id.toString(), format: format.key, layout: layout.key })
         )
         return domain
@@ -798,7 +939,7 @@ export const make = (
         for (const lane of domain.lanes.values()) lane.ready = false
         domain.lanes.clear()
         yield* Scope.close(domain.scope, Exit.void)
-        yield* Effect.logInfo("global domain closed").pipe(
+        yield* Effect.logDebug("global domain closed").pipe(
           Effect.annotateLogs({ domain: domain.id.toString(), why })
         )
       }).pipe(
@@ -943,13 +1084,10 @@ export const make = (
         relay.connected = false
         relay.lastError = why
         wake()
-        return hadCatalog
-          ? Effect.logWarning("relay epoch ended; everything learned from it is invalidated").pipe(
-              Effect.annotateLogs({ ...relayAnnotations(relay), why })
-            )
-          : Effect.logDebug("relay epoch ended").pipe(
-              Effect.annotateLogs({ ...relayAnnotations(relay), why })
-            )
+        // The WARN (or the DEBUG of a retry) is `relayUnreachable`'s, with the next delay.
+        return Effect.logDebug(
+          hadCatalog ? "relay epoch ended; everything learned from it is invalidated" : "relay epoch ended"
+        ).pipe(Effect.annotateLogs({ ...relayAnnotations(relay), why }))
       })
 
     class EpochEnded extends Data.TaggedError("EpochEnded")<{ readonly message: string }> {}
@@ -975,7 +1113,7 @@ export const make = (
         }
         relay.info = info
         relay.knownDcId = info.dcId
-        yield* Effect.logInfo("relay learned").pipe(
+        yield* Effect.logDebug("relay learned").pipe(
           Effect.annotateLogs({
             dcName: info.dcName,
             dcId: info.dcId.hex,
@@ -1016,8 +1154,9 @@ export const make = (
               relay.catalog = catalog
               relay.connected = true
               relay.lastError = undefined
+              known.remember(relays.flatMap((r) => (r.catalog === undefined ? [] : [r.catalog])))
               wake()
-              return Effect.void
+              return previous === undefined ? relayConnected(relay, info, catalog) : Effect.void
             })
           )
         )
@@ -1053,7 +1192,9 @@ export const make = (
             : "epoch ended"
           yield* invalidate(relay, why)
           if (nowMs() - started >= resetAfterMs) attempt = 0
-          yield* sleepBackoff(attempt)
+          const delay = yield* backoffDelay(attempt)
+          yield* relayUnreachable(relay, why, Duration.toMillis(delay))
+          yield* Effect.sleep(delay)
           attempt += 1
         }
       }).pipe(Effect.annotateLogs(relayAnnotations(relay)))
@@ -1115,6 +1256,7 @@ export const make = (
         })),
       domains: domainList,
       problems: () => [...currentProblems.values()],
+      known,
       refreshGauges
     }
     return service

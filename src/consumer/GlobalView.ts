@@ -59,13 +59,19 @@ export interface OverlapResult {
   readonly matchedTokens: number
 }
 
-/** No domain matches the model (in that namespace) or the pool domain. */
+/** No relay's catalog has registered the model (or alias) in the namespace since the consumer started. */
+export class ModelNotFound extends Data.TaggedError("ModelNotFound")<{ readonly message: string }> {}
+
+/** The model (or pool domain) is known, but no adapter registration of `loraName` on it has been seen. */
+export class AdapterNotFound extends Data.TaggedError("AdapterNotFound")<{ readonly message: string }> {}
+
+/** No relay's catalog has listed a pool of the pool domain since the consumer started. */
 export class NoMatchingDomain extends Data.TaggedError("NoMatchingDomain")<{ readonly message: string }> {}
 
-/** Domains match, but none of them has a ready lane. */
+/** The model or pool domain is known, but no lane of it is ready now (relay down, lane resubscribing). */
 export class NoReadyLane extends Data.TaggedError("NoReadyLane")<{ readonly message: string }> {}
 
-export type OverlapError = NoMatchingDomain | NoReadyLane
+export type OverlapError = ModelNotFound | AdapterNotFound | NoMatchingDomain | NoReadyLane
 
 export interface DomainLaneView {
   readonly lane: number
@@ -77,9 +83,21 @@ export interface DomainLaneView {
   readonly installedSequence: bigint | undefined
 }
 
+/** A base model registered by the domain's pools (PROTOCOL §7 ◆3). */
+export interface DomainModelView {
+  readonly namespace: string
+  readonly model: string
+  /** Sorted, over every lane's registration of the model. */
+  readonly aliases: ReadonlyArray<string>
+  /** The `lora.adapter` names of the adapter registrations on the model, sorted. */
+  readonly adapters: ReadonlyArray<string>
+}
+
 export interface DomainView {
   readonly id: IndexerDomainId
   readonly querySemantics: KvQuerySemantics
+  /** Ordered by namespace, then model. */
+  readonly models: ReadonlyArray<DomainModelView>
   readonly lanes: ReadonlyArray<DomainLaneView>
 }
 
@@ -206,24 +224,78 @@ export const sortByDepth = (results: Array<OverlapResult>): Array<OverlapResult>
 /** Per-lane depths of the domain being queried (queries run one at a time, synchronously). */
 const queryDepths = new Uint32Array(16)
 
+/** The adapter a token query asks for; absent, null and "" are the base model. */
+const adapterOf = (request: OverlapRequest): string | undefined =>
+  "tokens" in request && typeof request.loraName === "string" && request.loraName.length > 0
+    ? request.loraName
+    : undefined
+
+/** A name as messages quote it (model ids may be long; messages stay short). */
+const q = (text: string): string => JSON.stringify(text.length <= 64 ? text : `${text.slice(0, 63)}…`)
+
+const modelText = (request: { readonly namespace: string; readonly model: string }) =>
+  `model ${q(request.model)} in namespace ${q(request.namespace)}`
+
+/** The domain's digests, short: enough to tell domains apart in a message. */
+const domainText = (id: IndexerDomainId) =>
+  `pool domain ${id.cacheSemantics.hex.slice(0, 12)}…/${id.routingScope.hex.slice(0, 12)}…`
+
+/**
+ * Why a query cannot be answered before any domain is probed: a model (or pool domain) no
+ * catalog has registered since the consumer started, or an adapter never registered on it.
+ * Answered from `known` only when it matters: a model served now is always known, so a query
+ * without an adapter looks it up only once no lane answered.
+ */
+const unknownTarget = (
+  consumer: GlobalConsumerService,
+  request: OverlapRequest,
+  adapter: string | undefined
+): ModelNotFound | AdapterNotFound | NoMatchingDomain | undefined => {
+  const known = consumer.known
+  if ("poolDomain" in request) {
+    const key = request.poolDomain.key
+    if (!known.hasDomain(key)) {
+      return new NoMatchingDomain({
+        message: `no relay has listed a pool of ${domainText(request.poolDomain)} since this consumer started`
+      })
+    }
+    if (adapter !== undefined && !known.hasDomainAdapter(key, adapter)) {
+      return new AdapterNotFound({
+        message: `no relay has registered adapter ${q(adapter)} (loraName) on ${domainText(request.poolDomain)} since this consumer started`
+      })
+    }
+    return undefined
+  }
+  const bases = known.bases(request.namespace, request.model)
+  if (bases === undefined) {
+    return new ModelNotFound({
+      message: `no relay has registered ${modelText(request)} since this consumer started`
+    })
+  }
+  if (adapter !== undefined) {
+    for (const base of bases) if (known.hasAdapter(request.namespace, base, adapter)) return undefined
+    return new AdapterNotFound({
+      message: `no relay has registered adapter ${q(adapter)} (loraName) on ${modelText(request)} since this consumer started`
+    })
+  }
+  return undefined
+}
+
 /** Query the matching domains of `consumer` (no Effect: one synchronous pass). */
 export const overlapOf = (
   consumer: GlobalConsumerService,
   request: OverlapRequest
 ): ReadonlyArray<OverlapResult> | OverlapError => {
+  const adapter = adapterOf(request)
+  if (adapter !== undefined) {
+    const unknown = unknownTarget(consumer, request, adapter)
+    if (unknown !== undefined) return unknown
+  }
   const all = consumer.domains()
   const matching =
     "poolDomain" in request
       ? all.filter((domain) => domain.id.equals(request.poolDomain))
       : all.filter((domain) => servesModel(domain, request.namespace, request.model))
-  if (matching.length === 0) {
-    return new NoMatchingDomain({
-      message:
-        "poolDomain" in request
-          ? `no lane serves pool domain ${request.poolDomain}`
-          : `no lane serves model ${JSON.stringify(request.model)} in namespace ${JSON.stringify(request.namespace)}`
-    })
-  }
   const addresses = new QueryAddresses(request)
   const results: Array<OverlapResult> = []
   for (const domain of matching) {
@@ -249,11 +321,53 @@ export const overlapOf = (
     }
   }
   if (results.length === 0) {
+    const unknown = adapter === undefined ? unknownTarget(consumer, request, undefined) : undefined
+    if (unknown !== undefined) return unknown
     return new NoReadyLane({
-      message: `${matching.length} matching domain${matching.length === 1 ? " has" : "s have"} no ready lane`
+      message: `${"poolDomain" in request ? domainText(request.poolDomain) : modelText(request)} is known, but no lane of it is ready now (its relay is down or its lanes are resubscribing)`
     })
   }
   return sortByDepth(results)
+}
+
+/** The base registrations of a domain's pools, with their aliases and the adapters on them. */
+const modelsOf = (domain: DomainStatus): ReadonlyArray<DomainModelView> => {
+  const models = new Map<
+    string,
+    { namespace: string; model: string; aliases: Set<string>; adapters: Set<string> }
+  >()
+  const entry = (namespace: string, model: string) => {
+    const key = `${namespace}\0${model}`
+    let found = models.get(key)
+    if (found === undefined) {
+      found = { namespace, model, aliases: new Set(), adapters: new Set() }
+      models.set(key, found)
+    }
+    return found
+  }
+  for (const lane of domain.lanes.values()) {
+    const { servingEndpoint, registrations } = lane.descriptor
+    for (const registration of registrations) {
+      if (registration.target._tag !== "Base") continue
+      const found = entry(servingEndpoint.namespace, registration.model)
+      for (const alias of registration.aliases) found.aliases.add(alias)
+    }
+    for (const registration of registrations) {
+      const target = registration.target
+      // An adapter is listed on its base; one whose base this pool does not register is left out.
+      if (target._tag !== "Lora") continue
+      models.get(`${servingEndpoint.namespace}\0${target.baseModel}`)?.adapters.add(target.adapter)
+    }
+  }
+  const byText = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0)
+  return [...models.values()]
+    .sort((a, b) => byText(a.namespace, b.namespace) || byText(a.model, b.model))
+    .map((m) => ({
+      namespace: m.namespace,
+      model: m.model,
+      aliases: [...m.aliases].sort(byText),
+      adapters: [...m.adapters].sort(byText)
+    }))
 }
 
 /** The lanes of every live domain, ordered by domain and lane. */
@@ -261,6 +375,7 @@ export const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<Domain
   consumer.domains().map((domain) => ({
     id: domain.id,
     querySemantics: domain.querySemantics,
+    models: modelsOf(domain),
     lanes: [...domain.lanes.values()]
       .sort((a, b) => a.lane - b.lane)
       .map((lane) => ({

@@ -56,8 +56,60 @@ const pathText = (path: ReadonlyArray<PropertyKey>): string => {
 
 const OPTIONAL_MISMATCH = /^Expected (undefined|null), actual /
 
+/**
+ * How the wording of decode errors reads: `schema` keeps the schema library's own sentences
+ * (configuration files, discovery records), `contract` rewrites its `Expected T, actual V` into the
+ * protocol's words and never repeats a long value (HTTP request bodies, PROTOCOL §7 ◆3).
+ */
+export type ErrorWording = "schema" | "contract"
+
+const LITERAL = String.raw`(?:"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|true|false|null)`
+const LITERALS = new RegExp(`^${LITERAL}(?: \\| ${LITERAL})*$`)
+
+/** The contract's words for a schema's type text (`ReadonlyArray<U64>` → "an array"). */
+const typeWords = (type: string): string => {
+  const t = type.trim()
+  if (t.startsWith("{")) return "a JSON object"
+  if (/^(?:ReadonlyArray|Array)<|^(?:readonly )?\[/.test(t)) return "an array"
+  if (LITERALS.test(t)) {
+    const parts = t.split(" | ")
+    return parts.length === 1 ? parts[0]! : `one of ${parts.join(", ")}`
+  }
+  if (t.includes(" | ") && !/[{<[]/.test(t)) return t.split(" | ").map(typeWords).join(" or ")
+  switch (t) {
+    case "string":
+      return "a string"
+    case "number":
+      return "a number"
+    case "boolean":
+      return "true or false"
+    case "null":
+      return "null"
+    default:
+      return "a valid value"
+  }
+}
+
+/** A value as the schema library rendered it, described rather than repeated when it is long. */
+const actualWords = (actual: string): string => {
+  const a = actual.trim()
+  if (a.startsWith("[")) return "an array"
+  if (a.startsWith("{")) return "an object"
+  if (a.startsWith('"')) return a.length <= 42 ? a : "a long string"
+  return a.length <= 40 ? a : "another value"
+}
+
+/** One issue's message in the contract's words (see `ErrorWording`). */
+export const contractIssueMessage = (message: string): string => {
+  const found = /^Expected ([\s\S]*?), actual ([\s\S]*)$/.exec(message)
+  return found === null ? message : `expected ${typeWords(found[1]!)}, got ${actualWords(found[2]!)}`
+}
+
+/** A field path, cut short when a client sent an absurdly long name. */
+const shortPath = (path: string): string => (path.length <= 80 ? path : `${path.slice(0, 77)}…`)
+
 /** One line per document: `unknown field "card.foo"`, `missing field "dcId"`, `seed: <why>`. */
-export const formatParseError = (error: ParseResult.ParseError): string => {
+export const formatParseError = (error: ParseResult.ParseError, wording: ErrorWording = "schema"): string => {
   let issues: ReadonlyArray<ParseResult.ArrayFormatterIssue>
   try {
     issues = ParseResult.ArrayFormatter.formatErrorSync(error)
@@ -65,14 +117,17 @@ export const formatParseError = (error: ParseResult.ParseError): string => {
     // The formatter renders the offending value recursively; a pathological one cannot be shown.
     return "invalid value"
   }
+  const contract = wording === "contract"
   // An optional or nullable field is a union with undefined/null; their mismatches only hide the cause.
   const relevant = issues.filter((issue) => !OPTIONAL_MISMATCH.test(issue.message))
   return (relevant.length > 0 ? relevant : issues)
     .map((issue) => {
-      const at = pathText(issue.path)
+      const full = pathText(issue.path)
+      const at = contract ? shortPath(full) : full
       if (issue._tag === "Unexpected") return `unknown field ${JSON.stringify(at)}`
       if (issue._tag === "Missing") return `missing field ${JSON.stringify(at)}`
-      return at.length === 0 ? issue.message : `${at}: ${issue.message}`
+      const message = contract ? contractIssueMessage(issue.message) : issue.message
+      return at.length === 0 ? message : `${at}: ${message}`
     })
     .join("; ")
     .replace(/\s*\n\s*/g, " ")
@@ -104,7 +159,7 @@ export const nestedDeeperThan = (value: unknown, max: number): boolean => {
  * `MAX_JSON_DEPTH` is rejected before decoding: Effect's decoder and its error rendering recurse,
  * and a 100,000-deep array would otherwise overflow the stack.
  */
-export const decodeJson = <A, I>(schema: Schema.Schema<A, I, never>) => {
+export const decodeJson = <A, I>(schema: Schema.Schema<A, I, never>, wording: ErrorWording = "schema") => {
   const decode = Schema.decodeUnknownEither(schema, { onExcessProperty: "error" })
   return (input: unknown): Either.Either<A, JsonDecodeError> => {
     if (nestedDeeperThan(input, MAX_JSON_DEPTH)) {
@@ -115,7 +170,7 @@ export const decodeJson = <A, I>(schema: Schema.Schema<A, I, never>) => {
     try {
       return Either.mapLeft(
         decode(input),
-        (error) => new JsonDecodeError({ message: formatParseError(error) })
+        (error) => new JsonDecodeError({ message: formatParseError(error, wording) })
       )
     } catch (cause) {
       // A last line of defence: a decoder must answer, never throw, whatever it is given.
@@ -699,6 +754,13 @@ export const ERROR_REASONS = [
   "PUBLICATION_UNAVAILABLE",
   "INTERNAL",
   "SUBSCRIBER_LAGGED",
+  // PROTOCOL §7 ◆3, on both servers: an unknown route, and a body over the server's limit.
+  "NOT_FOUND",
+  "BODY_TOO_LARGE",
+  // Global overlap answers (PROTOCOL §7 ◆3): a typo, an adapter never registered, an outage.
+  "MODEL_NOT_FOUND",
+  "ADAPTER_NOT_FOUND",
+  "NO_READY_LANE",
   // A token file is configured and the request carries no accepted bearer token (PROTOCOL §1 ◆).
   "UNAUTHORIZED",
   // Terminal pool-stream frames only (relay-service §4.1); never an HTTP status body.
@@ -908,7 +970,7 @@ export const TokenIdsJson = Schema.declare(
       const actual = issue.actual
       if (!Array.isArray(actual)) return "tokens must be an array of u32 token ids"
       const at = firstNonU32(actual)
-      return `tokens[${at}] is not a u32 token id: ${JSON.stringify(actual[at]) ?? String(actual[at])}`
+      return `tokens[${at}] is not a u32 token id: ${shown(actual[at])}`
     }
   }
 )
@@ -958,7 +1020,9 @@ export const OverlapResponseJson = Schema.Struct({ results: Schema.Array(Overlap
 export type OverlapResponse = typeof OverlapResponseJson.Type
 
 export const OverlapBatchResponseJson = Schema.Struct({
-  results: Schema.Array(Schema.Array(OverlapResultJson))
+  results: Schema.Array(Schema.Array(OverlapResultJson)),
+  /** Per query: null, or the error the query would get from `POST /v1/overlap`. */
+  errors: Schema.Array(Schema.NullOr(ErrorBodyJson))
 })
 
 export const DomainLaneJson = Schema.Struct({
@@ -972,11 +1036,20 @@ export const DomainLaneJson = Schema.Struct({
   installedSequence: Schema.NullOr(U64)
 })
 
+/** A base model a domain serves (PROTOCOL §7 ◆3): its aliases and the adapters on it. */
+export const DomainModelJson = Schema.Struct({
+  namespace: Schema.String,
+  model: Schema.String,
+  aliases: Schema.Array(Schema.String),
+  adapters: Schema.Array(Schema.String)
+})
+
 /** One entry of `GET /v1/domains`. */
 export const DomainViewJson = Schema.Struct({
   cacheSemantics: CacheSemanticsJson,
   routingScope: RoutingScopeJson,
   querySemantics: QuerySemanticsJson,
+  models: Schema.Array(DomainModelJson),
   lanes: Schema.Array(DomainLaneJson)
 })
 

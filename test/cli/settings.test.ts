@@ -108,3 +108,41 @@ describe("global settings", () => {
     expect(problems(loadGlobal([]))).toEqual(["--relay: is required"])
   })
 })
+
+describe("--max-request-body-bytes (PROTOCOL §7 ◆3)", () => {
+  const files = {
+    "/relay.json": JSON.stringify({ dcId: "a", maxRequestBodyBytes: 4096 }),
+    "/global.json": JSON.stringify({ relay: ["a=http://a:1"], maxRequestBodyBytes: 4096 })
+  }
+  const readFile = (path: string) => files[path as keyof typeof files] ?? ""
+  const relay = (argv: Array<string>, env: Record<string, string> = {}) =>
+    loadSettings(relayCommand, RelaySettings, { argv, env, readFile })
+  const global = (argv: Array<string>, env: Record<string, string> = {}) =>
+    loadSettings(globalCommand, GlobalSettings, { argv, env, readFile })
+
+  it("defaults to 16 MiB on both servers, and is a flag, a variable and a file key on each", () => {
+    expect(Either.getOrThrow(relay(["--dc-id", "a"])).maxRequestBodyBytes).toBe(16_777_216)
+    expect(Either.getOrThrow(global(["--relay", "a=http://a:1"])).maxRequestBodyBytes).toBe(16_777_216)
+    const limitOf = (
+      result: Either.Either<{ readonly maxRequestBodyBytes: number }, { problems: ReadonlyArray<string> }>
+    ) => Either.getOrThrow(result).maxRequestBodyBytes
+    const loads: Array<
+      (
+        argv: Array<string>,
+        env?: Record<string, string>
+      ) => Either.Either<{ readonly maxRequestBodyBytes: number }, { problems: ReadonlyArray<string> }>
+    > = [
+      (argv, env) => relay(["--dc-id", "a", ...argv], env),
+      (argv, env) => global(["--relay", "a=http://a:1", ...argv], env)
+    ]
+    for (const load of loads) {
+      expect(limitOf(load(["--max-request-body-bytes", "1000"]))).toBe(1000)
+      expect(limitOf(load([], { KVRELAY_MAX_REQUEST_BODY_BYTES: "2000" }))).toBe(2000)
+      expect(problems(load(["--max-request-body-bytes", "0"]))).toEqual([
+        "--max-request-body-bytes: expected a positive integer, got 0"
+      ])
+    }
+    expect(Either.getOrThrow(relay(["--config", "/relay.json"])).maxRequestBodyBytes).toBe(4096)
+    expect(Either.getOrThrow(global(["--config", "/global.json"])).maxRequestBodyBytes).toBe(4096)
+  })
+})

@@ -15,6 +15,7 @@ import {
   validateConfig
 } from "../../src/consumer/GlobalConsumer.js"
 import {
+  ModelNotFound,
   make as makeView,
   NoMatchingDomain,
   NoReadyLane,
@@ -146,10 +147,10 @@ describe("GlobalConsumer", () => {
         b: 3
       })
       expect(view.overlapNow({ namespace: "dev", model: "llama", sequenceHashes: prompt })).toBeInstanceOf(
-        NoMatchingDomain
+        ModelNotFound
       )
       expect(view.overlapNow({ namespace: "prod", model: "other", sequenceHashes: prompt })).toBeInstanceOf(
-        NoMatchingDomain
+        ModelNotFound
       )
       expect(depths(view.overlapNow({ poolDomain: domainOf(1), sequenceHashes: prompt }))).toEqual({
         a: 8,
@@ -350,9 +351,10 @@ describe("GlobalConsumer", () => {
       yield* a.removePool(mistral)
       yield* settle
       expect(consumer.domains()).toHaveLength(1)
+      // Registered since the consumer started, so no typo: no lane of it is ready (PROTOCOL §7 ◆3).
       expect(
         view.overlapNow({ namespace: "prod", model: "mistral", sequenceHashes: hashes(0, 2) })
-      ).toBeInstanceOf(NoMatchingDomain)
+      ).toBeInstanceOf(NoReadyLane)
       expect(llama.subscribers.size).toBe(1)
     })
   )

@@ -32,8 +32,10 @@ import {
   DcRelayIdentity,
   EndpointId,
   KvQuerySemantics,
+  ModelTarget,
   modelAlias,
-  type RelayInfo
+  type RelayInfo,
+  withTarget
 } from "../../src/domain/model.js"
 
 export const domainOf = (seed: number): IndexerDomainId =>
@@ -135,6 +137,8 @@ export interface FakePoolOptions {
   readonly expectedBlocks?: number
   readonly kvBlockSize?: number
   readonly layoutGeneration?: bigint
+  /** LoRA adapters registered on the model, each as `<model>-<adapter>` with that `lora.adapter`. */
+  readonly adapters?: ReadonlyArray<string>
 }
 
 /** A scripted relay: identity, catalog and pools can be changed at any time. */
@@ -190,7 +194,19 @@ export class FakeRelay {
           component: "backend",
           endpoint: "generate"
         }),
-        registrations: [baseRegistration(canonicalModelId(options.model ?? "llama"), [modelAlias("chat")])],
+        registrations: [
+          baseRegistration(canonicalModelId(options.model ?? "llama"), [modelAlias("chat")]),
+          ...(options.adapters ?? []).map((adapter) =>
+            withTarget(
+              canonicalModelId(`${options.model ?? "llama"}-${adapter}`),
+              ModelTarget.Lora({
+                baseModel: canonicalModelId(options.model ?? "llama"),
+                adapter: canonicalModelId(adapter)
+              }),
+              []
+            )
+          )
+        ],
         querySemantics: new KvQuerySemantics({
           kvBlockSize: options.kvBlockSize ?? 16,
           hashFormat: "dynamo_standard_v1"

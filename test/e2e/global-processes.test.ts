@@ -279,8 +279,8 @@ describe("global consumer over two relay processes", () => {
         "INVALID_REQUEST"
       )
     }
-    await expectRejected(JSON.stringify({ ...valid, model: "mistral" }), 404, "POOL_NOT_FOUND")
-    await expectRejected(JSON.stringify({ ...valid, namespace: "staging" }), 404, "POOL_NOT_FOUND")
+    await expectRejected(JSON.stringify({ ...valid, model: "mistral" }), 404, "MODEL_NOT_FOUND")
+    await expectRejected(JSON.stringify({ ...valid, namespace: "staging" }), 404, "MODEL_NOT_FOUND")
 
     // The boundaries of u64 are accepted, as strings and as JSON numbers up to 2^53.
     const edges = await post(

@@ -66,8 +66,9 @@ beforeAll(async () => {
   e3 = await tokenEngine(scope, "4001")
   const pathA = `${dir.path}/dc-a.json`
   const pathB = `${dir.path}/dc-b.json`
-  writeDiscovery(pathA, await discoveryOf([e1, e2]))
-  writeDiscovery(pathB, await discoveryOf([e3]))
+  // Every worker also serves the adapter tenant-a, so queries may name it (PROTOCOL §7 ◆3).
+  writeDiscovery(pathA, await discoveryOf([e1, e2], ["tenant-a"]))
+  writeDiscovery(pathB, await discoveryOf([e3], ["tenant-a"]))
   ;[relayA, relayB] = await Promise.all([startRelay("dc-a", pathA), startRelay("dc-b", pathB)])
   global = await startGlobal([
     ["dc-a", relayA.url],
@@ -161,7 +162,13 @@ describe("token queries across two relays of vLLM engines with their own block h
     await e3.storeTokens(engineHashes(SEED_3, 2, 0, 3), blockTokens(B, 0, 3))
     await converge("B under tenant-a", { tokens: B, loraName: "tenant-a" }, { "dc-a": 6, "dc-b": 0 })
     await converge("B on the base model", { tokens: B }, { "dc-a": 0, "dc-b": 3 })
-    expect(depthsOf(await ask({ tokens: B, loraName: "tenant-b" }))).toEqual({ "dc-a": 0, "dc-b": 0 })
+    // An adapter no relay has registered is no silent depth 0 (PROTOCOL §7 ◆3).
+    const unknown = await request(`${global.url}/v1/overlap`, {
+      method: "POST",
+      body: JSON.stringify({ namespace: NAMESPACE, model: MODEL, tokens: B, loraName: "tenant-b" })
+    })
+    expect(unknown.status, unknown.text).toBe(404)
+    expect(unknown.body).toMatchObject({ reason: "ADAPTER_NOT_FOUND" })
   })
 
   it("converges after a lost batch is replayed from the engine's replay endpoint", async () => {

@@ -45,10 +45,14 @@ export interface KvrelayProcess {
   readonly exited: Promise<ExitStatus>
   /** The last lines of stderr (logs), for failure messages. */
   readonly logTail: () => string
+  /** Everything the process wrote to stderr so far (its logs), up to `LOG_KEPT_CHARS`. */
+  readonly log: () => string
 }
 
 const live = new Set<KvrelayProcess>()
 const LOG_TAIL_LINES = 80
+/** The processes of these tests log little; a runaway log is cut rather than held. */
+const LOG_KEPT_CHARS = 8 * 1024 * 1024
 
 /** The environment without `KVRELAY_*` / `OTEL_*` settings of the machine running the tests. */
 const cleanEnv = (): NodeJS.ProcessEnv => {
@@ -76,19 +80,22 @@ export const startKvrelay = (
     })
     const tail: Array<string> = []
     let partial = ""
+    let all = ""
     child.stderr!.setEncoding("utf8")
     child.stderr!.on("data", (chunk: string) => {
+      if (all.length < LOG_KEPT_CHARS) all += chunk
       const lines = (partial + chunk).split("\n")
       partial = lines.pop()!
       tail.push(...lines)
       if (tail.length > LOG_TAIL_LINES) tail.splice(0, tail.length - LOG_TAIL_LINES)
     })
     const logTail = () => [...tail, partial].join("\n")
+    const log = () => all
     const exited = new Promise<ExitStatus>((done) => {
       child.once("exit", (code, signal) => done({ code, signal }))
     })
     // Tracked at once, so that stopAll() reaches a process that never got to listen.
-    const pending: KvrelayProcess = { label, child, url: "", port: 0, exited, logTail }
+    const pending: KvrelayProcess = { label, child, url: "", port: 0, exited, logTail, log }
     live.add(pending)
     void exited.then(() => live.delete(pending))
     let settled = false
@@ -242,6 +249,20 @@ const cardJson = (workerId: string): Record<string, unknown> => ({
   }
 })
 
+/**
+ * A LoRA adapter's card on `workerId` (PROTOCOL §2): joined to the worker's base card by its
+ * `instanceId`, served as `<model>-<adapter>`, so the relay registers `{lora: {baseModel, adapter}}`.
+ */
+export const adapterCardJson = (workerId: string, adapter: string): Record<string, unknown> => {
+  const base = cardJson(workerId)
+  const card = base.card as Record<string, unknown>
+  return {
+    ...base,
+    modelSuffix: adapter,
+    card: { ...card, name: `${MODEL}-${adapter}`, aliases: [], lora: { name: adapter, maxGpuLoraCount: 4 } }
+  }
+}
+
 const inScope = <A, E>(scope: Scope.Scope, effect: Effect.Effect<A, E, Scope.Scope>): Promise<A> =>
   Effect.runPromise(Scope.extend(effect, scope))
 
@@ -343,9 +364,15 @@ export const makeScope = (): Promise<Scope.CloseableScope> => Effect.runPromise(
 export const closeScope = (scope: Scope.CloseableScope): Promise<void> =>
   Effect.runPromise(Scope.close(scope, Exit.void))
 
-/** The discovery document of a DC's workers. */
-export const discoveryOf = async (workers: ReadonlyArray<SimWorker>) => ({
-  cards: workers.map((w) => w.card()),
+/** The discovery document of a DC's workers, each also serving the LoRA `adapters` given. */
+export const discoveryOf = async (
+  workers: ReadonlyArray<SimWorker>,
+  adapters: ReadonlyArray<string> = []
+) => ({
+  cards: workers.flatMap((w) => [
+    w.card(),
+    ...adapters.map((adapter) => adapterCardJson(w.workerId, adapter))
+  ]),
   sources: await Promise.all(workers.map((w) => w.source()))
 })
 
@@ -584,13 +611,17 @@ export const startRelay = (dcId: string, discoveryPath: string, port = 0): Promi
     "65536"
   ])
 
-/** `kvrelay global --relay NAME=URL … --http 127.0.0.1:0` (lane order = argument order). */
-export const startGlobal = (relays: ReadonlyArray<readonly [string, string]>): Promise<KvrelayProcess> =>
+/** `kvrelay global --relay NAME=URL … --http 127.0.0.1:0 …extra` (lane order = argument order). */
+export const startGlobal = (
+  relays: ReadonlyArray<readonly [string, string]>,
+  extra: ReadonlyArray<string> = []
+): Promise<KvrelayProcess> =>
   startKvrelay("global", [
     "global",
     ...relays.flatMap(([name, url]) => ["--relay", `${name}=${url}`]),
     "--http",
-    "127.0.0.1:0"
+    "127.0.0.1:0",
+    ...extra
   ])
 
 let warmUpCounter = 0n

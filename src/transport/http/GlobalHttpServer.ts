@@ -3,10 +3,13 @@
  * `GET /v1/domains`, `POST /v1/overlap` and `POST /v1/overlap/batch`; `GET /metrics`,
  * `GET /v1/health` and `GET /v1/stats` are `GlobalDiagnostics`.
  *
- * Every JSON input is decoded through `effect/Schema` with unknown fields rejected; u64 values go
- * out as decimal strings. Errors are `{reason, message}`: 400 `INVALID_REQUEST` for a malformed
- * body (413 when it exceeds the size limit), 404 `POOL_NOT_FOUND` when no domain matches, 503
- * `PUBLICATION_UNAVAILABLE` when the matching domains have no ready lane.
+ * Every JSON input is decoded with unknown fields rejected; u64 values go out as decimal strings.
+ * Errors are `{reason, message}` (PROTOCOL §7 ◆3): 400 `INVALID_REQUEST` for a malformed body,
+ * 413 `BODY_TOO_LARGE` beyond `--max-request-body-bytes`, 404 `MODEL_NOT_FOUND` /
+ * `ADAPTER_NOT_FOUND` for names no relay has registered since the consumer started (404
+ * `POOL_NOT_FOUND` for such a pool domain), 503 `NO_READY_LANE` when what was asked is known but
+ * no lane of it is ready, 404 `NOT_FOUND` for an unknown route and 405 (with `Allow`) for a known
+ * route asked with another method.
  */
 
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http"
@@ -30,6 +33,13 @@ import { GlobalView, layer as globalViewLayer } from "../../consumer/GlobalView.
 import type { RelayClientOptions } from "../../consumer/RelayClient.js"
 import { DomainsResponseJson, type ErrorReason, encodeJson } from "../../domain/json.js"
 import * as BearerAuth from "./BearerAuth.js"
+import {
+  bodyTooLargeMessage,
+  boundedMessage,
+  DEFAULT_MAX_REQUEST_BODY_BYTES,
+  methodNotAllowedMessage,
+  noRouteMessage
+} from "./ErrorText.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
 import * as GlobalStatusPage from "./GlobalStatusPage.js"
 import * as OverlapQuery from "./OverlapQuery.js"
@@ -37,8 +47,11 @@ import { type ClientTlsOptions, httpClientLayer, type ServerTlsOptions } from ".
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
 export const DEFAULT_GLOBAL_HTTP_PORT = 8090
-/** A 64-block prompt is about 1.5 KiB; 1 MiB admits prompts of ~45,000 blocks. */
-export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+/**
+ * The query routes' body limit (`--max-request-body-bytes`, PROTOCOL §7 ◆3): 16 MiB, so that
+ * 256 queries of 2,048 tokens (about 3.6 MB) fit in one batch.
+ */
+export const DEFAULT_MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES
 
 export interface GlobalHttpServerOptions {
   readonly host?: string | undefined
@@ -68,14 +81,15 @@ const errorResponse = (
   status: number,
   reason: ErrorReason,
   message: string
-): HttpServerResponse.HttpServerResponse => jsonResponse(status, { reason, message })
+): HttpServerResponse.HttpServerResponse => jsonResponse(status, { reason, message: boundedMessage(message) })
 
 class RequestRejected extends Data.TaggedError("RequestRejected")<{
   readonly status: number
+  readonly reason: ErrorReason
   readonly message: string
 }> {}
 
-const rejected = (error: RequestRejected) => errorResponse(error.status, "INVALID_REQUEST", error.message)
+const rejected = (error: RequestRejected) => errorResponse(error.status, error.reason, error.message)
 
 // ---------------------------------------------------------------------------------------------
 // Body
@@ -93,7 +107,7 @@ const readBody = (
   Effect.gen(function* () {
     const request = yield* HttpServerRequest.HttpServerRequest
     const tooLarge = () =>
-      new RequestRejected({ status: 413, message: `request body exceeds ${limit} bytes` })
+      new RequestRejected({ status: 413, reason: "BODY_TOO_LARGE", message: bodyTooLargeMessage(limit) })
     const declared = request.headers["content-length"]
     if (declared !== undefined && Number(declared) > limit) return yield* Effect.fail(tooLarge())
     return yield* request.text.pipe(
@@ -101,7 +115,11 @@ const readBody = (
       Effect.mapError((error) =>
         exceedsLimit(error)
           ? tooLarge()
-          : new RequestRejected({ status: 400, message: `request body could not be read: ${error.message}` })
+          : new RequestRejected({
+              status: 400,
+              reason: "INVALID_REQUEST",
+              message: `request body could not be read: ${error.message}`
+            })
       )
     )
   })
@@ -114,13 +132,15 @@ export { decodeOverlapRequest, parseOverlapBatch, parseOverlapRequest } from "./
 // Handlers
 
 const methodNotAllowed = (allowed: string) =>
-  Effect.map(HttpServerRequest.HttpServerRequest, (request) =>
-    HttpServerResponse.setHeader(
-      errorResponse(405, "INVALID_REQUEST", `${request.method} is not allowed here; use ${allowed}`),
+  Effect.map(HttpServerRequest.HttpServerRequest, (request) => {
+    const queryAt = request.url.indexOf("?")
+    const route = queryAt < 0 ? request.url : request.url.slice(0, queryAt)
+    return HttpServerResponse.setHeader(
+      errorResponse(405, "INVALID_REQUEST", methodNotAllowedMessage(request.method, route, allowed)),
       "allow",
       allowed
     )
-  )
+  })
 
 /** One handler per path; other methods answer 405. */
 const only = <E, R>(
@@ -147,6 +167,7 @@ const domains = Effect.gen(function* () {
       cacheSemantics: domain.id.cacheSemantics,
       routingScope: domain.id.routingScope,
       querySemantics: domain.querySemantics,
+      models: domain.models,
       lanes: domain.lanes.map((lane) => ({
         lane: lane.lane,
         relay: lane.relay,
@@ -226,9 +247,7 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
     HttpRouter.all("/v1/health", traced("/v1/health")(only("GET", GlobalDiagnostics.health))),
     HttpRouter.all("/v1/stats", traced("/v1/stats")(only("GET", GlobalDiagnostics.stats))),
     Effect.catchTag("RouteNotFound", (error) =>
-      Effect.succeed(
-        errorResponse(404, "INVALID_REQUEST", `no route for ${error.request.method} ${error.request.url}`)
-      )
+      Effect.succeed(errorResponse(404, "NOT_FOUND", noRouteMessage(error.request.method, error.request.url)))
     )
   )
 }

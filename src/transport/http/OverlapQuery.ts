@@ -27,40 +27,84 @@ import {
   DomainLocalOverlapJson,
   DomainTokensOverlapJson,
   decodeJson,
-  decodeJsonText,
   type ErrorReason,
   encodeJson,
+  MAX_JSON_DEPTH,
+  MAX_OVERLAP_BATCH,
   ModelLocalOverlapJson,
   ModelTokensOverlapJson,
-  OverlapBatchJson,
+  nestedDeeperThan,
   OverlapBatchResponseJson,
   OverlapResponseJson,
   OverlapResultJson
 } from "../../domain/json.js"
 import { authorizationProblem, type TokenFile } from "./BearerAuth.js"
+import {
+  bodyTooLargeMessage,
+  boundedMessage,
+  describeValue,
+  invalidJsonMessage,
+  quoted
+} from "./ErrorText.js"
 import type { QueryStats } from "./GlobalDiagnostics.js"
 
 // ---------------------------------------------------------------------------------------------
 // Bodies
 
-const decodeModelTokens = decodeJson(ModelTokensOverlapJson)
-const decodeModelLocal = decodeJson(ModelLocalOverlapJson)
-const decodeDomainTokens = decodeJson(DomainTokensOverlapJson)
-const decodeDomainLocal = decodeJson(DomainLocalOverlapJson)
-const decodeBatch = decodeJsonText(OverlapBatchJson)
+const decodeModelTokens = decodeJson(ModelTokensOverlapJson, "contract")
+const decodeModelLocal = decodeJson(ModelLocalOverlapJson, "contract")
+const decodeDomainTokens = decodeJson(DomainTokensOverlapJson, "contract")
+const decodeDomainLocal = decodeJson(DomainLocalOverlapJson, "contract")
 
 const QUERY_FORMS =
   "{namespace, model, tokens, loraName?} or {namespace, model, localBlockHashes} (poolDomain in place of namespace and model)"
 
+const BATCH_FORM = `{queries: [overlap body, …]} with 1 to ${MAX_OVERLAP_BATCH} bodies`
+
+const isPlainObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === "object" && value !== null && !Array.isArray(value)
+
+const FIELDS = {
+  modelTokens: new Set(["namespace", "model", "tokens", "loraName"]),
+  modelLocal: new Set(["namespace", "model", "localBlockHashes"]),
+  domainTokens: new Set(["poolDomain", "tokens", "loraName"]),
+  domainLocal: new Set(["poolDomain", "localBlockHashes"])
+} as const
+
+/** The first field of `body` its form does not have, in the contract's words, or undefined. */
+const unknownField = (
+  body: Record<string, unknown>,
+  byDomain: boolean,
+  byTokens: boolean
+): string | undefined => {
+  const allowed = byDomain
+    ? byTokens
+      ? FIELDS.domainTokens
+      : FIELDS.domainLocal
+    : byTokens
+      ? FIELDS.modelTokens
+      : FIELDS.modelLocal
+  for (const key in body) {
+    if (allowed.has(key)) continue
+    const hint =
+      key === "loraName"
+        ? ": loraName goes with tokens only (local block hashes are already salted by the adapter)"
+        : byDomain && (key === "namespace" || key === "model")
+          ? ": poolDomain takes the place of namespace and model"
+          : ""
+    return `unknown field ${quoted(key)}${hint}`
+  }
+  return undefined
+}
+
 /**
  * One overlap body, already parsed from JSON: by model or by `poolDomain` (its presence
  * decides), by `tokens` or by `localBlockHashes`. The engines' own block hashes are no query
- * form: filters are addressed canonically (PROTOCOL §3.3), so they would never match.
+ * form: filters are addressed canonically (PROTOCOL §3.3), so they would never match. Every
+ * message names the field at fault in the contract's words and never repeats the body.
  */
 export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string => {
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    return `expected a JSON object ${QUERY_FORMS}`
-  }
+  if (!isPlainObject(parsed)) return `expected a JSON object ${QUERY_FORMS}, got ${describeValue(parsed)}`
   if ("blockHashes" in parsed) {
     return `blockHashes (engine block hashes) is not a query form: relays address blocks by canonical hashes of their tokens; give ${QUERY_FORMS}`
   }
@@ -70,38 +114,65 @@ export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string =
       ? "give tokens or localBlockHashes, not both"
       : `the query has neither tokens nor localBlockHashes; give ${QUERY_FORMS}`
   }
-  const decoded =
-    "poolDomain" in parsed
-      ? byTokens
-        ? decodeDomainTokens(parsed)
-        : decodeDomainLocal(parsed)
-      : byTokens
-        ? decodeModelTokens(parsed)
-        : decodeModelLocal(parsed)
+  const byDomain = "poolDomain" in parsed
+  const unknown = unknownField(parsed, byDomain, byTokens)
+  if (unknown !== undefined) return unknown
+  if (!byTokens && !Array.isArray(parsed.localBlockHashes)) {
+    return `localBlockHashes must be an array of u64 local block hashes (decimal strings, or numbers up to 2^53), got ${describeValue(parsed.localBlockHashes)}`
+  }
+  if (byTokens && !Array.isArray(parsed.tokens)) {
+    return `tokens must be an array of u32 token ids, got ${describeValue(parsed.tokens)}`
+  }
+  const decoded = byDomain
+    ? byTokens
+      ? decodeDomainTokens(parsed)
+      : decodeDomainLocal(parsed)
+    : byTokens
+      ? decodeModelTokens(parsed)
+      : decodeModelLocal(parsed)
   return Either.match(decoded as Either.Either<OverlapRequest, { readonly message: string }>, {
     onLeft: (error) => error.message,
     onRight: (request) => request
   })
 }
 
+/** A body's JSON, or why it is none (never quoting the body). */
+const parseJson = (text: string): { readonly value: unknown } | string => {
+  try {
+    return { value: JSON.parse(text) }
+  } catch (cause) {
+    return invalidJsonMessage(cause)
+  }
+}
+
 /** `decodeOverlapRequest` of a body's text. */
 export const parseOverlapRequest = (text: string): OverlapRequest | string => {
-  let parsed: unknown
-  try {
-    parsed = JSON.parse(text)
-  } catch (cause) {
-    return `invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`
-  }
-  return decodeOverlapRequest(parsed)
+  const parsed = parseJson(text)
+  return typeof parsed === "string" ? parsed : decodeOverlapRequest(parsed.value)
 }
 
 /** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
 export const parseOverlapBatch = (text: string): ReadonlyArray<OverlapRequest> | string => {
-  const batch = decodeBatch(text)
-  if (Either.isLeft(batch)) return batch.left.message
+  const parsed = parseJson(text)
+  if (typeof parsed === "string") return parsed
+  const body = parsed.value
+  if (!isPlainObject(body)) return `expected a JSON object ${BATCH_FORM}, got ${describeValue(body)}`
+  // Effect's decoder and its messages recurse: refuse absurd nesting before anything is decoded.
+  if (nestedDeeperThan(body, MAX_JSON_DEPTH))
+    return `the value is nested deeper than ${MAX_JSON_DEPTH} levels`
+  for (const key in body)
+    if (key !== "queries") return `unknown field ${quoted(key)}; the body is ${BATCH_FORM}`
+  if (!("queries" in body)) return `missing field "queries": the body is ${BATCH_FORM}`
+  const queries = body.queries
+  if (!Array.isArray(queries)) {
+    return `queries must be an array of 1 to ${MAX_OVERLAP_BATCH} overlap bodies, got ${describeValue(queries)}`
+  }
+  if (queries.length < 1 || queries.length > MAX_OVERLAP_BATCH) {
+    return `queries must hold 1 to ${MAX_OVERLAP_BATCH} overlap bodies, got ${queries.length}`
+  }
   const requests: Array<OverlapRequest> = []
-  for (let i = 0; i < batch.right.queries.length; i++) {
-    const request = decodeOverlapRequest(batch.right.queries[i])
+  for (let i = 0; i < queries.length; i++) {
+    const request = decodeOverlapRequest(queries[i])
     if (typeof request === "string") return `queries[${i}]: ${request}`
     requests.push(request)
   }
@@ -119,8 +190,24 @@ export interface Reply {
 
 export const errorReply = (status: number, reason: ErrorReason, message: string): Reply => ({
   status,
-  body: JSON.stringify({ reason, message })
+  body: JSON.stringify({ reason, message: boundedMessage(message) })
 })
+
+/** The status and reason of a view's error (PROTOCOL §7 ◆3). */
+export const overlapErrorBody = (
+  error: OverlapError
+): { readonly status: number; readonly reason: ErrorReason } => {
+  switch (error._tag) {
+    case "ModelNotFound":
+      return { status: 404, reason: "MODEL_NOT_FOUND" }
+    case "AdapterNotFound":
+      return { status: 404, reason: "ADAPTER_NOT_FOUND" }
+    case "NoMatchingDomain":
+      return { status: 404, reason: "POOL_NOT_FOUND" }
+    case "NoReadyLane":
+      return { status: 503, reason: "NO_READY_LANE" }
+  }
+}
 
 const encodeResponse = encodeJson(OverlapResponseJson)
 const encodeBatchResponse = encodeJson(OverlapBatchResponseJson)
@@ -179,13 +266,14 @@ const resultsJson = (results: ReadonlyArray<OverlapResult>): string | undefined 
   return `${text}]`
 }
 
+const isError = (answer: ReadonlyArray<OverlapResult> | OverlapError): answer is OverlapError =>
+  !Array.isArray(answer)
+
 /** The `/v1/overlap` reply to a view's answer. */
 export const overlapReply = (answer: ReadonlyArray<OverlapResult> | OverlapError): Reply => {
-  if (!Array.isArray(answer)) {
-    const error = answer as OverlapError
-    return error._tag === "NoMatchingDomain"
-      ? errorReply(404, "POOL_NOT_FOUND", error.message)
-      : errorReply(503, "PUBLICATION_UNAVAILABLE", error.message)
+  if (isError(answer)) {
+    const { status, reason } = overlapErrorBody(answer)
+    return errorReply(status, reason, answer.message)
   }
   const results = answer as ReadonlyArray<OverlapResult>
   const fast = resultsJson(results)
@@ -196,32 +284,47 @@ export const overlapReply = (answer: ReadonlyArray<OverlapResult> | OverlapError
     : errorReply(500, "INTERNAL", `overlap answer could not be encoded: ${json.left.message}`)
 }
 
-/** The `/v1/overlap/batch` reply: one list per query, empty where no domain or lane answers. */
-export const batchReply = (answers: ReadonlyArray<ReadonlyArray<OverlapResult>>): Reply => {
+/** A query's entry in a batch's `errors`: null, or its error body. */
+const errorEntry = (answer: ReadonlyArray<OverlapResult> | OverlapError) => {
+  if (!isError(answer)) return null
+  return { reason: overlapErrorBody(answer).reason, message: boundedMessage(answer.message) }
+}
+
+/**
+ * The `/v1/overlap/batch` reply (PROTOCOL §7 ◆3): `results` holds one list per query, `[]` for a
+ * query that got an error, and `errors` that error at the same index (null for the others).
+ */
+export const batchReply = (answers: ReadonlyArray<ReadonlyArray<OverlapResult> | OverlapError>): Reply => {
   let fast: string | undefined = `{"results":[`
+  let errors = `],"errors":[`
   for (let i = 0; i < answers.length && fast !== undefined; i++) {
-    const one = resultsJson(answers[i]!)
+    const answer = answers[i]!
+    const one = isError(answer) ? "[]" : resultsJson(answer)
     fast = one === undefined ? undefined : i === 0 ? fast + one : `${fast},${one}`
+    const error = errorEntry(answer)
+    const entry = error === null ? "null" : JSON.stringify(error)
+    errors = i === 0 ? errors + entry : `${errors},${entry}`
   }
-  if (fast !== undefined) return { status: 200, body: `${fast}]}` }
-  const json = encodeBatchResponse({ results: answers })
+  if (fast !== undefined) return { status: 200, body: `${fast}${errors}]}` }
+  const json = encodeBatchResponse({
+    results: answers.map((answer) => (isError(answer) ? [] : answer)),
+    errors: answers.map(errorEntry)
+  })
   return Either.isRight(json)
     ? { status: 200, body: JSON.stringify(json.right) }
     : errorReply(500, "INTERNAL", `overlap answers could not be encoded: ${json.left.message}`)
 }
 
-/** The view's answers to a batch's queries. */
+/** The view's answers to a batch's queries, errors included. */
 export const batchAnswers = (
   view: GlobalViewService,
   requests: ReadonlyArray<OverlapRequest>
-): ReadonlyArray<ReadonlyArray<OverlapResult>> =>
-  requests.map((request) => {
-    const answer = view.overlapNow(request)
-    return Array.isArray(answer) ? (answer as ReadonlyArray<OverlapResult>) : []
-  })
+): ReadonlyArray<ReadonlyArray<OverlapResult> | OverlapError> =>
+  requests.map((request) => view.overlapNow(request))
 
+/** 413 `BODY_TOO_LARGE` of the query routes, whose limit is `--max-request-body-bytes`. */
 export const tooLarge = (limit: number): Reply =>
-  errorReply(413, "INVALID_REQUEST", `request body exceeds ${limit} bytes`)
+  errorReply(413, "BODY_TOO_LARGE", bodyTooLargeMessage(limit))
 
 // ---------------------------------------------------------------------------------------------
 // The fast path
@@ -409,7 +512,7 @@ export const makeFastPath = (
         let reply: Reply
         try {
           const text =
-            chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")
+            chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks, bytes).toString("utf8")
           reply = answer(route, text, span)
         } catch (cause) {
           // A defect must cost this request only, never the process or its listener.

@@ -2,7 +2,8 @@
  * The relay's HTTP API (PROTOCOL.md §5), served with `NodeHttpServer`.
  *
  * Routing is a small table rather than `HttpRouter` because the contract fixes the error bodies
- * of unknown paths (404) and wrong methods (405), which the router does not distinguish.
+ * of unknown paths (404 `NOT_FOUND`) and wrong methods (405 with `Allow`), which the router does
+ * not distinguish. Every error body's message is bounded and worded by `ErrorText`.
  *
  * Streaming responses (the pool stream and the three SSE watches) share three mechanisms:
  * - each waits for the socket to drain before it takes more, so a client that stops reading
@@ -76,6 +77,14 @@ import { EMPTY_PUBLISH_DELAY } from "../../relay/PublishDelay.js"
 import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
 import * as Topology from "../../relay/Topology.js"
 import * as BearerAuth from "./BearerAuth.js"
+import {
+  bodyTooLargeMessage,
+  boundedMessage,
+  DEFAULT_MAX_REQUEST_BODY_BYTES,
+  invalidJsonMessage,
+  methodNotAllowedMessage,
+  noRouteMessage
+} from "./ErrorText.js"
 import * as PoolStreamWriter from "./internal/PoolStreamWriter.js"
 import { POOL_STREAM_CONTENT_TYPE } from "./PoolStreamFrame.js"
 import * as RelayStatusPage from "./RelayStatusPage.js"
@@ -95,8 +104,17 @@ export interface RelayHttpLimits {
   readonly maxCatalogWatchers: number
   readonly maxReadinessWatchers: number
   readonly maxLoadWatchers: number
-  /** Larger request bodies get 413 (default 64 KiB). */
+  /**
+   * The query routes' body limit (`--max-request-body-bytes`, default 16 MiB, PROTOCOL §7 ◆3):
+   * the limit the worker-level query routes of §5.1 read their bodies with (`readBody` without a
+   * route). Larger bodies get 413 `BODY_TOO_LARGE` naming the flag.
+   */
   readonly maxRequestBodyBytes: number
+  /**
+   * The fixed limit of the small control bodies (`POST /v1/pools/subscribe`, default 64 KiB):
+   * no flag, the same 413 shape.
+   */
+  readonly maxControlBodyBytes: number
 }
 
 export interface RelayHttpIntervals {
@@ -140,7 +158,8 @@ export const DEFAULT_RELAY_HTTP_LIMITS: RelayHttpLimits = {
   maxCatalogWatchers: 64,
   maxReadinessWatchers: 64,
   maxLoadWatchers: 64,
-  maxRequestBodyBytes: 64 * 1024
+  maxRequestBodyBytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
+  maxControlBodyBytes: 64 * 1024
 }
 
 export const DEFAULT_RELAY_HTTP_INTERVALS: RelayHttpIntervals = {
@@ -185,7 +204,7 @@ const SSE_HEADERS = { "cache-control": "no-cache", "x-accel-buffering": "no" } a
 const encodeErrorBody = encodeJsonText(ErrorBodyJson)
 
 const errorBodyText = (reason: ErrorReason, message: string): string =>
-  Either.getOrElse(encodeErrorBody({ reason, message }), () =>
+  Either.getOrElse(encodeErrorBody({ reason, message: boundedMessage(message) }), () =>
     JSON.stringify({ reason: "INTERNAL", message: "error body could not be encoded" })
   )
 
@@ -264,18 +283,21 @@ const TOTAL_POOL_STREAM_LIMIT = "Relay total pool stream limit"
 const utf8 = new TextDecoder("utf-8", { fatal: true })
 
 /**
- * The request body, at most `limit` bytes. An oversized body is not read further (Node discards
- * the rest) and the connection is closed after the 413, so the limit bounds memory, not I/O.
+ * The request body, at most `limit` bytes: the query routes' `maxRequestBodyBytes`, or a control
+ * route's fixed limit (`route` names it in the 413). An oversized body is not read further (Node
+ * discards the rest) and the connection is closed after the 413, so the limit bounds memory, not
+ * I/O.
  */
 const readBody = (
   request: HttpServerRequest.HttpServerRequest,
-  limit: number
+  limit: number,
+  route?: string
 ): Effect.Effect<string, HttpFailure> =>
   Effect.suspend(() => {
     const tooLarge = new HttpFailure({
       status: 413,
-      reason: "INVALID_REQUEST",
-      message: `request body exceeds ${limit} bytes`,
+      reason: "BODY_TOO_LARGE",
+      message: bodyTooLargeMessage(limit, route),
       headers: { connection: "close" }
     })
     const declared = request.headers["content-length"]
@@ -302,7 +324,7 @@ const readBody = (
       }
       const onEnd = () => {
         cleanup()
-        resume(Effect.succeed(Buffer.concat(chunks)))
+        resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
       }
       const onError = (cause: Error) => {
         cleanup()
@@ -325,8 +347,7 @@ const readBody = (
 const parseJsonBody = (text: string): Effect.Effect<unknown, HttpFailure> =>
   Effect.try({
     try: (): unknown => JSON.parse(text),
-    catch: (cause) =>
-      invalidRequest(`invalid JSON: ${cause instanceof Error ? cause.message : String(cause)}`)
+    catch: (cause) => invalidRequest(invalidJsonMessage(cause))
   })
 
 /**
@@ -337,10 +358,11 @@ const decodeSubscribeEnvelope = decodeJson(
   Schema.Struct({
     subscriberId: SubscriberIdJson,
     expectedProducer: Schema.Record({ key: Schema.String, value: Schema.Unknown })
-  })
+  }),
+  "contract"
 )
-const decodeSubscribeRequest = decodeJson(SubscribeRequestJson)
-const decodeSubscriberId = decodeJson(SubscriberIdJson)
+const decodeSubscribeRequest = decodeJson(SubscribeRequestJson, "contract")
+const decodeSubscriberId = decodeJson(SubscriberIdJson, "contract")
 
 // ---------------------------------------------------------------------------------------------
 // Context of one server
@@ -808,7 +830,9 @@ const decodeSubscribe = (
 
 const poolSubscribe: Handler = (ctx, request) =>
   Effect.gen(function* () {
-    const body = yield* parseJsonBody(yield* readBody(request, ctx.limits.maxRequestBodyBytes))
+    const body = yield* parseJsonBody(
+      yield* readBody(request, ctx.limits.maxControlBodyBytes, "POST /v1/pools/subscribe")
+    )
     const { subscriberId, expected } = yield* decodeSubscribe(body)
     yield* Effect.annotateCurrentSpan({
       "kvrelay.subscriber": subscriberId,
@@ -1080,11 +1104,7 @@ const dispatch = (
       Effect.suspend(() => {
         if (route === undefined) {
           return Effect.fail(
-            new HttpFailure({
-              status: 404,
-              reason: "INVALID_REQUEST",
-              message: `no route for ${method} ${path}`
-            })
+            new HttpFailure({ status: 404, reason: "NOT_FOUND", message: noRouteMessage(method, path) })
           )
         }
         const handler = route.methods[method as Method]
@@ -1094,7 +1114,7 @@ const dispatch = (
             new HttpFailure({
               status: 405,
               reason: "INVALID_REQUEST",
-              message: `${method} is not allowed on ${route.template}; use ${allowed}`,
+              message: methodNotAllowedMessage(method, route.template, allowed),
               headers: { allow: allowed }
             })
           )

@@ -52,7 +52,7 @@ const hashes = sequenceHashes(LOCAL)
 const setup = (options: { readonly unreachablePool?: boolean } = {}) =>
   Effect.gen(function* () {
     const a = yield* FakeRelay.make("a", 1n)
-    const pool: FakePool = yield* a.addPool()
+    const pool: FakePool = yield* a.addPool({ adapters: ["tenant-a"] })
     yield* pool.store(hashes.slice(0, 2))
     if (options.unreachablePool === true) {
       // Listed in the catalog, but its stream is refused: the lane never becomes ready.
@@ -122,6 +122,8 @@ describe("GlobalHttpServer", () => {
           cacheSemantics: { digest: "01".repeat(16), source: "explicit" },
           routingScope: { digest: "02".repeat(16), source: "explicit" },
           querySemantics: { kvBlockSize: 16, hashFormat: "dynamo_standard_v1", addressing: "canonical_v1" },
+          // PROTOCOL §7 ◆3: one entry per base registration, adapters listed on their base.
+          models: [{ namespace: "prod", model: "llama", aliases: ["chat"], adapters: ["tenant-a"] }],
           lanes: [
             {
               lane: 0,
@@ -174,6 +176,13 @@ describe("GlobalHttpServer", () => {
       // A partial last block does not count; an adapter's blocks are addressed apart.
       expect(depthOf((yield* post(url, request(TOKENS.slice(0, 16 + 15)))).json)).toBe(1)
       expect(depthOf((yield* post(url, { ...request(TOKENS), loraName: "tenant-a" })).json)).toBe(0)
+      // An adapter no catalog has registered on the model is no silent depth 0 (PROTOCOL §7 ◆3).
+      const unknownAdapter = yield* post(url, { ...request(TOKENS), loraName: "tenant-b" })
+      expect(unknownAdapter.status).toBe(404)
+      expect(unknownAdapter.json).toEqual({
+        reason: "ADAPTER_NOT_FOUND",
+        message: expect.stringContaining('"tenant-b"')
+      })
       expect(depthOf((yield* post(url, { ...request(TOKENS), loraName: null })).json)).toBe(2)
       expect(depthOf((yield* post(url, byLocal(LOCAL.map(String)))).json)).toBe(2)
       // Sequence hashes are no local hashes: probed as such, only the first block (whose
@@ -212,6 +221,12 @@ describe("GlobalHttpServer", () => {
       expect(reply.status, JSON.stringify(reply.json)).toBe(200)
       const results = (reply.json as { results: Array<Array<{ prefixDepth: number }>> }).results
       expect(results.map((r) => r.map((m) => m.prefixDepth))).toEqual([[2], [1], []])
+      // The query that failed has its error at its own index (PROTOCOL §7 ◆3).
+      expect((reply.json as { errors: unknown }).errors).toEqual([
+        null,
+        null,
+        { reason: "MODEL_NOT_FOUND", message: expect.stringContaining('"mistral"') }
+      ])
       const bad = yield* post(
         url,
         { queries: [request(TOKENS), { ...request(TOKENS), tokens: [1, -1] }] },
@@ -290,23 +305,26 @@ describe("GlobalHttpServer", () => {
         byLocal(Array.from({ length: 400 }, (_, i) => String(10n ** 18n + BigInt(i))))
       )
       expect(large.status).toBe(413)
-      expect(large.json).toMatchObject({ reason: "INVALID_REQUEST" })
+      expect(large.json).toEqual({
+        reason: "BODY_TOO_LARGE",
+        message: expect.stringMatching(/4096 bytes.*--max-request-body-bytes/)
+      })
       const wrong = yield* call(url, "/v1/overlap")
       expect(wrong.status).toBe(405)
       expect(wrong.headers.get("allow")).toBe("POST")
       expect((yield* call(url, "/v1/domains", { method: "POST" })).status).toBe(405)
       const missing = yield* call(url, "/v1/nothing")
       expect(missing.status).toBe(404)
-      expect(missing.json).toMatchObject({ reason: "INVALID_REQUEST" })
+      expect(missing.json).toMatchObject({ reason: "NOT_FOUND" })
     })
   )
 
-  live("no matching domain is 404; matching domains without a ready lane are 503", () =>
+  live("a model or domain never registered is 404; a known one without a ready lane is 503", () =>
     Effect.gen(function* () {
       const { url } = yield* setup()
       const otherModel = yield* post(url, { namespace: "prod", model: "mistral", tokens: [1] })
       expect(otherModel.status).toBe(404)
-      expect(otherModel.json).toMatchObject({ reason: "POOL_NOT_FOUND" })
+      expect(otherModel.json).toMatchObject({ reason: "MODEL_NOT_FOUND" })
       const otherNamespace = yield* post(url, { namespace: "dev", model: "llama", tokens: [1] })
       expect(otherNamespace.status).toBe(404)
       const otherDomain = yield* post(url, {
@@ -317,11 +335,12 @@ describe("GlobalHttpServer", () => {
         tokens: [1]
       })
       expect(otherDomain.status).toBe(404)
+      expect(otherDomain.json).toMatchObject({ reason: "POOL_NOT_FOUND" })
 
       const down = yield* setup({ unreachablePool: true })
       const unavailable = yield* post(down.url, request([1]))
       expect(unavailable.status).toBe(503)
-      expect(unavailable.json).toMatchObject({ reason: "PUBLICATION_UNAVAILABLE" })
+      expect(unavailable.json).toMatchObject({ reason: "NO_READY_LANE" })
     })
   )
 })

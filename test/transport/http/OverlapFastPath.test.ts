@@ -15,7 +15,16 @@ import { Effect, Either, Layer, Logger, LogLevel, type Scope, Tracer } from "eff
 import * as fc from "fast-check"
 import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
 import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
-import { GlobalView, make as makeView, type OverlapResult } from "../../../src/consumer/GlobalView.js"
+import {
+  AdapterNotFound,
+  GlobalView,
+  ModelNotFound,
+  make as makeView,
+  NoMatchingDomain,
+  NoReadyLane,
+  type OverlapError,
+  type OverlapResult
+} from "../../../src/consumer/GlobalView.js"
 import { encodeJson, OverlapBatchResponseJson, OverlapResponseJson } from "../../../src/domain/json.js"
 import { type TokenFile, watchTokenFile } from "../../../src/transport/http/BearerAuth.js"
 import * as GlobalHttpServer from "../../../src/transport/http/GlobalHttpServer.js"
@@ -208,6 +217,7 @@ const CASES: ReadonlyArray<Sent> = [
   { body: { model: "llama", tokens: [1] } },
   { body: { namespace: "prod", model: "mistral", tokens: [1] } }, // 404
   { body: { namespace: "dev", model: "llama", tokens: [1] } }, // 404
+  { body: byTokens(TOKENS, { loraName: "no-such-adapter" }) }, // 404 ADAPTER_NOT_FOUND
   {
     body: {
       poolDomain: { ...POOL_DOMAIN, routingScope: { digest: "03".repeat(16), source: "explicit" } },
@@ -228,6 +238,12 @@ const CASES: ReadonlyArray<Sent> = [
   { path: "/v1/overlap/batch", body: { queries: Array.from({ length: 257 }, () => ({})) } },
   { path: "/v1/overlap/batch", body: { queries: [byTokens(TOKENS)], more: true } },
   { path: "/v1/overlap/batch", body: "[" },
+  { path: "/v1/overlap/batch", body: [byTokens(TOKENS)] },
+  { path: "/v1/overlap/batch", body: { queries: {} } },
+  {
+    path: "/v1/overlap/batch",
+    body: { queries: [byTokens(TOKENS, { loraName: "no-such-adapter" }), byTokens(TOKENS)] }
+  },
   // left to the general path on both servers
   { method: "GET" },
   { method: "PUT", body: byTokens(TOKENS) },
@@ -265,7 +281,9 @@ describe("overlap fast path", () => {
           // The one difference: the platform's body reader destroys the request stream at the
           // limit, so the general path hangs up where the fast path answers 413 as §7 says.
           expect(a.status).toBe(413)
-          expect(a.text).toBe('{"reason":"INVALID_REQUEST","message":"request body exceeds 4096 bytes"}')
+          expect(a.text).toBe(
+            '{"reason":"BODY_TOO_LARGE","message":"the request body exceeds the limit of 4096 bytes set by --max-request-body-bytes"}'
+          )
           expect([413, -1]).toContain(b.status)
           continue
         }
@@ -380,10 +398,27 @@ describe("overlap answers rendered without the schema", () => {
         prefixDepth: number,
         matchedTokens: number
       })
+      // A batch's queries may also have failed (PROTOCOL §7 ◆3): [] and the error at their index.
+      const failure = fc.constantFrom<OverlapError>(
+        new ModelNotFound({ message: 'no relay has registered model "x"' }),
+        new AdapterNotFound({ message: 'no relay has registered adapter "ä\u0000"' }),
+        new NoMatchingDomain({ message: "no relay has listed a pool" }),
+        new NoReadyLane({ message: "no lane is ready" })
+      )
+      const errorBody = (error: OverlapError) => ({
+        reason: {
+          ModelNotFound: "MODEL_NOT_FOUND",
+          AdapterNotFound: "ADAPTER_NOT_FOUND",
+          NoMatchingDomain: "POOL_NOT_FOUND",
+          NoReadyLane: "NO_READY_LANE"
+        }[error._tag] as "MODEL_NOT_FOUND",
+        message: error.message
+      })
       fc.assert(
         fc.property(
           fc.array(fc.array(result, { maxLength: 6 }), { minLength: 1, maxLength: 4 }),
-          (answers) => {
+          fc.array(fc.option(failure, { nil: undefined }), { minLength: 4, maxLength: 4 }),
+          (answers, failures) => {
             const results = answers.map((list) =>
               list.map(
                 (r): OverlapResult => ({
@@ -400,8 +435,12 @@ describe("overlap answers rendered without the schema", () => {
             const expected = reference(results[0]!)
             expect(one.status).toBe(expected.status)
             if (expected.status === 200) expect(one.body).toBe(expected.body)
-            const batch = batchReply(results)
-            const json = encodeBatch({ results })
+            const mixed = results.map((list, i) => failures[i] ?? list)
+            const batch = batchReply(mixed)
+            const json = encodeBatch({
+              results: results.map((list, i) => (failures[i] === undefined ? list : [])),
+              errors: results.map((_, i) => (failures[i] === undefined ? null : errorBody(failures[i]!)))
+            })
             if (Either.isRight(json)) expect(batch).toEqual({ status: 200, body: JSON.stringify(json.right) })
             else expect(batch.status).toBe(500)
           }

@@ -164,12 +164,12 @@ describe("RelayHttpServer: plain routes", () => {
     })
   )
 
-  live("unknown paths are 404 and wrong methods 405, both with an INVALID_REQUEST body", () =>
+  live("unknown paths are 404 NOT_FOUND and wrong methods 405 INVALID_REQUEST with Allow", () =>
     Effect.gen(function* () {
       const { base } = yield* setup()
       const missing = yield* get(base, "/v2/catalog")
       expect(missing.status).toBe(404)
-      expect(errorBody(missing.json).reason).toBe("INVALID_REQUEST")
+      expect(errorBody(missing.json).reason).toBe("NOT_FOUND")
       expect(errorBody(missing.json).message).toContain("/v2/catalog")
       const wrong = yield* postJson(base, "/v1/catalog", {})
       expect(wrong.status).toBe(405)
@@ -623,13 +623,14 @@ describe("RelayHttpServer: subscribe request validation", () => {
     })
   )
 
-  live("oversized bodies are 413 with an INVALID_REQUEST body, declared or streamed", () =>
+  live("oversized bodies are 413 with a BODY_TOO_LARGE body, declared or streamed", () =>
     Effect.gen(function* () {
-      const { base, attachment } = yield* setup({ limits: { maxRequestBodyBytes: 1024 } })
+      // The subscribe body has its own small fixed limit; the flag's limit is the query routes'.
+      const { base, attachment } = yield* setup({ limits: { maxControlBodyBytes: 1024 } })
       const padded = { subscriberId: "x".repeat(2_000), expectedProducer: producerJson(attachment) }
       const declared = yield* subscribeWith(base, padded)
       expect(declared.status).toBe(413)
-      expect(errorBody(declared.json).reason).toBe("INVALID_REQUEST")
+      expect(errorBody(declared.json).reason).toBe("BODY_TOO_LARGE")
       expect(errorBody(declared.json).message).toContain("1024 bytes")
 
       // Without a content-length (chunked), the limit applies while reading.
@@ -646,7 +647,7 @@ describe("RelayHttpServer: subscribe request validation", () => {
         duplex: "half"
       } as RequestInit)
       expect(streamed.status).toBe(413)
-      expect(errorBody(streamed.json).reason).toBe("INVALID_REQUEST")
+      expect(errorBody(streamed.json).reason).toBe("BODY_TOO_LARGE")
 
       // The server still serves after refusing both.
       expect((yield* get(base, "/healthz")).status).toBe(200)

@@ -40,14 +40,14 @@ describe("deeply nested and oversized JSON bodies", () => {
       const large = yield* RelayHttpServer.serve(relay, {
         host: "127.0.0.1",
         port: 0,
-        limits: { maxRequestBodyBytes: 1024 * 1024 }
+        limits: { maxControlBodyBytes: 1024 * 1024 }
       }).pipe(Effect.orDie)
       const subscribe = (base: string, body: string) => post(`${base}/v1/pools/subscribe`, body)
 
       // The default 64 KiB limit refuses the 200,000-byte body before parsing it.
       const refused = yield* subscribe(small.url, DEEP)
       expect(refused.status).toBe(413)
-      expect(refused.json.reason).toBe("INVALID_REQUEST")
+      expect(refused.json.reason).toBe("BODY_TOO_LARGE")
       // With room for it, it is parsed and rejected for its depth.
       const deep = yield* subscribe(large.url, DEEP)
       expect(deep).toEqual({
