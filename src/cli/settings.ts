@@ -189,14 +189,19 @@ export const demoCommand: CommandSpec = {
 
 export const simulateCommand: CommandSpec = {
   name: "simulate",
-  summary: "simulated vLLM, SGLang and Dynamo-format workers that register themselves in etcd",
+  summary: "simulated vLLM, SGLang and Dynamo-format workers that register in etcd or a discovery file",
   flags: [
     {
       name: "etcd",
-      help: "etcd client URLs the workers register with (required)",
+      help: "etcd client URLs the workers register with under leases (this or --discovery-file)",
       placeholder: "URL[,URL…]"
     },
     { name: "etcd-prefix", help: "etcd key prefix (default /kvrelay/v1)", placeholder: "PREFIX" },
+    {
+      name: "discovery-file",
+      help: "write the workers' records to this discovery document, for a relay on --discovery file:PATH (this or --etcd; emptied on exit)",
+      placeholder: "PATH"
+    },
     {
       name: "namespace",
       help: "namespace of the serving endpoint NS.backend.generate (default demo)",
@@ -392,21 +397,38 @@ export const BenchSettings = Schema.Struct({
 })
 export type BenchSettings = typeof BenchSettings.Type
 
+/** `--etcd` or `--discovery-file`: exactly one says where the simulated workers register. */
+const oneRegistry = (settings: {
+  readonly etcd?: unknown
+  readonly discoveryFile?: unknown
+}): ReadonlyArray<Schema.FilterIssue> => {
+  if (settings.etcd === undefined && settings.discoveryFile === undefined)
+    return [{ path: ["etcd"], message: "is required, or --discovery-file PATH instead" }]
+  if (settings.etcd !== undefined && settings.discoveryFile !== undefined)
+    return [
+      { path: ["discoveryFile"], message: "cannot be given with --etcd: the workers register in one place" }
+    ]
+  return []
+}
+
 export const SimulateSettings = Schema.Struct({
-  etcd: StringList.pipe(
-    Schema.filter((urls) => urls.length > 0 || "at least one etcd URL is required"),
-    Schema.filter((urls) => {
-      const bad = urls.find((u) => {
-        try {
-          return !["http:", "https:"].includes(new URL(u).protocol)
-        } catch {
-          return true
-        }
+  etcd: Schema.optional(
+    StringList.pipe(
+      Schema.filter((urls) => urls.length > 0 || "at least one etcd URL is required"),
+      Schema.filter((urls) => {
+        const bad = urls.find((u) => {
+          try {
+            return !["http:", "https:"].includes(new URL(u).protocol)
+          } catch {
+            return true
+          }
+        })
+        return bad === undefined || `expected http(s) URLs, got ${JSON.stringify(bad)}`
       })
-      return bad === undefined || `expected http(s) URLs, got ${JSON.stringify(bad)}`
-    })
+    )
   ),
   etcdPrefix: withDefault(EtcdPrefixText, () => "/kvrelay/v1"),
+  discoveryFile: Schema.optional(FilePath),
   namespace: withDefault(NonBlank, () => "demo"),
   model: withDefault(NonBlank, () => "llama-3-8b"),
   blockSize: withDefault(PositiveInt, () => 16),
@@ -419,7 +441,7 @@ export const SimulateSettings = Schema.Struct({
   durationS: Schema.optional(PositiveInt),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)
-})
+}).pipe(Schema.filter(oneRegistry))
 export type SimulateSettings = typeof SimulateSettings.Type
 
 // ---------------------------------------------------------------------------------------------
