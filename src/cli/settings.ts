@@ -182,6 +182,11 @@ export const demoCommand: CommandSpec = {
       help: "stop after this many seconds (default: run until Ctrl-C)",
       placeholder: "N"
     },
+    {
+      name: "drop-every",
+      help: "each worker loses one message on the wire every N requests, so the relays show gap recovery (default: never)",
+      placeholder: "N"
+    },
     common.otlp,
     { ...common.logLevel, help: "trace | debug | info | warning | error | fatal | none (default warning)" }
   ]
@@ -385,6 +390,7 @@ export const DemoSettings = Schema.Struct({
   // The demo takes this port and the next two (a relay per DC, then the global consumer).
   httpPort: withDefault(intFrom("a port 0..65000", 0, 65_000), () => 0),
   durationS: Schema.optional(PositiveInt),
+  dropEvery: Schema.optional(PositiveInt),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "warning" as const)
 })
