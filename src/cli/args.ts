@@ -4,7 +4,7 @@
  * problem is reported by the name of the flag it concerns.
  */
 
-import { Either, ParseResult, Schema } from "effect"
+import { Either, Option, ParseResult, Schema } from "effect"
 
 /** One flag of a command. */
 export interface FlagSpec {
@@ -45,6 +45,18 @@ export const parseFlags = (
   spec: CommandSpec,
   argv: ReadonlyArray<string>
 ): Either.Either<Record<string, RawValue>, UsageError> => {
+  const { values, problems } = parseFlagsGathering(spec, argv)
+  return problems.length > 0 ? Either.left(new UsageError(problems)) : Either.right(values)
+}
+
+/**
+ * The flags that parse, and a problem for each one that does not: the settings that did parse
+ * are still checked, so one run reports every problem.
+ */
+export const parseFlagsGathering = (
+  spec: CommandSpec,
+  argv: ReadonlyArray<string>
+): { readonly values: Record<string, RawValue>; readonly problems: ReadonlyArray<string> } => {
   const byName = new Map(spec.flags.map((f) => [f.name, f]))
   const out: Record<string, RawValue> = {}
   const problems: Array<string> = []
@@ -59,6 +71,8 @@ export const parseFlags = (
     const flag = byName.get(name)
     if (flag === undefined) {
       problems.push(`--${name}: unknown flag for kvrelay ${spec.name}`)
+      // Its value, if it has one, is no argument of its own: one line for the unknown flag.
+      if (eq < 0 && argv[i + 1] !== undefined && !argv[i + 1]!.startsWith("--")) i++
       continue
     }
     let value: string | boolean
@@ -89,7 +103,7 @@ export const parseFlags = (
       problems.push(`--${name}: given more than once`)
     } else out[key] = value
   }
-  return problems.length > 0 ? Either.left(new UsageError(problems)) : Either.right(out)
+  return { values: out, problems }
 }
 
 /** Values of `KVRELAY_*` variables for the command's flags (repeatable flags split on commas). */
@@ -126,6 +140,12 @@ export const decodeSettings = <A, I>(
         const key = issue.path.length > 0 ? String(issue.path[0]) : ""
         bySetting.set(key, [...(bySetting.get(key) ?? []), issue])
       }
+      // A check across settings (`--tls-key: is required with --tls-cert`) runs only once every
+      // setting decodes: run it here on the valid ones, for the settings with no problem yet.
+      for (const issue of crossSettingIssues(schema, merged)) {
+        const key = issue.path.length > 0 ? String(issue.path[0]) : ""
+        if (!bySetting.has(key)) bySetting.set(key, [issue])
+      }
       const problems: Array<string> = []
       for (const [key, issues] of bySetting) {
         const where = key === "" ? "settings" : flagOf(key)
@@ -146,6 +166,43 @@ export const decodeSettings = <A, I>(
       return new UsageError([...new Set(problems)])
     }
   )
+
+/**
+ * Each setting of `fields` whose own value decodes (its default when unset), the others left
+ * out: what can still be checked when another setting is invalid.
+ */
+export const validSettingValues = (
+  fields: Schema.Struct.Fields,
+  merged: Readonly<Record<string, unknown>>
+): Record<string, unknown> => {
+  const out: Record<string, unknown> = {}
+  for (const [key, field] of Object.entries(fields)) {
+    // The field alone, with its default: a one-key struct of the same property signature.
+    const one = Schema.Struct({ [key]: field }) as unknown as Schema.Schema<Record<string, unknown>>
+    const decoded = Schema.decodeUnknownEither(one)(key in merged ? { [key]: merged[key] } : {})
+    if (Either.isRight(decoded) && decoded.right[key] !== undefined) out[key] = decoded.right[key]
+  }
+  return out
+}
+
+/** The fields of a settings struct, or of the struct under its checks across settings. */
+export const settingsFields = (schema: unknown): Schema.Struct.Fields | undefined => {
+  const s = schema as { readonly fields?: Schema.Struct.Fields; readonly from?: unknown }
+  if (s.fields !== undefined) return s.fields
+  return s.from === undefined ? undefined : settingsFields(s.from)
+}
+
+/** The issues of the schema's checks across settings, applied to the settings that decode. */
+const crossSettingIssues = (
+  schema: Schema.Schema.AnyNoContext,
+  merged: Readonly<Record<string, unknown>>
+): ReadonlyArray<ParseResult.ArrayFormatterIssue> => {
+  const ast = schema.ast
+  const fields = settingsFields(schema)
+  if (ast._tag !== "Refinement" || fields === undefined) return []
+  const issue = ast.filter(validSettingValues(fields, merged), { errors: "all" }, ast)
+  return Option.isNone(issue) ? [] : ParseResult.ArrayFormatter.formatIssueSync(issue.value)
+}
 
 /**
  * The known name `name` was probably meant as: the same letters in another case or separator

@@ -5,6 +5,8 @@
  * prefix-sharing workload over real ZeroMQ; a global consumer follows both relays over HTTP. A
  * live summary shows pools, event rates, tracked blocks, publication sequences and recoveries,
  * and, for a few sample prompts, the prefix each DC holds. Ctrl-C stops everything cleanly.
+ * With `--drop-every N` each worker loses one message on the wire after every N requests, so the
+ * relays have gaps to recover; the summary then counts those drops and says the gaps are theirs.
  */
 
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs"
@@ -53,6 +55,8 @@ interface SimulatedWorker {
   readonly store: (blocks: ReadonlyArray<PromptBlock>, parent: PromptBlock | undefined) => Effect.Effect<void>
   readonly remove: (blocks: ReadonlyArray<PromptBlock>) => Effect.Effect<void>
   readonly dropNext: Effect.Effect<void>
+  /** Messages this worker has dropped on purpose so far. */
+  readonly dropped: Effect.Effect<number>
   readonly source: Effect.Effect<KvEventSource>
 }
 
@@ -145,6 +149,7 @@ const makeWorker = (
           ).pipe(Effect.orDie),
         remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
         dropNext: publisher.dropNext(1),
+        dropped: Effect.map(publisher.stats, (s) => s.dropped),
         source: publisher.source(SERVING)
       } satisfies SimulatedWorker
     }
@@ -162,6 +167,7 @@ const makeWorker = (
         ).pipe(Effect.orDie),
       remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
       dropNext: publisher.dropNext(1),
+      dropped: Effect.map(publisher.stats, (s) => s.dropped),
       source: publisher.source(SERVING)
     } satisfies SimulatedWorker
   })
@@ -169,9 +175,10 @@ const makeWorker = (
 /**
  * One worker's traffic: each request is a popular system prompt plus a fresh user suffix; blocks
  * the worker does not hold yet are stored, the least recently used are evicted beyond its cache
- * size, and now and then one message is lost on the wire so the relay has a gap to recover.
+ * size, and, with `dropEvery`, one message is lost on the wire after every that many requests so
+ * the relay has a gap to recover.
  */
-const runWorkload = (worker: SimulatedWorker, dc: number) =>
+const runWorkload = (worker: SimulatedWorker, dc: number, dropEvery: number | undefined) =>
   Effect.gen(function* () {
     const cached = new Map<bigint, PromptBlock>()
     const touch = (block: PromptBlock) => {
@@ -211,7 +218,7 @@ const runWorkload = (worker: SimulatedWorker, dc: number) =>
         for (let i = 0; i < evicted.length; i += 32) yield* worker.remove(evicted.slice(i, i + 32))
       }
       requests++
-      if (requests % 500 === 250) yield* worker.dropNext
+      if (dropEvery !== undefined && requests % dropEvery === 0) yield* worker.dropNext
       yield* Effect.sleep(Duration.millis(REQUEST_INTERVAL_MS))
     }
   })
@@ -281,11 +288,27 @@ export const pasteableQuery = (globalUrl: string): string =>
 
 const fmt = (n: number): string => Math.round(n).toLocaleString("en-US")
 
+/** The summary's line on the deliberate drops, when they are on. */
+const dropsLine = (dcs: ReadonlyArray<DcRuntime>, dropEvery: number | undefined) =>
+  dropEvery === undefined
+    ? Effect.succeed(undefined)
+    : Effect.map(
+        Effect.forEach(
+          dcs.flatMap((dc) => dc.workers),
+          (w) => w.dropped
+        ),
+        (counts) =>
+          `  dropped on purpose: ${fmt(counts.reduce((a, b) => a + b, 0))} messages (--drop-every ${dropEvery}, ` +
+          `one per worker every ${dropEvery} requests): the gaps above are these, expected, each recovered ` +
+          "(recoveries also count each source's first restore)"
+      )
+
 const summary = (
   dcs: ReadonlyArray<DcRuntime>,
   globalUrl: string,
   previous: Ref.Ref<Map<string, number>>,
-  started: number
+  started: number,
+  dropEvery: number | undefined
 ) =>
   Effect.gen(function* () {
     const view = yield* GlobalView
@@ -329,6 +352,8 @@ const summary = (
       )
     }
     yield* Ref.set(previous, next)
+    const drops = yield* dropsLine(dcs, dropEvery)
+    if (drops !== undefined) lines.push(drops)
     const domains = yield* view.domains
     const ready = domains.reduce((n, d) => n + d.lanes.filter((l) => l.ready).length, 0)
     const lanes = domains.reduce((n, d) => n + d.lanes.length, 0)
@@ -375,16 +400,21 @@ export const demoProgram = (settings: DemoSettings) =>
       for (const dc of dcs) process.stdout.write(`  relay ${dc.name}: ${dc.url} (${dc.path})\n`)
       process.stdout.write(`  global consumer: ${globalUrl}  (POST /v1/overlap, GET /v1/domains)\n`)
       process.stdout.write(
-        `  a query that hits once the workers have warmed up (a few seconds; 4 blocks of ${BLOCK_SIZE} tokens and 3 that do not count):\n    ${pasteableQuery(globalUrl)}\n\n`
+        `  a query that hits once the workers have warmed up (a few seconds; 4 blocks of ${BLOCK_SIZE} tokens and 3 that do not count):\n    ${pasteableQuery(globalUrl)}\n`
+      )
+      process.stdout.write(
+        settings.dropEvery === undefined
+          ? "  no message is dropped on purpose (--drop-every N makes each worker lose one every N requests, to watch recovery)\n\n"
+          : `  each worker drops one message every ${settings.dropEvery} requests on purpose (--drop-every): expect gaps, recoveries and "recovering" WARN lines\n\n`
       )
     })
     const workloads = yield* Effect.forEach(dcs, (dc, d) =>
-      Effect.forEach(dc.workers, (worker) => Effect.forkScoped(runWorkload(worker, d)))
+      Effect.forEach(dc.workers, (worker) => Effect.forkScoped(runWorkload(worker, d, settings.dropEvery)))
     )
     const previous = yield* Ref.make(new Map<string, number>())
     const started = Date.now()
     yield* Effect.forkScoped(
-      summary(dcs, globalUrl, previous, started).pipe(
+      summary(dcs, globalUrl, previous, started, settings.dropEvery).pipe(
         Effect.provideService(GlobalView, Context.get(globalContext, GlobalView)),
         Effect.repeat(Schedule.spaced("2 seconds")),
         Effect.delay("2 seconds")

@@ -1,22 +1,25 @@
 /**
- * `kvrelay relay | global | demo | simulate | bench`. Invalid settings exit with status 2 and one
- * line per problem on stderr, each naming its flag; SIGINT/SIGTERM stop the long-running commands
+ * `kvrelay relay | global | demo | simulate | bench`. Invalid settings and unusable startup
+ * resources exit with status 2 and one line per problem on stderr, each naming its flag, all of
+ * them in one run; SIGINT/SIGTERM stop the long-running commands
  * cleanly (exit 0).
  */
 
 import { readFileSync } from "node:fs"
-import { Either } from "effect"
+import { Effect, Either, type Schema } from "effect"
 import { VERSION } from "../version.js"
-import { type CommandSpec, commandHelp, UsageError } from "./args.js"
+import { type CommandSpec, commandHelp, settingsFields, UsageError, validSettingValues } from "./args.js"
 import {
   BenchSettings,
   benchCommand,
   DemoSettings,
+  decodeSettingsInput,
   demoCommand,
   GlobalSettings,
   globalCommand,
   loadSettings,
   RelaySettings,
+  readSettingsInput,
   relayCommand,
   relayDiscoveryConfig,
   SimulateSettings,
@@ -53,6 +56,35 @@ const sources = (argv: ReadonlyArray<string>) => ({
   readFile: (path: string) => readFileSync(path, "utf8")
 })
 
+/**
+ * The settings of a long-running command, or every problem with them: each invalid setting, and
+ * each startup resource (file, address) of the settings that are valid, checked before anything
+ * starts so that one run reports them all (PROTOCOL §1).
+ */
+const prepare = async <A, I>(
+  spec: CommandSpec,
+  schema: Schema.Schema<A, I, never>,
+  argv: ReadonlyArray<string>,
+  resources: (checks: StartupChecks, values: Partial<A>) => Effect.Effect<ReadonlyArray<string>>,
+  more: (settings: A) => ReadonlyArray<string> = () => []
+): Promise<Either.Either<A, UsageError>> => {
+  const input = readSettingsInput(spec, sources(argv))
+  const settings = decodeSettingsInput(schema, input)
+  const valid = validSettingValues(settingsFields(schema) ?? {}, input.merged)
+  // Without the config file a default may stand for what the file says: check only what was given.
+  const values = (
+    input.configUnusable
+      ? Object.fromEntries(Object.entries(valid).filter(([k]) => k in input.merged))
+      : valid
+  ) as Partial<A>
+  const checks = await import("./startupChecks.js")
+  const unusable = await Effect.runPromise(resources(checks, values))
+  const problems = [...(Either.isLeft(settings) ? settings.left.problems : more(settings.right)), ...unusable]
+  return problems.length > 0 ? Either.left(new UsageError(problems)) : settings
+}
+
+type StartupChecks = typeof import("./startupChecks.js")
+
 const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> => {
   const [name, ...rest] = argv
   if (name === "--version" || name === "-V") {
@@ -74,17 +106,25 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
   }
   switch (spec.name) {
     case "relay": {
-      const settings = loadSettings(relayCommand, RelaySettings, sources(rest))
+      const settings = await prepare(
+        relayCommand,
+        RelaySettings,
+        rest,
+        (checks, values) => checks.relayStartupProblems(values),
+        (settings) =>
+          Either.match(relayDiscoveryConfig(settings), { onLeft: (e) => e.problems, onRight: () => [] })
+      )
       if (Either.isLeft(settings)) return fail(settings.left, "relay")
-      const discovery = relayDiscoveryConfig(settings.right)
-      if (Either.isLeft(discovery)) return fail(discovery.left, "relay")
+      const discovery = Either.getOrThrow(relayDiscoveryConfig(settings.right))
       const { relayProgram } = await import("./relayCommand.js")
       const { runCommand } = await import("./runtime.js")
-      runCommand("relay", relayProgram(settings.right, discovery.right))
+      runCommand("relay", relayProgram(settings.right, discovery))
       return "running"
     }
     case "global": {
-      const settings = loadSettings(globalCommand, GlobalSettings, sources(rest))
+      const settings = await prepare(globalCommand, GlobalSettings, rest, (checks, values) =>
+        checks.globalStartupProblems(values)
+      )
       if (Either.isLeft(settings)) return fail(settings.left, "global")
       const { globalProgram } = await import("./globalCommand.js")
       const { runCommand } = await import("./runtime.js")
@@ -92,7 +132,9 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
       return "running"
     }
     case "simulate": {
-      const settings = loadSettings(simulateCommand, SimulateSettings, sources(rest))
+      const settings = await prepare(simulateCommand, SimulateSettings, rest, (checks, values) =>
+        checks.simulateStartupProblems(values)
+      )
       if (Either.isLeft(settings)) return fail(settings.left, "simulate")
       const { simulateProgram } = await import("./simulate.js")
       const { runCommand } = await import("./runtime.js")
@@ -100,7 +142,9 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
       return "running"
     }
     case "demo": {
-      const settings = loadSettings(demoCommand, DemoSettings, sources(rest))
+      const settings = await prepare(demoCommand, DemoSettings, rest, (checks, values) =>
+        checks.demoStartupProblems(values)
+      )
       if (Either.isLeft(settings)) return fail(settings.left, "demo")
       const { demoProgram } = await import("./demo.js")
       const { runCommand } = await import("./runtime.js")

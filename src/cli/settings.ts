@@ -23,7 +23,7 @@ import {
   LogLevel,
   NonBlank,
   PositiveInt,
-  parseFlags,
+  parseFlagsGathering,
   type RawValue,
   StringList,
   Url,
@@ -182,6 +182,11 @@ export const demoCommand: CommandSpec = {
       help: "stop after this many seconds (default: run until Ctrl-C)",
       placeholder: "N"
     },
+    {
+      name: "drop-every",
+      help: "each worker loses one message on the wire every N requests, so the relays show gap recovery (default: never)",
+      placeholder: "N"
+    },
     common.otlp,
     { ...common.logLevel, help: "trace | debug | info | warning | error | fatal | none (default warning)" }
   ]
@@ -189,14 +194,19 @@ export const demoCommand: CommandSpec = {
 
 export const simulateCommand: CommandSpec = {
   name: "simulate",
-  summary: "simulated vLLM, SGLang and Dynamo-format workers that register themselves in etcd",
+  summary: "simulated vLLM, SGLang and Dynamo-format workers that register in etcd or a discovery file",
   flags: [
     {
       name: "etcd",
-      help: "etcd client URLs the workers register with (required)",
+      help: "etcd client URLs the workers register with under leases (this or --discovery-file)",
       placeholder: "URL[,URL…]"
     },
     { name: "etcd-prefix", help: "etcd key prefix (default /kvrelay/v1)", placeholder: "PREFIX" },
+    {
+      name: "discovery-file",
+      help: "write the workers' records to this discovery document, for a relay on --discovery file:PATH (this or --etcd; emptied on exit)",
+      placeholder: "PATH"
+    },
     {
       name: "namespace",
       help: "namespace of the serving endpoint NS.backend.generate (default demo)",
@@ -382,6 +392,7 @@ export const DemoSettings = Schema.Struct({
   // The demo takes this port and the next two (a relay per DC, then the global consumer).
   httpPort: withDefault(intFrom("a port 0..65000", 0, 65_000), () => 0),
   durationS: Schema.optional(PositiveInt),
+  dropEvery: Schema.optional(PositiveInt),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "warning" as const)
 })
@@ -394,21 +405,38 @@ export const BenchSettings = Schema.Struct({
 })
 export type BenchSettings = typeof BenchSettings.Type
 
+/** `--etcd` or `--discovery-file`: exactly one says where the simulated workers register. */
+const oneRegistry = (settings: {
+  readonly etcd?: unknown
+  readonly discoveryFile?: unknown
+}): ReadonlyArray<Schema.FilterIssue> => {
+  if (settings.etcd === undefined && settings.discoveryFile === undefined)
+    return [{ path: ["etcd"], message: "is required, or --discovery-file PATH instead" }]
+  if (settings.etcd !== undefined && settings.discoveryFile !== undefined)
+    return [
+      { path: ["discoveryFile"], message: "cannot be given with --etcd: the workers register in one place" }
+    ]
+  return []
+}
+
 export const SimulateSettings = Schema.Struct({
-  etcd: StringList.pipe(
-    Schema.filter((urls) => urls.length > 0 || "at least one etcd URL is required"),
-    Schema.filter((urls) => {
-      const bad = urls.find((u) => {
-        try {
-          return !["http:", "https:"].includes(new URL(u).protocol)
-        } catch {
-          return true
-        }
+  etcd: Schema.optional(
+    StringList.pipe(
+      Schema.filter((urls) => urls.length > 0 || "at least one etcd URL is required"),
+      Schema.filter((urls) => {
+        const bad = urls.find((u) => {
+          try {
+            return !["http:", "https:"].includes(new URL(u).protocol)
+          } catch {
+            return true
+          }
+        })
+        return bad === undefined || `expected http(s) URLs, got ${JSON.stringify(bad)}`
       })
-      return bad === undefined || `expected http(s) URLs, got ${JSON.stringify(bad)}`
-    })
+    )
   ),
   etcdPrefix: withDefault(EtcdPrefixText, () => "/kvrelay/v1"),
+  discoveryFile: Schema.optional(FilePath),
   namespace: withDefault(NonBlank, () => "demo"),
   model: withDefault(NonBlank, () => "llama-3-8b"),
   blockSize: withDefault(PositiveInt, () => 16),
@@ -421,7 +449,7 @@ export const SimulateSettings = Schema.Struct({
   durationS: Schema.optional(PositiveInt),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)
-})
+}).pipe(Schema.filter(oneRegistry))
 export type SimulateSettings = typeof SimulateSettings.Type
 
 // ---------------------------------------------------------------------------------------------
@@ -434,62 +462,106 @@ export interface SettingsSources {
   readonly readFile: (path: string) => string
 }
 
+/** What the flags, the environment and a `--config` file say, merged but not yet decoded. */
+export interface SettingsInput {
+  /** Flag over environment over file, by camelCase key; flags that did not parse are left out. */
+  readonly merged: Readonly<Record<string, unknown>>
+  /** Problems found before decoding: flags that do not parse, an unusable or unknown-keyed file. */
+  readonly problems: ReadonlyArray<string>
+  /** Decoding problems the ones above already explain, not reported a second time. */
+  readonly explained: ReadonlySet<string>
+  /** The `--config` file could not be used, so a setting it may hold reads as missing. */
+  readonly configUnusable: boolean
+}
+
+/**
+ * Merges flags, `KVRELAY_*` variables and the `--config` file. Nothing stops at the first
+ * problem: whatever parsed is merged, so decoding still reports every other setting.
+ */
+export const readSettingsInput = (spec: CommandSpec, sources: SettingsSources): SettingsInput => {
+  const flags = parseFlagsGathering(spec, sources.argv)
+  const problems = [...flags.problems]
+  const env = environmentValues(spec, sources.env)
+  const configPath = (flags.values["config"] ?? sources.env["KVRELAY_CONFIG"]) as string | undefined
+  let file: Record<string, unknown> = {}
+  let configUnusable = false
+  if (configPath !== undefined) {
+    const read = readConfigFile(configPath, sources.readFile)
+    if (typeof read === "string") {
+      problems.push(read)
+      configUnusable = true
+    } else file = read
+  }
+  // Flags and variables are known by construction; only the file can name an unknown setting.
+  // It is reported once, with the key it most likely meant, and that key is then not also
+  // "required" (a file saying "dc-id" gets one line, not two).
+  const known = spec.flags.filter((f) => f.name !== "config").map((f) => keyOf(f.name))
+  const explained = new Set<string>()
+  for (const key of Object.keys(file)) {
+    if (known.includes(key)) continue
+    const guess = closestName(key, known)
+    if (guess !== undefined) explained.add(`${flagOf(guess)}: is required`)
+    problems.push(
+      `--config: unknown setting ${JSON.stringify(key)} in ${configPath}${guess === undefined ? "" : `, did you mean ${JSON.stringify(guess)}?`}`
+    )
+    delete file[key]
+  }
+  const { config: _ignored, ...flagValues } = flags.values
+  return {
+    merged: { ...file, ...env, ...(flagValues as Record<string, RawValue>) },
+    problems,
+    explained,
+    configUnusable
+  }
+}
+
+/** The `--config` file's object, or the problem line that says why it cannot be used. */
+const readConfigFile = (
+  path: string,
+  readFile: SettingsSources["readFile"]
+): Record<string, unknown> | string => {
+  let text: string
+  try {
+    text = readFile(path)
+  } catch (error) {
+    return `--config: cannot read ${path}: ${(error as Error).message}`
+  }
+  try {
+    const parsed: unknown = JSON.parse(text)
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      return `--config: ${path} must hold a JSON object`
+    }
+    return parsed as Record<string, unknown>
+  } catch (error) {
+    return `--config: ${path} is not valid JSON: ${(error as Error).message}`
+  }
+}
+
+/** Decodes merged settings; the problems of `input` come first, then every decoding problem. */
+export const decodeSettingsInput = <A, I>(
+  schema: Schema.Schema<A, I, never>,
+  input: SettingsInput
+): Either.Either<A, UsageError> => {
+  const decoded = decodeSettings(schema, { ...input.merged })
+  if (input.problems.length === 0) return decoded
+  const rest = Either.isLeft(decoded)
+    ? decoded.left.problems.filter(
+        // An unreadable config file may hold what reads as missing: its line says so already.
+        (p) => !input.explained.has(p) && !(input.configUnusable && p.endsWith(": is required"))
+      )
+    : []
+  return Either.left(new UsageError([...input.problems, ...rest]))
+}
+
 /**
  * Flags over environment over the `--config` file over defaults, decoded with `schema`. Every
- * problem names its flag.
+ * problem names its flag, and every problem is reported, not only the first.
  */
 export const loadSettings = <A, I>(
   spec: CommandSpec,
   schema: Schema.Schema<A, I, never>,
   sources: SettingsSources
-): Either.Either<A, UsageError> =>
-  Either.flatMap(parseFlags(spec, sources.argv), (flags) => {
-    const env = environmentValues(spec, sources.env)
-    const configPath = (flags["config"] ?? sources.env["KVRELAY_CONFIG"]) as string | undefined
-    let file: Record<string, unknown> = {}
-    if (configPath !== undefined) {
-      let text: string
-      try {
-        text = sources.readFile(configPath)
-      } catch (error) {
-        return Either.left(
-          new UsageError([`--config: cannot read ${configPath}: ${(error as Error).message}`])
-        )
-      }
-      try {
-        const parsed: unknown = JSON.parse(text)
-        if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
-          return Either.left(new UsageError([`--config: ${configPath} must hold a JSON object`]))
-        }
-        file = parsed as Record<string, unknown>
-      } catch (error) {
-        return Either.left(
-          new UsageError([`--config: ${configPath} is not valid JSON: ${(error as Error).message}`])
-        )
-      }
-    }
-    // Flags and variables are known by construction; only the file can name an unknown setting.
-    // It is reported once, with the key it most likely meant, and that key is then not also
-    // "required" (a file saying "dc-id" gets one line, not two).
-    const known = spec.flags.filter((f) => f.name !== "config").map((f) => keyOf(f.name))
-    const unknown: Array<string> = []
-    const meant = new Set<string>()
-    for (const key of Object.keys(file)) {
-      if (known.includes(key)) continue
-      const guess = closestName(key, known)
-      if (guess !== undefined) meant.add(`${flagOf(guess)}: is required`)
-      unknown.push(
-        `--config: unknown setting ${JSON.stringify(key)} in ${configPath}${guess === undefined ? "" : `, did you mean ${JSON.stringify(guess)}?`}`
-      )
-      delete file[key]
-    }
-    const { config: _ignored, ...flagValues } = flags
-    const merged: Record<string, unknown> = { ...file, ...env, ...(flagValues as Record<string, RawValue>) }
-    const decoded = decodeSettings(schema, merged)
-    if (unknown.length === 0) return decoded
-    const rest = Either.isLeft(decoded) ? decoded.left.problems.filter((p) => !meant.has(p)) : []
-    return Either.left(new UsageError([...unknown, ...rest]))
-  })
+): Either.Either<A, UsageError> => decodeSettingsInput(schema, readSettingsInput(spec, sources))
 
 const DISCOVERY_FLAGS: Record<string, string> = {
   discovery: "--discovery",

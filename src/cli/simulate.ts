@@ -1,10 +1,12 @@
 /**
- * `kvrelay simulate`: simulated inference workers that register themselves in etcd, as real
- * ones do, for a relay to follow (the compose file's data source, and a way to try a relay on
- * etcd without GPUs). Half the workers publish the Dynamo event plane format (`dynamo-zmq`, with
- * a worker query server for recovery), half publish as vLLM and SGLang engines (`engine-zmq`,
- * with a replay endpoint). Each worker registers its model card and source record under its own
- * etcd lease (10 s, kept alive, revoked on exit), so stopping the simulator withdraws its pools.
+ * `kvrelay simulate`: simulated inference workers that register themselves, as real ones do,
+ * for a relay to follow (the compose file's data source, and a way to try a relay without GPUs).
+ * Half the workers publish the Dynamo event plane format (`dynamo-zmq`, with a worker query
+ * server for recovery), half publish as vLLM and SGLang engines (`engine-zmq`, with a replay
+ * endpoint). With `--etcd`, each worker registers its model card and source record under its own
+ * etcd lease (10 s, kept alive, revoked on exit); with `--discovery-file`, the simulator keeps a
+ * file-discovery document of every worker's records, rewritten atomically as workers come and
+ * go, and empties it on exit. Either way, stopping the simulator withdraws its pools.
  *
  * The workload is tokens, as a router sees it: requests start from one of a set of popular
  * system prompts and continue with fresh user tokens. Engines send the tokens; Dynamo-format
@@ -14,11 +16,17 @@
  */
 
 import { hostname } from "node:os"
-import { Duration, Effect, Random, Schedule } from "effect"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import { Duration, Effect, Random, Schedule, type Scope } from "effect"
 import { localBlockHashes, nextSequenceHash } from "../ckf/tokens.js"
 import { hashPairsToBigInts } from "../ckf/u64.js"
-import { makeEtcdRegistrar } from "../discovery/EtcdDiscovery.js"
-import { decodeJson, ModelCardInstanceJson } from "../domain/json.js"
+import {
+  type DiscoveryFileWriteError,
+  type DiscoveryFileWriter,
+  makeDiscoveryFileWriter
+} from "../discovery/DiscoveryFileWriter.js"
+import { type EtcdError, makeEtcdRegistrar } from "../discovery/EtcdDiscovery.js"
+import { decodeJson, type ModelCardInstance, ModelCardInstanceJson } from "../domain/json.js"
 import { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
 import { makeDynamoZmqPublisher } from "../transport/DynamoZmqPublisher.js"
@@ -85,7 +93,12 @@ const advertiseSource = (source: KvEventSource, host: string): KvEventSource => 
 
 const decodeCard = decodeJson(ModelCardInstanceJson)
 
-const makeWorker = (settings: SimulateSettings, serving: EndpointId, index: number) =>
+const makeWorker = (
+  settings: SimulateSettings,
+  registry: WorkerRegistry,
+  serving: EndpointId,
+  index: number
+) =>
   Effect.gen(function* () {
     const workerId = String(settings.workerIdBase + index)
     const bind = `tcp://${settings.bindHost}:*`
@@ -163,29 +176,55 @@ const makeWorker = (settings: SimulateSettings, serving: EndpointId, index: numb
         }
       }
     })
-    // etcd may still be starting (compose starts everything at once): wait for it, loudly.
-    const registrar = yield* makeEtcdRegistrar({
-      endpoints: settings.etcd,
-      prefix: settings.etcdPrefix
-    }).pipe(
-      Effect.tapError((error) =>
-        Effect.logWarning(`cannot register with etcd yet, retrying: ${error.message}`)
-      ),
-      Effect.retry(Schedule.exponential("200 millis").pipe(Schedule.union(Schedule.spaced("5 seconds"))))
-    )
     const advertisedSource = advertiseSource(source, host)
-    yield* registrar.registerCard(card)
-    yield* registrar.registerSource(advertisedSource)
+    const where = yield* registry.register(workerId, card, advertisedSource)
     yield* Effect.logInfo("simulated worker registered").pipe(
       Effect.annotateLogs({
         worker: workerId,
         format: worker.label,
         endpoint: advertisedSource.transport.endpoint,
-        lease: registrar.leaseId
+        ...where
       })
     )
     return worker
   })
+
+/**
+ * Where the simulated workers advertise themselves. A registration lasts as long as the calling
+ * scope (the worker's life) and says where it went, for the log line.
+ */
+interface WorkerRegistry {
+  readonly register: (
+    workerId: string,
+    card: ModelCardInstance,
+    source: KvEventSource
+  ) => Effect.Effect<Record<string, string>, DiscoveryFileWriteError | EtcdError, Scope.Scope>
+}
+
+/** Each worker under its own etcd lease, as Dynamo's workers register. */
+const etcdRegistry = (endpoints: ReadonlyArray<string>, prefix: string): WorkerRegistry => ({
+  register: (_workerId, card, source) =>
+    Effect.gen(function* () {
+      // etcd may still be starting (compose starts everything at once): wait for it, loudly.
+      const registrar = yield* makeEtcdRegistrar({ endpoints, prefix }).pipe(
+        Effect.tapError((error) =>
+          Effect.logWarning(`cannot register with etcd yet, retrying: ${error.message}`)
+        ),
+        Effect.retry(Schedule.exponential("200 millis").pipe(Schedule.union(Schedule.spaced("5 seconds"))))
+      )
+      yield* registrar.registerCard(card)
+      yield* registrar.registerSource(source)
+      return { lease: registrar.leaseId }
+    })
+})
+
+/** Every worker's records in one discovery document, kept current by this process. */
+const fileRegistry = (writer: DiscoveryFileWriter): WorkerRegistry => ({
+  register: (workerId, card, source) =>
+    writer
+      .advertise(workerId, { cards: [card], sources: [source] })
+      .pipe(Effect.as({ discoveryFile: writer.path }))
+})
 
 /**
  * One worker's traffic: each request is a popular system prompt plus fresh user tokens; blocks
@@ -244,8 +283,14 @@ export const simulateProgram = (settings: SimulateSettings) =>
     const systemBlocks = Array.from({ length: SYSTEM_PROMPTS }, (_, p) =>
       blocksOf(systemPromptTokens(p, settings.blockSize), settings.blockSize)
     )
+    const registry =
+      settings.discoveryFile !== undefined
+        ? fileRegistry(
+            yield* makeDiscoveryFileWriter(settings.discoveryFile).pipe(Effect.provide(NodeFileSystem.layer))
+          )
+        : etcdRegistry(settings.etcd ?? [], settings.etcdPrefix)
     const workers: Array<Worker> = []
-    for (let i = 0; i < settings.workers; i++) workers.push(yield* makeWorker(settings, serving, i))
+    for (let i = 0; i < settings.workers; i++) workers.push(yield* makeWorker(settings, registry, serving, i))
     const query = {
       namespace: settings.namespace,
       model: settings.model,

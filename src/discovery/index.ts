@@ -13,6 +13,7 @@ import { fileDiscoveryLayer } from "./FileDiscovery.js"
 
 export * from "./Discovery.js"
 export * from "./DiscoveryConfig.js"
+export * from "./DiscoveryFileWriter.js"
 export * from "./DiscoveryRecords.js"
 export * from "./EtcdDiscovery.js"
 export * from "./FileDiscovery.js"

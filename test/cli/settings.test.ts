@@ -61,14 +61,39 @@ describe("relay settings", () => {
       "nowhere",
       "--bogus=1"
     ])
-    expect(problems(result)).toEqual(["--bogus: unknown flag for kvrelay relay"])
-    const invalid = problems(
-      load(["--dc-id", " padded", "--publication-threshold", "0", "--http", "nowhere"])
-    )
-    expect(invalid).toContain("--dc-id: must not have leading or trailing whitespace")
-    expect(invalid).toContain("--publication-threshold: expected a positive integer, got 0")
-    expect(invalid.some((p) => p.startsWith("--http: expected HOST:PORT"))).toBe(true)
+    // An unknown flag does not hide the others (PROTOCOL §1 ◆3): every problem, one line each.
+    expect(problems(result)).toEqual([
+      "--bogus: unknown flag for kvrelay relay",
+      "--dc-id: must not have leading or trailing whitespace",
+      '--http: expected HOST:PORT, got "nowhere"',
+      "--publication-threshold: expected a positive integer, got 0"
+    ])
     expect(problems(load([]))).toEqual(["--dc-id: is required"])
+    // An unknown flag's value is not reported again as a stray argument.
+    expect(problems(load(["--dc-id", "a", "--colour", "blue", "stray"]))).toEqual([
+      "--colour: unknown flag for kvrelay relay",
+      'unexpected argument "stray" (kvrelay relay takes only --flags)'
+    ])
+  })
+
+  it("checks across settings run even when another setting is invalid", () => {
+    expect(problems(load(["--dc-id", " a", "--tls-cert", "c.pem"]))).toEqual([
+      "--dc-id: must not have leading or trailing whitespace",
+      "--tls-key: is required with --tls-cert"
+    ])
+    // A setting that is itself invalid is not also reported as missing.
+    expect(problems(load(["--dc-id", " a", "--tls-key", "k.pem", "--tls-cert", ""]))).toEqual([
+      "--dc-id: must not have leading or trailing whitespace",
+      "--tls-cert: must not be empty"
+    ])
+  })
+
+  it("an unreadable config file is reported with the other problems, and what it may hold is not 'required'", () => {
+    expect(problems(load(["--config", "/missing.json", "--publication-threshold", "0", "--nope"]))).toEqual([
+      "--nope: unknown flag for kvrelay relay",
+      "--config: cannot read /missing.json: no such file",
+      "--publication-threshold: expected a positive integer, got 0"
+    ])
   })
 
   it("names unknown config-file keys and bad discovery backends", () => {

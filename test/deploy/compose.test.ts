@@ -188,7 +188,8 @@ describe("docker-compose.yml", () => {
       const settings = Either.getOrThrow(
         loadSettings(simulateCommand, SimulateSettings, { argv: service.command!.slice(1), ...noFile })
       )
-      for (const url of settings.etcd) expect(hostPort(url), `${name} --etcd`).toEqual(["etcd", 2379])
+      expect(settings.etcd, `${name} --etcd`).toBeDefined()
+      for (const url of settings.etcd ?? []) expect(hostPort(url), `${name} --etcd`).toEqual(["etcd", 2379])
       // The relay connects to the address in the source records: the simulator's service name,
       // on sockets bound to every interface.
       expect(settings.advertiseHost, `${name} --advertise-host`).toBe(name)

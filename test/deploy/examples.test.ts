@@ -8,8 +8,7 @@
  */
 
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { readdirSync, readFileSync } from "node:fs"
 import { join } from "node:path"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
@@ -25,7 +24,7 @@ import {
 import { Discovery } from "../../src/discovery/Discovery.js"
 import { makeEtcdDiscovery } from "../../src/discovery/EtcdDiscovery.js"
 import { decodeDiscoveryDocument, makeFileDiscovery } from "../../src/discovery/FileDiscovery.js"
-import { decodeJson, KvEventSourceJson } from "../../src/domain/json.js"
+import { decodeJson, KvEventSourceJson, ModelCardInstanceJson } from "../../src/domain/json.js"
 import * as RelayHost from "../../src/relay/RelayHost.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
@@ -39,6 +38,7 @@ const readJson = (path: string): Record<string, unknown> => JSON.parse(read(path
 
 const discoveryDocuments = readdirSync(join(examples, "discovery")).filter((f) => f.endsWith(".json"))
 const decodeSource = decodeJson(KvEventSourceJson)
+const decodeCard = decodeJson(ModelCardInstanceJson)
 const quiet = Logger.minimumLogLevel(LogLevel.Warning)
 
 /** Which tool is on PATH (etcdctl and jq for the shell registration script). */
@@ -173,6 +173,23 @@ describe("examples/engines", () => {
       expect(source.transport.topic).toBe(config["topic"])
       expect(source.recoveryTarget).toBeNull()
     })
+
+    it(`${engine}: the card is the worker of the source record, with the engine's block size`, () => {
+      const card = Either.getOrThrow(decodeCard(readJson(`engines/${engine}-card.json`)))
+      const source = Either.getOrThrow(decodeSource(readJson(`engines/${engine}-source.json`)))
+      expect(`${card.namespace}.${card.component}.${card.endpoint}`).toBe(source.kvStateEndpoint.toString())
+      expect(card.instanceId).toBe(source.workerId)
+      // vLLM's --block-size and SGLang's --page-size as the docs start them.
+      expect(card.card.kvCacheBlockSize).toBe(16)
+      expect(card.card.runtimeConfig.dataParallelSize).toBe(1)
+      // Together they are a document the file backend takes.
+      const document = {
+        version: 1,
+        cards: [readJson(`engines/${engine}-card.json`)],
+        sources: [readJson(`engines/${engine}-source.json`)]
+      }
+      expect(Either.isRight(decodeDiscoveryDocument(JSON.stringify(document)))).toBe(true)
+    })
   }
 })
 
@@ -260,14 +277,7 @@ describe("examples/etcd-register.*", () => {
             Effect.orDie
           )
           const relay = yield* relayOver(discovery)
-          const vllm = readJson("discovery/vllm.json") as { cards: Array<unknown> }
-          // The shell script takes one record per file: the vLLM document's card on its own.
-          const dir = yield* Effect.acquireRelease(
-            Effect.sync(() => mkdtempSync(join(tmpdir(), "kvrelay-examples-"))),
-            (d) => Effect.sync(() => rmSync(d, { recursive: true, force: true }))
-          )
-          const card = join(dir, "card.json")
-          writeFileSync(card, JSON.stringify(vllm.cards[0]))
+          // The shell script takes one record per file, as examples/README.md runs it.
           const run =
             script.name === "etcd-register.mjs"
               ? start(process.execPath, [
@@ -282,7 +292,11 @@ describe("examples/etcd-register.*", () => {
                 ])
               : start(
                   "bash",
-                  [join(examples, script.name), card, join(examples, "engines", "vllm-source.json")],
+                  [
+                    join(examples, script.name),
+                    join(examples, "engines", "vllm-card.json"),
+                    join(examples, "engines", "vllm-source.json")
+                  ],
                   { ETCDCTL_ENDPOINTS: server.url, KVRELAY_ETCD_PREFIX: PREFIX, LEASE_TTL: "60" }
                 )
           yield* Effect.addFinalizer(() => Effect.sync(() => run.child.kill("SIGKILL")))

@@ -1,4 +1,8 @@
 /**
+ * `kvrelay simulate --discovery-file` and a relay on `file:` discovery, as processes: the
+ * simulator keeps a valid document of its workers, the relay indexes their blocks, and stopping
+ * the simulator empties the document so the relay withdraws the pool.
+ *
  * The compose file's data path, as processes: a real etcd, `kvrelay simulate` registering its
  * workers there, `kvrelay relay` on etcd discovery and `kvrelay global` over the relay. The
  * simulator starts first with a small cache, so by the time the relay arrives the workers have
@@ -8,11 +12,18 @@
  * pool (its leases are revoked). Skipped without an etcd binary.
  */
 
-import { readFileSync } from "node:fs"
+import { readdirSync, readFileSync } from "node:fs"
 import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
-import { eventually, type KvrelayProcess, spawnKvrelay } from "../e2e/relayProcessHarness.js"
+import { Effect, Either } from "effect"
+import { decodeDiscoveryDocument } from "../../src/discovery/FileDiscovery.js"
+import {
+  cleanup,
+  eventually,
+  type KvrelayProcess,
+  spawnKvrelay,
+  tempDir
+} from "../e2e/relayProcessHarness.js"
 import { etcdBinary, etcdServer, skipped } from "../integration/etcdHelpers.js"
 
 const PREFIX = "/kvrelay/dc-a"
@@ -33,6 +44,106 @@ const json = async <A>(url: string, body?: unknown): Promise<A> => {
   const response = await fetch(url, body === undefined ? {} : { method: "POST", body: JSON.stringify(body) })
   return (await response.json()) as A
 }
+
+interface Stats {
+  endpoints: Array<{
+    aggregation?: { members: Array<{ blocks: number }>; parentNotFound?: number }
+    recovery?: { sources: Array<{ state: string }> }
+  }>
+}
+
+describe("kvrelay simulate on a discovery file", () => {
+  it.live(
+    "the simulator writes a document of its workers, a relay on file: indexes their blocks; SIGTERM empties it",
+    () =>
+      Effect.gen(function* () {
+        const procs: Array<KvrelayProcess> = []
+        yield* Effect.addFinalizer(() =>
+          Effect.promise(() => Promise.all(procs.map((p) => p.kill()))).pipe(
+            Effect.zipRight(Effect.sync(cleanup))
+          )
+        )
+        const dir = tempDir()
+        const path = join(dir, "discovery.json")
+        const simulate = spawnKvrelay([
+          "simulate",
+          "--discovery-file",
+          path,
+          "--workers",
+          "4",
+          "--cache-blocks",
+          "256",
+          "--log-level",
+          "warning"
+        ])
+        procs.push(simulate)
+        yield* Effect.promise(() =>
+          eventually(
+            "the simulator running",
+            () => {
+              if (simulate.exit !== undefined)
+                throw new Error(`exited ${JSON.stringify(simulate.exit)}: ${simulate.stderr}`)
+              return simulate.stdout.includes('"simulating"')
+            },
+            60_000
+          )
+        )
+        // Once every worker is up, the document holds each one's card and source, as the file
+        // backend decodes it, and no temporary file is left beside it.
+        const document = Either.getOrThrow(decodeDiscoveryDocument(readFileSync(path, "utf8")))
+        expect(document.cards.map((c) => c.instanceId).sort()).toEqual(["7000", "7001", "7002", "7003"])
+        expect(document.sources.map((s) => s.transport.kind).sort()).toEqual([
+          "dynamo-zmq",
+          "dynamo-zmq",
+          "engine-zmq",
+          "engine-zmq"
+        ])
+        expect(readdirSync(dir)).toEqual(["discovery.json"])
+
+        const relay = spawnKvrelay([
+          "relay",
+          "--dc-id",
+          "dc-file",
+          "--discovery",
+          `file:${path}`,
+          "--http",
+          "127.0.0.1:0",
+          "--log-level",
+          "error"
+        ])
+        procs.push(relay)
+        const relayUrl = yield* Effect.promise(() => listening(relay))
+        const endpoint = yield* Effect.promise(() =>
+          eventually(
+            "four members with blocks",
+            async () => {
+              const found = (await json<Stats>(`${relayUrl}/v1/stats`)).endpoints[0]
+              const members = found?.aggregation?.members ?? []
+              return members.length === 4 && members.every((m) => m.blocks > 0) ? found : undefined
+            },
+            60_000
+          )
+        )
+        expect(endpoint.aggregation?.parentNotFound ?? 0, relay.stderr).toBe(0)
+
+        simulate.signal("SIGTERM")
+        expect(yield* Effect.promise(() => simulate.waitExit(60_000)), simulate.stderr).toEqual({
+          code: 0,
+          signal: null
+        })
+        const emptied = Either.getOrThrow(decodeDiscoveryDocument(readFileSync(path, "utf8")))
+        expect([emptied.cards.length, emptied.sources.length]).toEqual([0, 0])
+        yield* Effect.promise(() =>
+          eventually(
+            "the pool withdrawn",
+            async () => (await json<{ pools: Array<unknown> }>(`${relayUrl}/v1/catalog`)).pools.length === 0,
+            30_000
+          )
+        )
+      }).pipe(Effect.scoped),
+    180_000
+  )
+})
 
 describe("kvrelay simulate on etcd", () => {
   it.live.skipIf(etcdBinary === undefined)(
@@ -104,12 +215,6 @@ describe("kvrelay simulate on etcd", () => {
           )
         )
         // Every worker is a live member with blocks: both wire formats arrive and recover.
-        interface Stats {
-          endpoints: Array<{
-            aggregation?: { members: Array<{ blocks: number }>; parentNotFound?: number }
-            recovery?: { sources: Array<{ state: string }> }
-          }>
-        }
         const settled = yield* Effect.promise(() =>
           eventually(
             "four live members with blocks",

@@ -34,6 +34,19 @@ const expectUsageFailure = (result: CliResult, command: string, expected: Readon
   for (const line of lines) expect(line).toMatch(new RegExp(`^kvrelay ${command}: --[a-z-]+: `))
 }
 
+/** A valid, empty discovery document. */
+const emptyDiscovery = (): DiscoveryFile => {
+  const file = new DiscoveryFile()
+  file.write({ version: 1, cards: [], sources: [] })
+  return file
+}
+
+/**
+ * A discovery document and an HTTP address that can be used: a test of one bad setting gets
+ * that one line, not also the default document's absence or a busy default port.
+ */
+const usableResources = (): Array<string> => ["--discovery", emptyDiscovery().spec, "--http", "127.0.0.1:0"]
+
 describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, () => {
   for (const command of ["relay", "global", "demo", "bench"]) {
     it(`kvrelay ${command} --help exits 0 and lists the options`, async () => {
@@ -84,7 +97,9 @@ describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, ()
   })
 
   it("a missing --dc-id is reported by its flag", async () => {
-    expectUsageFailure(await runKvrelay(["relay"]), "relay", [/^kvrelay relay: --dc-id: is required$/])
+    expectUsageFailure(await runKvrelay(["relay", ...usableResources()]), "relay", [
+      /^kvrelay relay: --dc-id: is required$/
+    ])
   })
 
   it("every invalid setting gives one line naming its flag, from flags, KVRELAY_* and --config alike", async () => {
@@ -104,7 +119,9 @@ describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, ()
         "--log-level",
         "loud",
         "--expected-unique-blocks",
-        "8"
+        "8",
+        "--discovery",
+        emptyDiscovery().spec
       ],
       // The flag wins over its variable: the bad KVRELAY_EXPECTED_UNIQUE_BLOCKS is not reported.
       { env: { KVRELAY_PUBLICATION_DELAY_MS: "soon", KVRELAY_EXPECTED_UNIQUE_BLOCKS: "0" } }
@@ -130,19 +147,25 @@ describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, ()
   })
 
   it("an unknown flag is named", async () => {
-    expectUsageFailure(await runKvrelay(["relay", "--dc-id", "dc", "--no-such-flag"]), "relay", [
-      /^kvrelay relay: --no-such-flag: unknown flag for kvrelay relay$/
-    ])
+    expectUsageFailure(
+      await runKvrelay(["relay", "--dc-id", "dc", "--no-such-flag", ...usableResources()]),
+      "relay",
+      [/^kvrelay relay: --no-such-flag: unknown flag for kvrelay relay$/]
+    )
   })
 
   it("an invalid --discovery backend is named", async () => {
-    expectUsageFailure(await runKvrelay(["relay", "--dc-id", "dc", "--discovery", "zookeeper:x"]), "relay", [
-      /^kvrelay relay: --discovery: /
-    ])
+    expectUsageFailure(
+      await runKvrelay(["relay", "--dc-id", "dc", "--discovery", "zookeeper:x", "--http", "127.0.0.1:0"]),
+      "relay",
+      [/^kvrelay relay: --discovery: /]
+    )
   })
 
   it("kvrelay global without --relay exits 2 naming --relay", async () => {
-    expectUsageFailure(await runKvrelay(["global"]), "global", [/^kvrelay global: --relay: is required$/])
+    expectUsageFailure(await runKvrelay(["global", "--http", "127.0.0.1:0"]), "global", [
+      /^kvrelay global: --relay: is required$/
+    ])
   })
 
   it("a missing discovery file fails startup, naming it", async () => {
@@ -205,7 +228,17 @@ describe.concurrent("kvrelay command line", { timeout: CLI_TEST_TIMEOUT_MS }, ()
 
   it("problems of different settings are reported together", async () => {
     expectUsageFailure(
-      await runKvrelay(["relay", "--dc-id", " dc", "--discovery", "zookeeper:x", "--etcd-prefix", "kv"]),
+      await runKvrelay([
+        "relay",
+        "--dc-id",
+        " dc",
+        "--discovery",
+        "zookeeper:x",
+        "--etcd-prefix",
+        "kv",
+        "--http",
+        "127.0.0.1:0"
+      ]),
       "relay",
       [/^kvrelay relay: --dc-id: /, /^kvrelay relay: --discovery: /, /^kvrelay relay: --etcd-prefix: /]
     )

@@ -58,14 +58,32 @@ describe.concurrent("TLS and token settings that cannot be used", () => {
   it(
     "settings that only work together name the missing flag (flag, environment or config file)",
     async () => {
+      // Every file given exists and every address is free: the missing partner is the one problem.
+      const relay = [
+        "relay",
+        "--dc-id",
+        "dc",
+        "--discovery",
+        `file:${emptyDiscovery()}`,
+        "--http",
+        "127.0.0.1:0"
+      ]
+      const global = ["global", "--relay", "a=https://127.0.0.1:1", "--http", "127.0.0.1:0"]
       const [certOnly, keyAndCa, caFromEnv, relayCert, relayKeyFromFile] = await Promise.all([
-        runKvrelay(["relay", "--dc-id", "dc", "--tls-cert", "server.pem"]),
-        runKvrelay(["relay", "--dc-id", "dc", "--tls-key", "server.key", "--tls-client-ca", "ca.pem"]),
-        runKvrelay(["relay", "--dc-id", "dc"], { env: { KVRELAY_TLS_CLIENT_CA: "ca.pem" } }),
-        runKvrelay(["global", "--relay", "a=https://127.0.0.1:1", "--relay-cert", "client.pem"]),
+        runKvrelay([...relay, "--tls-cert", pki.path("server.pem")]),
+        runKvrelay([...relay, "--tls-key", pki.path("server.key"), "--tls-client-ca", pki.path("ca.pem")]),
+        runKvrelay(relay, { env: { KVRELAY_TLS_CLIENT_CA: pki.path("ca.pem") } }),
+        runKvrelay([...global, "--relay-cert", pki.path("client.pem")]),
         (() => {
           const config = join(pki.dir, "global-config.json")
-          writeFileSync(config, JSON.stringify({ relay: ["a=https://127.0.0.1:1"], relayKey: "client.key" }))
+          writeFileSync(
+            config,
+            JSON.stringify({
+              relay: ["a=https://127.0.0.1:1"],
+              relayKey: pki.path("client.key"),
+              http: "127.0.0.1:0"
+            })
+          )
           return runKvrelay(["global", "--config", config])
         })()
       ])
