@@ -420,6 +420,18 @@ class PayloadPermits {
 
 const failShuttingDown = Effect.fail(new RelayShuttingDown())
 
+/**
+ * `Effect.raceFirst` whose loser can always be interrupted. The consumer fiber inherits the
+ * uninterruptible region the registry attaches pools in, and a race in such a fiber waits for
+ * its loser's interruption forever: a full fault queue then froze the actor for good (every
+ * later command, stats and shutdown included), as soon as a source sent 17 faulty events in a
+ * row faster than the owner took them.
+ */
+const raceInterruptibly = <A, E, B, E2>(
+  left: Effect.Effect<A, E>,
+  right: Effect.Effect<B, E2>
+): Effect.Effect<A | B, E | E2> => Effect.raceFirst(Effect.interruptible(left), Effect.interruptible(right))
+
 // The key `RelayMetrics` registers at zero (the actor does not import observability): one series.
 const skippedBlocks = Metric.counter("kv_dc_relay_ingest_skipped_blocks_total", {
   description: "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)",
@@ -677,7 +689,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         diag.faultsReported++
         if (Queue.unsafeOffer(faults, fault)) return Effect.succeed(true)
         // Biased as the seed's select: the fence wins over a send that could complete too.
-        return Effect.raceFirst(
+        return raceInterruptibly(
           Deferred.await(fenceSignal).pipe(Effect.as(false)),
           Queue.offer(faults, fault).pipe(Effect.as(true))
         )
@@ -965,7 +977,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
           // The seed waits for the release only; a fence also ends the pause here so that
           // closing a test's scope cannot hang on a forgotten release.
           return Effect.as(
-            Effect.raceFirst(Deferred.await(command.release), Deferred.await(fenceSignal)),
+            raceInterruptibly(Deferred.await(command.release), Deferred.await(fenceSignal)),
             true
           )
         case "Tick":

@@ -161,6 +161,45 @@ describe("source states over real sockets (PROTOCOL §5 ◆3)", () => {
   )
 
   it.scopedLive(
+    "a burst of faulty events fills the actor's fault queue: the source is rejected once, and the relay keeps answering and shuts down",
+    () =>
+      Effect.gen(function* () {
+        const queryServer = yield* makeWorkerQueryServer({ workerId: "8301", dpRanks: [0] })
+        const publisher = yield* makeDynamoZmqPublisher({
+          workerId: "8301",
+          dpRank: 0,
+          queryServer,
+          blockSize: 512
+        })
+        const file = yield* discoveryFile([routerCard("8301")], [yield* publisher.source(ROUTER)])
+        const relay = yield* startRelay(file)
+        yield* poolOf(relay, ROUTER, "the router pool")
+        yield* eventually(
+          relay.health.pipe(Effect.map((h) => h.sources.live === 1)),
+          "the source live",
+          15_000
+        )
+        // Far more faulty events than the actor's 16-fault queue holds, sent faster than its owner
+        // handles the first: the actor waits to hand over the 17th.
+        for (let i = 0; i < 100; i++)
+          yield* publisher.store(hashes(0x7400_0000_0000n + BigInt(i) * 7n, 1), {
+            parentHash: 0x7eee_0000_0001n + BigInt(i)
+          })
+        yield* eventually(
+          sourcesOf(relay, ROUTER).pipe(Effect.map((sources) => sources[0]?.state === "rejected")),
+          "the source rejected",
+          15_000
+        )
+        // The actor answers: stats go through its mailbox. Bounded, since a frozen actor never would.
+        const stats = yield* relay.stats.pipe(Effect.timeout("20 seconds"), Effect.either)
+        expect(stats._tag).toBe("Right")
+        const shutdown = yield* relay.shutdown.pipe(Effect.timeout("20 seconds"), Effect.either)
+        expect(shutdown._tag).toBe("Right")
+      }).pipe(Effect.provide(quiet)),
+    90_000
+  )
+
+  it.scopedLive(
     "a Dynamo source rejected for a protocol fault is rejected, with its reason, until its generation advances",
     () =>
       Effect.gen(function* () {
