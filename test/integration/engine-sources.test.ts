@@ -361,8 +361,13 @@ describe("engine sources over ZeroMQ", () => {
           [0, "recovering"],
           [1, "live"]
         ])
-        // Shutdown interrupts the attempt rather than waiting out its ten minutes.
-        const stopped = yield* relay.shutdown.pipe(Effect.timeout("20 seconds"), Effect.option)
+        // Shutdown interrupts the attempt rather than waiting out its ten minutes (disconnected,
+        // so that a shutdown stuck behind it fails here rather than holding the bound).
+        const stopped = yield* relay.shutdown.pipe(
+          Effect.disconnect,
+          Effect.timeout("20 seconds"),
+          Effect.option
+        )
         expect(Option.isSome(stopped), "shutdown waited for the unanswered replay").toBe(true)
       }).pipe(Effect.provide(quiet)),
     30_000
