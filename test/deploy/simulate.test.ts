@@ -13,7 +13,7 @@ import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { eventually, type KvrelayProcess, spawnKvrelay } from "../e2e/relayProcessHarness.js"
-import { etcdBinary, etcdServer, skipped } from "../integration/etcdHelpers.js"
+import { etcdServer, skipEtcd, skipped } from "../integration/etcdHelpers.js"
 
 const PREFIX = "/kvrelay/dc-a"
 
@@ -35,7 +35,7 @@ const json = async <A>(url: string, body?: unknown): Promise<A> => {
 }
 
 describe("kvrelay simulate on etcd", () => {
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `workers register, a relay follows them, the global answers their token query; SIGTERM withdraws them${skipped}`,
     () =>
       Effect.gen(function* () {
