@@ -17,6 +17,8 @@ export interface BenchEntry {
 export interface BenchContext {
   readonly quick: boolean
   readonly results: Array<BenchEntry>
+  /** Minutes of the `soak_memory` run (`--soak-minutes`; 10 when absent). */
+  readonly soakMinutes?: number
   log(line: string): void
 }
 

@@ -25,6 +25,7 @@ import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
 import { benchOverlapHttp } from "./overlapHttp.js"
+import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
 import { benchZmqIngest } from "./zmq.js"
 
@@ -33,9 +34,12 @@ export interface BenchOptions {
   readonly json: boolean
   readonly only?: ReadonlyArray<string>
   readonly output?: string
+  /** Minutes of the `soak_memory` run (default 10). */
+  readonly soakMinutes?: number
 }
 
-type Suite = readonly [string, (ctx: BenchContext) => void | Promise<void>]
+/** A suite's name and body; `named` suites run only when `--only` names them (long soaks). */
+type Suite = readonly [string, (ctx: BenchContext) => void | Promise<void>, "named"?]
 
 const suites: ReadonlyArray<Suite> = [
   ["producer_apply", benchProducerApply],
@@ -55,10 +59,11 @@ const suites: ReadonlyArray<Suite> = [
   ["membership", benchMembershipChurn],
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
-  ["e2e", benchEndToEnd]
+  ["e2e", benchEndToEnd],
+  ["soak_memory", benchSoakMemory, "named"]
 ]
 
-/** The suite names `--only` takes, in run order. */
+/** The suite names `--only` takes, in run order (`soak_memory` runs only when named). */
 export const suiteNames: ReadonlyArray<string> = suites.map(([name]) => name)
 
 /** The names of `only` that are no suite (each must be one of `suiteNames` exactly). */
@@ -121,9 +126,9 @@ export const runBenchmarks = async (options: BenchOptions): Promise<ReadonlyArra
   const childSuite = process.env[CHILD_SUITE]
   const childResults = process.env[CHILD_RESULTS]
   if (childSuite !== undefined && childResults !== undefined)
-    return runChild(childSuite, childResults, { quick: options.quick, log })
+    return runChild(childSuite, childResults, { quick: options.quick, soakMinutes: options.soakMinutes, log })
   const results: Array<BenchEntry> = []
-  const ctx: BenchContext = { quick: options.quick, results, log }
+  const ctx: BenchContext = { quick: options.quick, soakMinutes: options.soakMinutes, results, log }
   const inProcess = process.env[IN_PROCESS] === "1"
   log(
     `kvrelay bench${options.quick ? " --quick" : ""} (node ${process.version}, ${new Date().toISOString()}` +
@@ -131,8 +136,8 @@ export const runBenchmarks = async (options: BenchOptions): Promise<ReadonlyArra
   )
   const scratch = inProcess ? undefined : mkdtempSync(join(tmpdir(), "kvrelay-bench-"))
   try {
-    for (const [name, run] of suites) {
-      if (only.length > 0 && !only.includes(name)) continue
+    for (const [name, run, named] of suites) {
+      if (only.length > 0 ? !only.includes(name) : named === "named") continue
       if (scratch === undefined) {
         await run(ctx)
         continue

@@ -168,7 +168,8 @@ const main = async (argv: ReadonlyArray<string>): Promise<number | "running"> =>
       await runBenchmarks({
         quick: settings.right.quick,
         json: settings.right.json,
-        only: settings.right.only ?? []
+        only: settings.right.only ?? [],
+        soakMinutes: settings.right.soakMinutes
       })
       return 0
     }

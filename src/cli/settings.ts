@@ -260,6 +260,11 @@ export const benchCommand: CommandSpec = {
       name: "only",
       help: "comma-separated suite names to run (an unknown name lists them)",
       placeholder: "NAMES"
+    },
+    {
+      name: "soak-minutes",
+      help: "minutes of the soak_memory suite, which runs only when --only names it (default 10)",
+      placeholder: "N"
     }
   ]
 }
@@ -401,7 +406,8 @@ export type DemoSettings = typeof DemoSettings.Type
 export const BenchSettings = Schema.Struct({
   quick: withDefault(BooleanFlag, () => false),
   json: withDefault(BooleanFlag, () => false),
-  only: Schema.optional(StringList)
+  only: Schema.optional(StringList),
+  soakMinutes: withDefault(PositiveInt, () => 10)
 })
 export type BenchSettings = typeof BenchSettings.Type
 

@@ -93,8 +93,13 @@ export interface DynamoZmqPublisher {
     options?: { readonly recoverable?: boolean }
   ) => Effect.Effect<KvEventSource>
   readonly stats: Effect.Effect<{ readonly sent: number; readonly dropped: number }>
-  /** The canonical address of a block this worker stored (chained from its tokens hashes). */
+  /**
+   * The canonical address of a block this worker holds now (chained from its tokens hashes).
+   * Only `store`, `remove`, `clear` and `restart` keep it: `publish` and `sendRaw` go around it.
+   */
   readonly addressOf: (blockHash: bigint) => bigint
+  /** Blocks whose address is kept: those held now (tests). */
+  readonly addressCount: () => number
 }
 
 export const makeDynamoZmqPublisher = (
@@ -142,6 +147,7 @@ export const makeDynamoZmqPublisher = (
 
     return {
       addressOf: (hash) => addresses.addressOf(hash),
+      addressCount: () => addresses.size,
       endpoint,
       topic,
       workerId: options.workerId,
@@ -158,12 +164,13 @@ export const makeDynamoZmqPublisher = (
             store.tokensHashes === undefined
               ? localBlockHashes(defaultTokenIds(blockHashes, blockSize), blockSize)
               : pairsOf(store.tokensHashes)
-          addresses.record(blockHashes, tokensHashes, store.parentHash)
+          const storageTier = store.storageTier ?? "device"
+          addresses.record(blockHashes, tokensHashes, store.parentHash, storageTier)
           return {
             workerId: options.workerId,
             dpRank: options.dpRank,
             eventId,
-            storageTier: store.storageTier ?? "device",
+            storageTier,
             data: {
               _tag: "Stored",
               blockHashes,
@@ -174,14 +181,21 @@ export const makeDynamoZmqPublisher = (
           }
         }),
       remove: (hashes, storageTier = "device") =>
-        emit((eventId) => ({
-          workerId: options.workerId,
-          dpRank: options.dpRank,
-          eventId,
-          storageTier,
-          data: { _tag: "Removed", blockHashes: pairsOf(hashes) }
-        })),
-      clear: emit((eventId) => clearedEvent(options.workerId, options.dpRank, eventId)),
+        emit((eventId) => {
+          const blockHashes = pairsOf(hashes)
+          addresses.forget(blockHashes, storageTier)
+          return {
+            workerId: options.workerId,
+            dpRank: options.dpRank,
+            eventId,
+            storageTier,
+            data: { _tag: "Removed", blockHashes }
+          }
+        }),
+      clear: emit((eventId) => {
+        addresses.clear()
+        return clearedEvent(options.workerId, options.dpRank, eventId)
+      }),
       dropNext: (count = 1) =>
         Effect.sync(() => {
           dropping += count
@@ -193,6 +207,7 @@ export const makeDynamoZmqPublisher = (
           sequence = 0
           nextEventId = 1
           dropping = 0
+          addresses.clear()
           if (server !== undefined) yield* server.resetRank(options.dpRank)
           yield* Effect.logInfo("simulated dynamo publisher restarted").pipe(
             Effect.annotateLogs({

@@ -100,9 +100,21 @@ export interface EngineZmqPublisher {
   readonly restart: (publisherId?: bigint) => Effect.Effect<bigint>
   readonly source: (kvStateEndpoint: EndpointId) => Effect.Effect<KvEventSource>
   readonly stats: Effect.Effect<{ readonly sent: number; readonly dropped: number; readonly replays: number }>
-  /** The canonical address of a block this worker stored (what a router computes from its tokens). */
+  /**
+   * The canonical address of a block this worker holds now (what a router computes from its
+   * tokens). Only `store`, `remove`, `clear` and `restart` keep it: `publish`, `publishPayload`
+   * and `sendRaw` go around it.
+   */
   readonly addressOf: (blockHash: bigint) => bigint
+  /** Blocks whose address is kept: those held now (tests). */
+  readonly addressCount: () => number
+  /** Batches kept for replay (at most `bufferSteps`; tests). */
+  readonly bufferedBatches: () => number
 }
+
+/** The tier a medium stands for: the device is "GPU" or no medium at all (PROTOCOL §3.2). */
+const tierOfMedium = (medium: string | null): string =>
+  medium === null || medium === "GPU" ? "device" : medium
 
 const formatOf = (format: EngineZmqPublisherOptions["format"]): EngineFormat =>
   format === "vllm" ? VLLM_FORMAT : format === "sglang" ? SGLANG_FORMAT : format
@@ -196,6 +208,8 @@ export const makeEngineZmqPublisher = (
 
     return {
       addressOf: (hash) => addresses.addressOf(hash),
+      addressCount: () => addresses.size,
+      bufferedBatches: () => buffer.length,
       endpoint,
       replayEndpoint,
       topic,
@@ -209,15 +223,16 @@ export const makeEngineZmqPublisher = (
       store: (hashes, store = {}) => {
         const blockHashes = pairsOf(hashes)
         const tokenIds = store.tokenIds ?? defaultTokenIds(blockHashes, blockSize)
-        addresses.record(
-          blockHashes,
-          localBlockHashes(tokenIds, blockSize, { loraName: store.loraName }),
-          store.parentHash
-        )
         // vLLM always writes a medium ("GPU" for the device); older SGLang writes none for it.
         const explicit =
           store.medium !== undefined ? store.medium : mediumOfTier(store.storageTier ?? "device")
         const medium = explicit ?? (format.medium ? "GPU" : null)
+        addresses.record(
+          blockHashes,
+          localBlockHashes(tokenIds, blockSize, { loraName: store.loraName }),
+          store.parentHash,
+          tierOfMedium(medium)
+        )
         return publish([
           {
             type: "BlockStored",
@@ -231,15 +246,17 @@ export const makeEngineZmqPublisher = (
           }
         ])
       },
-      remove: (hashes, medium) =>
-        publish([
-          {
-            type: "BlockRemoved",
-            blockHashes: pairsOf(hashes),
-            medium: medium !== undefined ? medium : format.medium ? "GPU" : null
-          }
-        ]),
-      clear: publish([{ type: "AllBlocksCleared" }]),
+      remove: (hashes, removeMedium) =>
+        Effect.suspend(() => {
+          const blockHashes = pairsOf(hashes)
+          const medium = removeMedium !== undefined ? removeMedium : format.medium ? "GPU" : null
+          addresses.forget(blockHashes, tierOfMedium(medium))
+          return publish([{ type: "BlockRemoved", blockHashes, medium }])
+        }),
+      clear: Effect.suspend(() => {
+        addresses.clear()
+        return publish([{ type: "AllBlocksCleared" }])
+      }),
       dropNext: (count = 1) =>
         Effect.sync(() => {
           dropping += count
@@ -255,6 +272,7 @@ export const makeEngineZmqPublisher = (
           seq = 0
           dropping = 0
           buffer = []
+          addresses.clear()
           yield* Effect.logInfo("simulated engine restarted").pipe(
             Effect.annotateLogs({
               workerId: options.workerId,

@@ -256,6 +256,8 @@ export interface WorkerQueryServer {
   readonly stats: Effect.Effect<WorkerQueryServerStats>
   /** The blocks a rank holds now, as its tree dump would list them (tests). */
   readonly ledger: (dpRank: DpRank) => BlockLedger | undefined
+  /** Events a rank's ring keeps now (at most `bufferSize`; tests). */
+  readonly ringLength: (dpRank: DpRank) => number
 }
 
 const DUMP_EXTENSION_BUDGET_DIVISOR = 2
@@ -481,6 +483,7 @@ export const makeWorkerQueryServer = (
         }),
       answer,
       stats: Effect.sync(() => ({ ...counters, responses: { ...counters.responses } })),
-      ledger: (dpRank) => ranks.get(dpRank)?.ledger
+      ledger: (dpRank) => ranks.get(dpRank)?.ledger,
+      ringLength: (dpRank) => ranks.get(dpRank)?.length ?? 0
     } satisfies WorkerQueryServer
   })

@@ -28,7 +28,7 @@ import { decodeJson, KvEventSourceJson, ModelCardInstanceJson } from "../../src/
 import * as RelayHost from "../../src/relay/RelayHost.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
-import { etcdBinary, etcdServer, skipped } from "../integration/etcdHelpers.js"
+import { etcdServer, IN_CI, skipEtcd, skipped } from "../integration/etcdHelpers.js"
 import { awaitCatalog } from "../relay/hostFixtures.js"
 
 const root = join(import.meta.dirname, "..", "..")
@@ -266,12 +266,19 @@ describe("examples/etcd-register.*", () => {
     { name: "etcd-register.sh", available: onPath("etcdctl") && onPath("jq") }
   ]
   for (const script of scripts) {
-    const why =
-      etcdBinary === undefined ? skipped : script.available ? "" : " (skipped: etcdctl or jq not found)"
-    it.live.skipIf(etcdBinary === undefined || !script.available)(
+    // In CI the tools are required: a missing one fails the test instead of skipping it.
+    const skipTools = !script.available && !IN_CI
+    const why = skipEtcd ? skipped : skipTools ? " (skipped: etcdctl or jq not found)" : ""
+    it.live.skipIf(skipEtcd || skipTools)(
       `${script.name} registers a worker under a lease; the relay sees it, and sees it go on SIGTERM${why}`,
       () =>
         Effect.gen(function* () {
+          if (!script.available)
+            return yield* Effect.die(
+              new Error(
+                "etcdctl or jq not found on PATH: CI runs this test and needs them; .ci/run installs etcd-client and jq with apt-get"
+              )
+            )
           const server = yield* etcdServer
           const discovery = yield* makeEtcdDiscovery({ endpoints: [server.url], prefix: PREFIX }).pipe(
             Effect.orDie

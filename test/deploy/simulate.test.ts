@@ -24,7 +24,7 @@ import {
   spawnKvrelay,
   tempDir
 } from "../e2e/relayProcessHarness.js"
-import { etcdBinary, etcdServer, skipped } from "../integration/etcdHelpers.js"
+import { etcdServer, skipEtcd, skipped } from "../integration/etcdHelpers.js"
 
 const PREFIX = "/kvrelay/dc-a"
 
@@ -146,7 +146,7 @@ describe("kvrelay simulate on a discovery file", () => {
 })
 
 describe("kvrelay simulate on etcd", () => {
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `workers register, a relay follows them, the global answers their token query; SIGTERM withdraws them${skipped}`,
     () =>
       Effect.gen(function* () {

@@ -11,11 +11,14 @@
 
 import type { Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { localBlockHashes } from "../../src/ckf/tokens.js"
+import { hashPairsToBigInts } from "../../src/ckf/u64.js"
 import {
   ALIAS,
   closeScope,
   type DomainEntry,
   depths,
+  depthsByLocal,
   discoveryOf,
   domains,
   dynamoWorker,
@@ -50,6 +53,8 @@ const P1 = promptBlocks(1, 16)
 const P2 = promptBlocks(2, 12)
 const P3 = promptBlocks(3, 8)
 const P4 = promptBlocks(4, 8)
+/** Stored by the malformed-requests test alone. */
+const P5 = promptBlocks(5, 2)
 
 let scope: Scope.CloseableScope | undefined
 let dir: TempDir | undefined
@@ -282,11 +287,28 @@ describe("global consumer over two relay processes", () => {
     await expectRejected(JSON.stringify({ ...valid, model: "mistral" }), 404, "MODEL_NOT_FOUND")
     await expectRejected(JSON.stringify({ ...valid, namespace: "staging" }), 404, "MODEL_NOT_FOUND")
 
-    // The boundaries of u64 are accepted, as strings and as JSON numbers up to 2^53.
-    const edges = await post(
-      JSON.stringify({ ...byLocal, localBlockHashes: ["18446744073709551615", "0", 2 ** 53, 42] })
-    )
+    // The boundaries of u64 are accepted, as strings and as JSON numbers up to 2^53, and read as
+    // the hashes they are: no DC holds a prompt starting with them, and after the first block of
+    // a prompt dc-a holds (asked by its local hash) they end the match at one block.
+    const boundaries = ["18446744073709551615", "0", 2 ** 53, 42]
+    const answered = (answer: { body: unknown }) =>
+      Object.fromEntries(
+        (answer.body as { results: ReadonlyArray<OverlapResult> }).results.map((r) => [
+          r.relay,
+          [r.prefixDepth, r.matchedTokens]
+        ])
+      )
+    const edges = await post(JSON.stringify({ ...byLocal, localBlockHashes: boundaries }))
     expect(edges.status, edges.text).toBe(200)
+    expect(answered(edges)).toEqual({ "dc-a": [0, 0], "dc-b": [0, 0] })
+    await a1.store(P5)
+    await eventually("P5 at dc-a", () => depthsByLocal(global.url, P5), sameDepths({ "dc-a": 2, "dc-b": 0 }))
+    const firstLocal = hashPairsToBigInts(localBlockHashes(promptTokens(P5), KV_BLOCK_SIZE))[0]!
+    const afterFirst = await post(
+      JSON.stringify({ ...byLocal, localBlockHashes: [firstLocal.toString(), ...boundaries] })
+    )
+    expect(afterFirst.status, afterFirst.text).toBe(200)
+    expect(answered(afterFirst)).toEqual({ "dc-a": [1, KV_BLOCK_SIZE], "dc-b": [0, 0] })
     const wrongMethod = await request(`${global.url}/v1/overlap`)
     expect(wrongMethod.status).toBe(405)
     const health = await request(`${global.url}/healthz`)

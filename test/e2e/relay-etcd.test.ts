@@ -8,7 +8,7 @@
 import { Effect, Exit, Scope } from "effect"
 import { Etcd3 } from "etcd3"
 import { afterEach, describe, expect, it } from "vitest"
-import { etcdBinary, etcdServerNotStarted, skipped } from "../integration/etcdHelpers.js"
+import { etcdServerNotStarted, skipEtcd, skipped } from "../integration/etcdHelpers.js"
 import {
   type CatalogJson,
   cardRecord,
@@ -38,7 +38,7 @@ const health = async (relay: Relay): Promise<{ status: number; body: Health }> =
 }
 
 describe("kvrelay relay over etcd (real etcd, child process)", () => {
-  it.skipIf(etcdBinary === undefined)(
+  it.skipIf(skipEtcd)(
     `starts before etcd (connecting), follows it once it runs, and keeps its catalog while it is killed${skipped}`,
     async () => {
       const scope = Effect.runSync(Scope.make())

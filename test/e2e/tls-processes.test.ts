@@ -9,21 +9,26 @@
 
 import { writeFileSync } from "node:fs"
 import { join } from "node:path"
-import type { Scope } from "effect"
+import { Either, Schema, type Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { CatalogSnapshotJson } from "../../src/domain/json.js"
 import { httpsRequest, makeTestPki, type TestPki } from "../transport/tlsFixtures.js"
 import {
   closeScope,
   discoveryOf,
   dynamoWorker,
   eventually,
+  MODEL,
   makeScope,
+  SERVING,
   startKvrelay,
   stopAll,
   stopKvrelay,
   writeDiscovery
 } from "./globalProcessesHarness.js"
 import { CLI_TEST_TIMEOUT_MS, type CliResult, cleanup, runKvrelay } from "./relayProcessHarness.js"
+
+const decodeCatalog = Schema.decodeUnknownEither(CatalogSnapshotJson)
 
 let pki: TestPki
 let scope: Scope.CloseableScope | undefined
@@ -203,11 +208,27 @@ describe("a global consumer following an https relay with mutual TLS and a beare
     const noToken = await httpsRequest(`${relay.url}/v1/catalog`, client)
     expect(noToken.status).toBe(401)
     expect(JSON.parse(noToken.text)).toMatchObject({ reason: "UNAUTHORIZED" })
-    const catalog = await httpsRequest(`${relay.url}/v1/catalog`, {
-      ...client,
-      headers: { authorization: "Bearer relay-token-1" }
-    })
-    expect(catalog.status).toBe(200)
+    // With both, the catalog itself: a valid document listing the worker's pool.
+    const catalog = await eventually(
+      "the https relay's catalog to list the worker's pool",
+      async () => {
+        const answer = await httpsRequest(`${relay.url}/v1/catalog`, {
+          ...client,
+          headers: { authorization: "Bearer relay-token-1" }
+        })
+        if (answer.status !== 200)
+          throw new Error(`GET /v1/catalog answered ${answer.status}: ${answer.text}`)
+        return Either.getOrThrow(decodeCatalog(JSON.parse(answer.text)))
+      },
+      (found) => found.pools.length > 0,
+      30_000
+    )
+    expect(
+      catalog.pools.map((pool) => [
+        pool.servingEndpoint.toString(),
+        pool.registrations.map((registration) => registration.model)
+      ])
+    ).toEqual([[`${SERVING.namespace}.${SERVING.component}.${SERVING.endpoint}`, [MODEL]]])
 
     // The global consumer: TLS without client certificates, its own token.
     expect((await httpsRequest(`${global.url}/healthz`, { ca })).status).toBe(200)

@@ -16,7 +16,7 @@ import {
 import { encodeJsonText, ModelCardInstanceJson } from "../../src/domain/json.js"
 import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
 import { card, rawSource, source } from "../discovery/fixtures.js"
-import { etcdBinary, etcdServer, etcdServerNotStarted, skipped } from "./etcdHelpers.js"
+import { etcdServer, etcdServerNotStarted, skipEtcd, skipped } from "./etcdHelpers.js"
 
 const PREFIX = "/kvrelay-test/v1"
 
@@ -71,7 +71,7 @@ const llamaSource = source({
 })
 
 describe("etcd discovery (real etcd)", () => {
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `registered records appear, and disappear when the lease is revoked${skipped}`,
     () =>
       Effect.gen(function* () {
@@ -103,7 +103,7 @@ describe("etcd discovery (real etcd)", () => {
       }).pipe(Effect.scoped)
   )
 
-  it.live.skipIf(etcdBinary === undefined)(`records of an expired lease disappear${skipped}`, () =>
+  it.live.skipIf(skipEtcd)(`records of an expired lease disappear${skipped}`, () =>
     Effect.gen(function* () {
       const server = yield* etcdServer
       const discovery = yield* makeEtcdDiscovery({ endpoints: [server.url], prefix: PREFIX })
@@ -118,7 +118,7 @@ describe("etcd discovery (real etcd)", () => {
     }).pipe(Effect.scoped)
   )
 
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `invalid values and keys that disagree with their values are ignored${skipped}`,
     () =>
       Effect.gen(function* () {
@@ -168,7 +168,7 @@ describe("etcd discovery (real etcd)", () => {
       }).pipe(Effect.scoped)
   )
 
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `while etcd is away the last records stay in force (stale); after the restart changes are followed${skipped}`,
     () =>
       Effect.gen(function* () {
@@ -224,7 +224,7 @@ describe("etcd discovery (real etcd)", () => {
       }).pipe(Effect.scoped)
   )
 
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `an etcd not running at start: connecting with no records, then its records once it starts${skipped}`,
     () =>
       Effect.gen(function* () {
@@ -251,7 +251,7 @@ describe("etcd discovery (real etcd)", () => {
       }).pipe(Effect.scoped)
   )
 
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `a value nested 100,000 deep is logged once and skipped; the watch keeps working, and a defect restarts it${skipped}`,
     () =>
       Effect.gen(function* () {

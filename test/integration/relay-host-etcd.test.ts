@@ -19,7 +19,7 @@ import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
 import { card, endpoint } from "../discovery/fixtures.js"
 import { awaitCatalog } from "../relay/hostFixtures.js"
-import { etcdBinary, etcdServer, etcdServerNotStarted, skipped } from "./etcdHelpers.js"
+import { etcdServer, etcdServerNotStarted, skipEtcd, skipped } from "./etcdHelpers.js"
 import { eventually } from "./zmqHelpers.js"
 
 const PREFIX = "/kvrelay-host-test/v1"
@@ -105,7 +105,7 @@ const noPool = (relay: KvDcRelayService, what: string, timeoutMs = 8000) =>
   awaitCatalog(relay.catalogRef, what, (catalog) => catalog.pools.length === 0, { timeoutMs })
 
 describe("relay host over etcd (real etcd)", () => {
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `a leased registration materializes the pool; revocation and expiry withdraw it${skipped}`,
     () =>
       Effect.gen(function* () {
@@ -152,7 +152,7 @@ describe("relay host over etcd (real etcd)", () => {
       }).pipe(Effect.scoped, Effect.provide(quiet))
   )
 
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `etcd killed for a while: the catalog stays (discovery stale, healthy); after the restart changes are followed${skipped}`,
     () =>
       Effect.gen(function* () {
@@ -221,7 +221,7 @@ describe("relay host over etcd (real etcd)", () => {
       }).pipe(Effect.scoped, Effect.provide(quiet))
   )
 
-  it.live.skipIf(etcdBinary === undefined)(
+  it.live.skipIf(skipEtcd)(
     `a relay started before etcd serves an empty catalog (connecting), then its pool once etcd starts${skipped}`,
     () =>
       Effect.gen(function* () {

@@ -283,14 +283,21 @@ const primeEngine = (pool: EventSubscriberPool, engine: EngineZmqPublisher, sour
 const WORKER = "7001"
 
 /** The rank admitted everything its publisher sent so far and has no recovery in flight. */
-const caughtUp = (h: Harness, dpRank: DpRank, lastId: Effect.Effect<number>, what: string) =>
+const caughtUp = (
+  h: Harness,
+  dpRank: DpRank,
+  lastId: Effect.Effect<number>,
+  what: string,
+  timeoutMs?: number
+) =>
   eventually(
     Effect.gen(function* () {
       const last = yield* lastId
       const slot = h.slot(WORKER, dpRank)
       return slot !== undefined && !slot.recoveryInflight && slot.lastAdmittedId === last
     }),
-    what
+    what,
+    timeoutMs
   )
 
 describe("recovery over ZeroMQ with the source supervisor", () => {
@@ -386,19 +393,17 @@ describe("recovery over ZeroMQ with the source supervisor", () => {
     "a target that never answers times out, retries, releases its permit and ends degraded while other ranks recover",
     () =>
       Effect.gen(function* () {
-        // The relay's timers run on the TestClock, advanced 100 ms per real millisecond tick, so
-        // eight 3-second attempts and 25.4 s of backoff take a second or two of real time.
-        yield* Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, 1))).pipe(
-          Effect.zipRight(TestClock.adjust("100 millis")),
-          Effect.forever,
-          Effect.forkScoped
-        )
+        // The relay's timers run on the TestClock, moved only when the test has seen what the
+        // next step waits for: rank 0's attempt k is on the wire (the silent target counted its
+        // request k), then exactly its timeout passes; then exactly its backoff. Socket latency
+        // decides nothing, since no timer can fire while a real round trip is under way.
+        const attemptTimeout = Duration.seconds(3)
         const h = yield* makeHarness({
           expected: [
             { workerId: WORKER, dpRank: 0 },
             { workerId: WORKER, dpRank: 1 }
           ],
-          recoveryAttemptTimeout: "3 seconds",
+          recoveryAttemptTimeout: attemptTimeout,
           recoveryPermits: 1
         })
         const silent = yield* makeWorkerQueryServer({ workerId: WORKER, dpRanks: [0] })
@@ -410,32 +415,56 @@ describe("recovery over ZeroMQ with the source supervisor", () => {
         yield* primeDynamo(h.pool, stuck, sources[0]!)
         yield* primeDynamo(h.pool, fine, sources[1]!)
         yield* fine.store([77n])
-        yield* h.advertise(sources)
 
-        // Rank 1 recovers while rank 0's target keeps timing out: the single permit is released
-        // before every backoff sleep.
-        yield* caughtUp(h, 1, fine.nextEventId.pipe(Effect.map((n) => n - 1)), "rank 1 to recover")
+        const requestsSeen = (n: number) =>
+          eventually(
+            silent.stats.pipe(Effect.map((stats) => stats.requests === n)),
+            `rank 0's attempt ${n} to reach its target`,
+            20_000
+          )
+        const jitter = Duration.micros(BigInt(SourceSupervisor.FULL_RESTORE_JITTER_MICROS))
+        // Rank 0 first: its initial restore starts after its jitter and takes the single permit.
+        yield* h.advertise([sources[0]!])
+        yield* TestClock.adjust(jitter)
+        yield* requestsSeen(1)
+        // Then rank 1, whose restore waits for that permit.
+        yield* h.advertise(sources)
+        yield* TestClock.adjust(jitter)
+        expect(h.slot(WORKER, 1)?.recoveryInflight).toBe(true)
+        yield* TestClock.adjust(attemptTimeout)
+        // The permit is released before the backoff: rank 1 recovers while rank 0 sleeps, and
+        // the clock does not move meanwhile, so rank 0 is exactly at its first backoff.
+        yield* caughtUp(h, 1, fine.nextEventId.pipe(Effect.map((n) => n - 1)), "rank 1 to recover", 20_000)
         expect(h.target.has(WORKER, 1, 77n)).toBe(true)
-        expect((yield* silent.stats).requests).toBeLessThan(8)
+        expect((yield* silent.stats).requests).toBe(1)
         expect(h.slot(WORKER, 0)?.recoveryInflight).toBe(true)
 
         // Live events of rank 0 are buffered meanwhile and admitted by the degraded ending.
         yield* stuck.store([10n])
         yield* stuck.store([11n])
+        for (let attempt = 2; attempt <= SourceSupervisor.RECOVERY_MAX_RETRIES; attempt++) {
+          yield* TestClock.adjust(
+            Duration.millis(SourceSupervisor.RECOVERY_INITIAL_BACKOFF_MS * 2 ** (attempt - 2))
+          )
+          yield* requestsSeen(attempt)
+          expect(h.slot(WORKER, 0)?.recoveryInflight).toBe(true)
+          yield* TestClock.adjust(attemptTimeout)
+        }
+        // No backoff after the last attempt: the rank ends degraded.
         yield* eventually(
           Effect.sync(() => h.slot(WORKER, 0)?.recoveryInflight === false),
           "rank 0 to end degraded",
           20_000
         )
         const stats = yield* silent.stats
-        expect(stats.requests).toBe(8)
-        expect(stats.unanswered).toBe(8)
+        expect(stats.requests).toBe(SourceSupervisor.RECOVERY_MAX_RETRIES)
+        expect(stats.unanswered).toBe(SourceSupervisor.RECOVERY_MAX_RETRIES)
         expect(h.target.has(WORKER, 0, 10n) && h.target.has(WORKER, 0, 11n)).toBe(true)
         yield* stuck.store([12n])
         yield* caughtUp(h, 0, stuck.nextEventId.pipe(Effect.map((n) => n - 1)), "rank 0 live after degrading")
         expect(h.target.has(WORKER, 0, 12n)).toBe(true)
       }),
-    30_000
+    60_000
   )
 
   it.scopedLive(
