@@ -528,6 +528,7 @@ describe("relay documents", () => {
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
       sourcesDegraded: 0,
+      sources: { expected: 3, connecting: 1, live: 1, recovering: 0, degraded: 0, rejected: 1 },
       discovery: { state: "stale", since: "2026-05-01T12:34:56.789Z" }
     })
     const request = roundTrips(SubscribeRequestJson, {

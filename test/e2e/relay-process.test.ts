@@ -160,6 +160,7 @@ describe("kvrelay relay as a process", () => {
       fencedEndpointCount: 0,
       sourcesRecovering: 0,
       sourcesDegraded: 0,
+      sources: { expected: 2, connecting: 0, live: 2, recovering: 0, degraded: 0, rejected: 0 },
       discovery: { state: "live", since: expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/) }
     })
   })
