@@ -43,8 +43,8 @@ import {
 import type { RouterEvent } from "../src/domain/events.js"
 import { make, type PoolActor } from "../src/relay/PoolActor.js"
 import { DEFAULT_EXPECTED_UNIQUE_BLOCKS, DEFAULT_PUBLICATION_THRESHOLD } from "../src/relay/RelayHost.js"
+import { randomPublisherId } from "../src/simulate/DynamoZmqPublisher.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC, subscribeDynamo } from "../src/transport/DynamoZmq.js"
-import { randomPublisherId } from "../src/transport/DynamoZmqPublisher.js"
 import type { IngestMessage } from "../src/transport/ZmqSocket.js"
 import { type BenchContext, HashStream, record, threadCpuSeconds } from "./harness.js"
 

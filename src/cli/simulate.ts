@@ -29,9 +29,9 @@ import { type EtcdError, makeEtcdRegistrar } from "../discovery/EtcdDiscovery.js
 import { decodeJson, type ModelCardInstance, ModelCardInstanceJson } from "../domain/json.js"
 import { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
-import { makeDynamoZmqPublisher } from "../transport/DynamoZmqPublisher.js"
-import { makeEngineZmqPublisher } from "../transport/EngineZmqPublisher.js"
-import { makeWorkerQueryServer } from "../transport/WorkerQueryServer.js"
+import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
+import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
+import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
 import { observabilityLayer } from "./runtime.js"
 import type { SimulateSettings } from "./settings.js"
 

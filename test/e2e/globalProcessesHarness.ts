@@ -18,10 +18,10 @@ import { Effect, Exit, Scope } from "effect"
 import { chainSequenceHash } from "../../src/ckf/global.js"
 import { localBlockHashes } from "../../src/ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
-import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
-import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { defaultTokenIds } from "../../src/transport/SimulatedAddresses.js"
-import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
+import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
+import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
+import { defaultTokenIds } from "../../src/simulate/SimulatedAddresses.js"
+import { makeWorkerQueryServer } from "../../src/simulate/WorkerQueryServer.js"
 
 export const REPO = fileURLToPath(new URL("../..", import.meta.url))
 const BIN = join(REPO, "bin", "kvrelay.js")

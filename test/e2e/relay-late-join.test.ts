@@ -13,7 +13,7 @@ import { Effect, Exit, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import { localBlockHashes, nextSequenceHash } from "../../src/ckf/tokens.js"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
-import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
+import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
 import {
   cleanup,
   DiscoveryFile,

@@ -19,9 +19,9 @@ import { Effect, Exit, Scope } from "effect"
 import { prepare } from "../../src/ckf/addressing.js"
 import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../src/ckf/cbi1.js"
 import { DcCkfFormatIdentity } from "../../src/ckf/identity.js"
-import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
-import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { makeWorkerQueryServer, type WorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
+import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
+import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
+import { makeWorkerQueryServer, type WorkerQueryServer } from "../../src/simulate/WorkerQueryServer.js"
 
 export const ROOT = fileURLToPath(new URL("../..", import.meta.url))
 export const BIN = join(ROOT, "bin", "kvrelay.js")

@@ -14,9 +14,9 @@ import type { EndpointId } from "../../src/domain/model.js"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import type { PublicationError, PublicationFrame } from "../../src/relay/PublicationSource.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
-import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
-import { makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
+import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
+import { makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
+import { makeWorkerQueryServer } from "../../src/simulate/WorkerQueryServer.js"
 import { awaitCatalog, discoveryFile } from "../relay/hostFixtures.js"
 import {
   addressesBy,

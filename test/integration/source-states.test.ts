@@ -11,9 +11,9 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { KvEventSource } from "../../src/domain/sources.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
-import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
-import { makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { makeWorkerQueryServer } from "../../src/transport/WorkerQueryServer.js"
+import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
+import { makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
+import { makeWorkerQueryServer } from "../../src/simulate/WorkerQueryServer.js"
 import { discoveryFile } from "../relay/hostFixtures.js"
 import {
   endpointStats,

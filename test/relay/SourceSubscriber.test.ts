@@ -16,7 +16,7 @@ import {
 } from "../../src/domain/sources.js"
 import type { RecoveryResetReason, RecoveryTarget, SourceEpoch } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSubscriber from "../../src/relay/SourceSubscriber.js"
-import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
+import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"
 import { endpoint, source } from "../discovery/fixtures.js"
 import { eventually } from "../integration/zmqHelpers.js"

@@ -4,14 +4,13 @@ import { describe, expect, it } from "vitest"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
 import type { RouterEvent } from "../../src/domain/events.js"
 import {
-  decodeEngineBatch,
   type EngineEvent,
   type EngineFormat,
   encodeEngineBatch,
-  makeEngineDecoder,
   SGLANG_FORMAT,
   VLLM_FORMAT
-} from "../../src/transport/EngineZmq.js"
+} from "../../src/simulate/EngineBatchEncoder.js"
+import { decodeEngineBatch, makeEngineDecoder } from "../../src/transport/EngineZmq.js"
 import { u64FrameOf } from "../../src/transport/ZmqSocket.js"
 import { hashArb, plain } from "./fixtures.js"
 

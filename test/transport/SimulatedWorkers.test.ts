@@ -9,10 +9,10 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { localBlockHashes, sequenceHashes } from "../../src/ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
-import { makeDynamoZmqPublisher } from "../../src/transport/DynamoZmqPublisher.js"
-import { makeEngineZmqPublisher } from "../../src/transport/EngineZmqPublisher.js"
-import { defaultTokenIds } from "../../src/transport/SimulatedAddresses.js"
-import { makeWorkerQueryServer, WORKER_RING_SIZE } from "../../src/transport/WorkerQueryServer.js"
+import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
+import { makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
+import { defaultTokenIds } from "../../src/simulate/SimulatedAddresses.js"
+import { makeWorkerQueryServer, WORKER_RING_SIZE } from "../../src/simulate/WorkerQueryServer.js"
 
 const BLOCK_SIZE = 16
 const CACHE_BLOCKS = 1_000

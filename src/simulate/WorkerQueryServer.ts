@@ -13,8 +13,14 @@ import { Deferred, Duration, Effect, FiberSet, type Scope } from "effect"
 import * as zmq from "zeromq"
 import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
 import type { WorkerKvQueryRequest, WorkerKvQueryResponse } from "../recovery/WorkerQuery.js"
-import { decodeWorkerQueryRequest, encodeWorkerQueryResponse } from "./msgpack.js"
-import { acquireSocket, bindSocket, receiveFrames, sendFrames, type ZmqError } from "./ZmqSocket.js"
+import { decodeWorkerQueryRequest, encodeWorkerQueryResponse } from "../transport/msgpack.js"
+import {
+  acquireSocket,
+  bindSocket,
+  receiveFrames,
+  sendFrames,
+  type ZmqError
+} from "../transport/ZmqSocket.js"
 
 /** `WORKER_KV_INDEXER_BUFFER_SIZE`. */
 export const WORKER_RING_SIZE = 1024

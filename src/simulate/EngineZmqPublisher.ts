@@ -15,17 +15,7 @@ import { hashPairs } from "../ckf/u64.js"
 import type { DpRank, StorageTier, WorkerId } from "../domain/events.js"
 import type { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
-import { type HashInput, randomPublisherId } from "./DynamoZmqPublisher.js"
-import {
-  type EngineEvent,
-  type EngineFormat,
-  encodeEngineBatch,
-  mediumOfTier,
-  REPLAY_END_SEQ,
-  SGLANG_FORMAT,
-  VLLM_FORMAT
-} from "./EngineZmq.js"
-import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
+import { REPLAY_END_SEQ } from "../transport/EngineZmq.js"
 import {
   acquireSocket,
   bindSocket,
@@ -35,7 +25,17 @@ import {
   u64FrameOf,
   u64FrameValue,
   type ZmqError
-} from "./ZmqSocket.js"
+} from "../transport/ZmqSocket.js"
+import { type HashInput, randomPublisherId } from "./DynamoZmqPublisher.js"
+import {
+  type EngineEvent,
+  type EngineFormat,
+  encodeEngineBatch,
+  mediumOfTier,
+  SGLANG_FORMAT,
+  VLLM_FORMAT
+} from "./EngineBatchEncoder.js"
+import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
 
 export interface EngineZmqPublisherOptions {
   readonly workerId: WorkerId

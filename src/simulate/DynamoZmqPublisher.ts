@@ -22,11 +22,11 @@ import {
 } from "../domain/events.js"
 import type { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
-import { encodeDynamoMessage, KV_EVENT_TOPIC } from "./DynamoZmq.js"
-import type { RouterEventEncodeOptions } from "./msgpack.js"
+import { encodeDynamoMessage, KV_EVENT_TOPIC } from "../transport/DynamoZmq.js"
+import type { RouterEventEncodeOptions } from "../transport/msgpack.js"
+import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "../transport/ZmqSocket.js"
 import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
 import type { WorkerQueryServer } from "./WorkerQueryServer.js"
-import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "./ZmqSocket.js"
 
 /** Publisher ids stay JSON-safe (Dynamo masks them to `MAX_JSON_SAFE_PUBLISHER_ID`). */
 const MAX_PUBLISHER_ID = 2 ** 53 - 1
