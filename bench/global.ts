@@ -25,6 +25,7 @@ import {
   RelayConnector
 } from "../src/consumer/GlobalConsumer.js"
 import { GlobalView, make as makeView, type OverlapResult } from "../src/consumer/GlobalView.js"
+import * as GlobalHttpServer from "../src/consumer/http/GlobalHttpServer.js"
 import { emptyMembershipView } from "../src/discovery/MembershipProjection.js"
 import type { RouterEvent } from "../src/domain/events.js"
 import { stableDcId } from "../src/domain/identity.js"
@@ -36,11 +37,10 @@ import {
   KvQuerySemantics
 } from "../src/domain/model.js"
 import { UnknownEndpoint } from "../src/relay/errors.js"
+import * as RelayHttpServer from "../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry, type PoolAttachment } from "../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../src/relay/PublicationSource.js"
 import type { KvDcRelayService } from "../src/relay/RelayService.js"
-import * as GlobalHttpServer from "../src/transport/http/GlobalHttpServer.js"
-import * as RelayHttpServer from "../src/transport/http/RelayHttpServer.js"
 import { type BenchContext, gc, HashStream, percentile, record } from "./harness.js"
 
 export const LANES = 16

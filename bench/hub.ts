@@ -23,7 +23,8 @@ import {
   RoutingScopeId
 } from "../src/ckf/identity.js"
 import type { DcCkfDelta } from "../src/ckf/publisher.js"
-import type { ActorFault, DeltaReceiver, PoolActor } from "../src/relay/PoolActor.js"
+import type { DeltaReceiver } from "../src/relay/DeltaBroadcast.js"
+import type { ActorFault, PoolActor } from "../src/relay/PoolActor.js"
 import {
   makeEncodingPermits,
   makePublicationHubConfig,

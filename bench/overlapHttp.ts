@@ -28,7 +28,7 @@ import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Effect, Fiber, Layer, Logger, LogLevel, Queue } from "effect"
 import { GlobalConsumer, make as makeConsumer, RelayConnector } from "../src/consumer/GlobalConsumer.js"
 import { GlobalView, make as makeView } from "../src/consumer/GlobalView.js"
-import * as GlobalHttpServer from "../src/transport/http/GlobalHttpServer.js"
+import * as GlobalHttpServer from "../src/consumer/http/GlobalHttpServer.js"
 import {
   type BenchRelay,
   INGEST_BLOCKS_PER_EVENT,

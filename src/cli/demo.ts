@@ -18,19 +18,20 @@ import { chainSequenceHash } from "../ckf/global.js"
 import { localBlockHashes, sequenceHashes } from "../ckf/tokens.js"
 import { hashPairsToBigInts } from "../ckf/u64.js"
 import { GlobalView } from "../consumer/GlobalView.js"
+import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
 import { Discovery } from "../discovery/Discovery.js"
 import { makeFileDiscovery } from "../discovery/FileDiscovery.js"
 import { encodeJson, KvEventSourceJson } from "../domain/json.js"
 import { EndpointId } from "../domain/model.js"
 import type { KvEventSource } from "../domain/sources.js"
+import * as RelayHttpServer from "../relay/http/RelayHttpServer.js"
 import * as RelayHost from "../relay/RelayHost.js"
 import type { KvDcRelayService } from "../relay/RelayService.js"
 import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
-import * as GlobalHttpServer from "../transport/http/GlobalHttpServer.js"
-import * as RelayHttpServer from "../transport/http/RelayHttpServer.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
+import * as GlobalProcess from "./globalProcess.js"
 import { observabilityLayer } from "./runtime.js"
 import type { DemoSettings } from "./settings.js"
 
@@ -389,7 +390,7 @@ export const demoProgram = (settings: DemoSettings) =>
     const dcs = yield* Effect.forEach([0, 1], (dc) => startDc(dc, dir, settings))
     const globalPort = settings.httpPort === 0 ? 0 : settings.httpPort + DCS.length
     const globalContext = yield* Layer.build(
-      GlobalHttpServer.layerGlobal(
+      GlobalProcess.layer(
         { relays: dcs.map((dc) => ({ name: dc.name, url: dc.url })) },
         { host: "127.0.0.1", port: globalPort }
       )

@@ -4,7 +4,8 @@
  */
 
 import { Effect, Layer } from "effect"
-import * as GlobalHttpServer from "../transport/http/GlobalHttpServer.js"
+import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
+import * as GlobalProcess from "./globalProcess.js"
 import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
 import { relayConnectionSecurity, serverSecurity } from "./security.js"
 import { type GlobalSettings, splitAddress, splitRelayTarget } from "./settings.js"
@@ -29,7 +30,7 @@ export const globalProgram = (settings: GlobalSettings) => {
             settings,
             relays.map((r) => r.url)
           )
-          return GlobalHttpServer.layerGlobal(
+          return GlobalProcess.layer(
             { relays },
             {
               host,

@@ -5,14 +5,14 @@
  */
 
 import { Effect, type Scope } from "effect"
-import { type TokenFile, watchTokenFile } from "../transport/http/BearerAuth.js"
+import { type TokenFile, watchTokenFile } from "../http/BearerAuth.js"
 import {
   type ClientTlsOptions,
   loadClientTls,
   loadServerTls,
   type ServerTlsOptions,
   type TlsFile
-} from "../transport/http/Tls.js"
+} from "../http/Tls.js"
 import { StartupProblem } from "./runtime.js"
 
 export interface ServerSecuritySettings {

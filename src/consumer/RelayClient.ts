@@ -33,8 +33,8 @@ import {
   type PoolFrame,
   PoolFrameDecodeError,
   PoolFrameDecoder
-} from "../transport/http/PoolStreamFrame.js"
-import { SseParser } from "../transport/http/ServerSentEvents.js"
+} from "../protocol/PoolStream.js"
+import { SseParser } from "../protocol/Sse.js"
 
 // ---------------------------------------------------------------------------------------------
 // Errors

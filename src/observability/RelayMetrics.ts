@@ -18,11 +18,11 @@ import {
   MALFORMED_REASONS,
   type MalformedReason,
   SKIP_REASONS,
-  type SkipCounts
+  type SkipCounts,
+  ZMTP_ERROR_REASONS,
+  type ZmtpErrorReason
 } from "../domain/ingest.js"
-import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "../relay/PublishDelay.js"
-import { ZMTP_ERROR_REASONS } from "../transport/zmtp/ZmtpError.js"
-import { protocolErrorsTotal } from "../transport/zmtp/ZmtpSubscriber.js"
+import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "./PublishDelay.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
 export const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
@@ -211,6 +211,12 @@ export const ingestDropped = (reason: DropReason): Effect.Effect<void> =>
 export const recoveryFinished = (outcome: string): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(recoveries, "outcome", outcome))
 
+/** `kv_dc_relay_zmtp_protocol_errors_total{reason}`, on the relay's `/metrics`. */
+export const zmtpProtocolErrorsTotal = Metric.counter("kv_dc_relay_zmtp_protocol_errors_total", {
+  description: "ZMTP connections of event subscribers closed for a protocol error, by reason",
+  incremental: true
+})
+
 /** Registers every family with a zero update, so scrapes list them before anything happened. */
 export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(
   [
@@ -259,11 +265,15 @@ export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(
     ),
     ...SOURCE_STATES.map((state) => Metric.incrementBy(Metric.tagged(sourcesByState, "state", state), 0)),
     ...ZMTP_ERROR_REASONS.map((reason) =>
-      Metric.incrementBy(Metric.tagged(protocolErrorsTotal, "reason", reason), 0)
+      Metric.incrementBy(Metric.tagged(zmtpProtocolErrorsTotal, "reason", reason), 0)
     )
   ],
   { discard: true }
 )
+
+/** One ZMTP connection closed for a protocol error. */
+export const zmtpProtocolError = (reason: ZmtpErrorReason): Effect.Effect<void> =>
+  Metric.increment(Metric.tagged(zmtpProtocolErrorsTotal, "reason", reason))
 
 // ---------------------------------------------------------------------------------------------
 // Per serving endpoint, from the relay's stats at scrape time

@@ -23,11 +23,29 @@
 
 import { Effect, Option } from "effect"
 import type { DcCkfDelta, DcCkfDeltaSink } from "../ckf/publisher.js"
-import type { DeltaReceiver, DeltaStreamClosed, DeltaStreamLagged } from "./PoolActor.js"
 
 export const DEFAULT_DELTA_RECEIVER_CAPACITY = 64
 
 export type DeltaBroadcastCloseMode = "drain" | "discard"
+
+/** This receiver fell behind the bounded delta buffer; it was closed and needs a fresh snapshot. */
+export interface DeltaStreamLagged {
+  readonly _tag: "DeltaStreamLagged"
+}
+/** The actor stopped (shutdown or fence) or the receiver was closed. */
+export interface DeltaStreamClosed {
+  readonly _tag: "DeltaStreamClosed"
+}
+
+/** Deltas for one subscriber: starts exactly after the snapshot it was created with. */
+export interface DeltaReceiver {
+  /** The next delta, waiting for one. */
+  readonly take: Effect.Effect<DcCkfDelta, DeltaStreamLagged | DeltaStreamClosed>
+  /** The next delta if one is queued (`try_recv`). */
+  readonly poll: Effect.Effect<Option.Option<DcCkfDelta>, DeltaStreamLagged | DeltaStreamClosed>
+  /** Stop receiving; frees the receiver's buffer. */
+  readonly close: Effect.Effect<void>
+}
 
 /** Why an enqueue was refused: the publisher fences the lease (`DeliveryUncertain`). */
 export type DeltaBroadcastSendError = "no delta receivers attached"

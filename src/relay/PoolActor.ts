@@ -28,7 +28,6 @@ import { type CkfMemberRef, memberKey } from "../ckf/events.js"
 import { type CkfFailureDisposition, eventFailurePoint, failureDisposition } from "../ckf/failure.js"
 import { type LaneLease, type PoolId, ProducerIdentity } from "../ckf/identity.js"
 import {
-  type DcCkfDelta,
   DcCkfPublishError,
   DcCkfPublisher,
   type DcCkfSnapshot,
@@ -36,8 +35,9 @@ import {
 } from "../ckf/publisher.js"
 import type { DcCkfPublicationBatch, DcCkfState, DcCkfStats, MemberCount } from "../ckf/state.js"
 import { type DpRank, eventPayloadWeight, type RouterEvent, type WorkerId } from "../domain/events.js"
+import { PublishDelayHistogram, type PublishDelaySnapshot } from "../observability/PublishDelay.js"
 import type { SourceEpoch } from "../recovery/RecoveryTarget.js"
-import { type DeltaBroadcastSendError, makeDeltaBroadcast } from "./DeltaBroadcast.js"
+import { type DeltaBroadcastSendError, type DeltaReceiver, makeDeltaBroadcast } from "./DeltaBroadcast.js"
 import {
   ActorStopped,
   CkfBuildFailed,
@@ -48,7 +48,6 @@ import {
   RelayShuttingDown,
   StaleSourceEpoch
 } from "./errors.js"
-import { PublishDelayHistogram, type PublishDelaySnapshot } from "./PublishDelay.js"
 
 export const DEFAULT_MAILBOX_CAPACITY = 256
 export const DEFAULT_PENDING_BLOCK_PERMITS = 65_536
@@ -88,25 +87,6 @@ export interface ActorFault {
   readonly category: ActorFaultCategory
   readonly disposition: CkfFailureDisposition
   readonly message: string
-}
-
-/** This receiver fell behind the bounded delta buffer; it was closed and needs a fresh snapshot. */
-export interface DeltaStreamLagged {
-  readonly _tag: "DeltaStreamLagged"
-}
-/** The actor stopped (shutdown or fence) or the receiver was closed. */
-export interface DeltaStreamClosed {
-  readonly _tag: "DeltaStreamClosed"
-}
-
-/** Deltas for one subscriber: starts exactly after the snapshot it was created with. */
-export interface DeltaReceiver {
-  /** The next delta, waiting for one. */
-  readonly take: Effect.Effect<DcCkfDelta, DeltaStreamLagged | DeltaStreamClosed>
-  /** The next delta if one is queued (`try_recv`). */
-  readonly poll: Effect.Effect<Option.Option<DcCkfDelta>, DeltaStreamLagged | DeltaStreamClosed>
-  /** Stop receiving; frees the receiver's buffer. */
-  readonly close: Effect.Effect<void>
 }
 
 export interface ActorSubscription {

@@ -33,7 +33,8 @@ import { CBI1_MAX_DELTA_IMAGES, Cbi1Error, type Cbi1Expected, encodeCbi1Delta } 
 import { LaneLease, type PoolId, type ProducerIdentity } from "../ckf/identity.js"
 import type { DcCkfDelta } from "../ckf/publisher.js"
 import { InjectedLoopFault, LoopFaults, supervised } from "../domain/supervised.js"
-import type { ActorSubscription, DeltaReceiver, PoolActor } from "./PoolActor.js"
+import type { DeltaReceiver } from "./DeltaBroadcast.js"
+import type { ActorSubscription, PoolActor } from "./PoolActor.js"
 
 // ---------------------------------------------------------------------------------------------
 // Defaults

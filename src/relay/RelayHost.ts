@@ -64,6 +64,7 @@ import * as EndpointSlot from "./EndpointSlot.js"
 import { ActorStopped, type KvDcRelayError, RelayShuttingDown, UnknownEndpoint } from "./errors.js"
 import * as PoolRegistry from "./PoolRegistry.js"
 import * as PublicationSource from "./PublicationSource.js"
+import type { ExpectedSourceState } from "./RelayService.js"
 import {
   type DiagnosticSnapshot,
   type EndpointStats,
@@ -73,7 +74,6 @@ import {
   type RelayStats,
   type SourceCounts
 } from "./RelayService.js"
-import type { ExpectedSourceState } from "./SourceSubscriber.js"
 
 export const DEFAULT_EXPECTED_UNIQUE_BLOCKS = 1_048_576
 export const DEFAULT_PUBLICATION_THRESHOLD = 16

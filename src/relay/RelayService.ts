@@ -2,7 +2,7 @@
  * The relay as the rest of the process sees it: what the HTTP API serves and what the CLI starts.
  *
  * CONTRACT between the relay host (`RelayHost.ts`, which implements it) and the HTTP layer
- * (`src/transport/http/RelayHttpServer.ts`, which serves it). Keep these types stable; extend
+ * (`src/relay/http/RelayHttpServer.ts`, which serves it). Keep these types stable; extend
  * additively.
  */
 
@@ -13,13 +13,21 @@ import type { DcMembershipView } from "../discovery/MembershipProjection.js"
 import type { DpRank, WorkerId } from "../domain/events.js"
 import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
 import type { DcRelayIdentity, EndpointId } from "../domain/model.js"
+import type { PublishDelaySnapshot } from "../observability/PublishDelay.js"
+import type * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
 import type { KvDcRelayError } from "./errors.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
 import type { PoolFeed, PublicationError, PublicationFrame } from "./PublicationSource.js"
-import type { PublishDelaySnapshot } from "./PublishDelay.js"
-import type { ExpectedSourceState } from "./SourceSubscriber.js"
+
+/**
+ * The state of an expected source rank (an advertised source of the pool), PROTOCOL §5 ◆3:
+ * `connecting` until its connection to the publisher completed the ZMTP handshake (the endpoint
+ * may be wrong, closed or not speaking ZMTP), then the supervisor's `live`, `recovering` or
+ * `degraded`, or `rejected` after a protocol fault until its membership generation advances.
+ */
+export type ExpectedSourceState = "connecting" | SourceSupervisor.SourceState | "rejected"
 
 export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
 

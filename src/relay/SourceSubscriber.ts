@@ -36,7 +36,7 @@ import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import type { WorkerQueryTransport } from "../recovery/WorkerQuery.js"
-import type { EndpointIngestStats } from "./RelayService.js"
+import type { EndpointIngestStats, ExpectedSourceState } from "./RelayService.js"
 
 /** Readiness poll while some source's socket is still connecting. */
 export const CONNECTING_POLL: Duration.Duration = Duration.millis(20)
@@ -52,22 +52,6 @@ export const INITIAL_CONNECT_GRACE: Duration.Duration = Duration.seconds(2)
 export const RECOVERING_WARN_AFTER: Duration.Duration = Duration.seconds(2)
 /** How long a source may stay `connecting` before it is logged (PROTOCOL §5 ◆3). */
 export const CONNECTING_WARN_AFTER: Duration.Duration = Duration.seconds(5)
-
-/**
- * The state of an expected source rank (an advertised source of the pool), PROTOCOL §5 ◆3:
- * `connecting` until its connection to the publisher completed the ZMTP handshake (the endpoint
- * may be wrong, closed or not speaking ZMTP), then the supervisor's `live`, `recovering` or
- * `degraded`, or `rejected` after a protocol fault until its membership generation advances.
- */
-export type ExpectedSourceState = "connecting" | SourceSupervisor.SourceState | "rejected"
-
-export const EXPECTED_SOURCE_STATES: ReadonlyArray<ExpectedSourceState> = [
-  "connecting",
-  "live",
-  "recovering",
-  "degraded",
-  "rejected"
-]
 
 /** One expected source rank and its state. */
 export interface ExpectedSource {

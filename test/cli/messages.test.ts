@@ -22,7 +22,7 @@ import {
   SimulateSettings,
   simulateCommand
 } from "../../src/cli/settings.js"
-import { parseOverlapRequest } from "../../src/transport/http/GlobalHttpServer.js"
+import { parseOverlapRequest } from "../../src/consumer/http/GlobalHttpServer.js"
 import { CLI_TEST_TIMEOUT_MS, runKvrelay } from "../e2e/relayProcessHarness.js"
 
 const problems = (result: Either.Either<unknown, { problems: ReadonlyArray<string> }>) =>

@@ -21,7 +21,7 @@ import {
   tokenFile,
   writableFile
 } from "../../src/cli/startupChecks.js"
-import { makeTestPki, type TestPki } from "../transport/tlsFixtures.js"
+import { makeTestPki, type TestPki } from "../http/tlsFixtures.js"
 
 let dir: string
 let pki: TestPki

@@ -8,11 +8,11 @@
 import { writeFileSync } from "node:fs"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer, Logger, LogLevel, type Scope, Stream } from "effect"
+import * as GlobalProcess from "../../src/cli/globalProcess.js"
 import { GlobalConsumer } from "../../src/consumer/GlobalConsumer.js"
-import { type TokenFile, watchTokenFile } from "../../src/transport/http/BearerAuth.js"
-import * as GlobalHttpServer from "../../src/transport/http/GlobalHttpServer.js"
-import { type ClientTlsOptions, loadClientTls, loadServerTls } from "../../src/transport/http/Tls.js"
-import { makeTestPki, type TestPki } from "../transport/tlsFixtures.js"
+import { type TokenFile, watchTokenFile } from "../../src/http/BearerAuth.js"
+import { type ClientTlsOptions, loadClientTls, loadServerTls } from "../../src/http/Tls.js"
+import { makeTestPki, type TestPki } from "../http/tlsFixtures.js"
 import { blockHashes, converged, eventually } from "./consumerHarness.js"
 import { domainOf } from "./fakeRelay.js"
 import { startDcRelay } from "./realRelay.js"
@@ -53,7 +53,7 @@ const consumerTls = (): Effect.Effect<ClientTlsOptions, unknown> =>
 const startSecureConsumer = (relays: ReadonlyArray<{ name: string; url: string }>, tokens: TokenFile) =>
   Effect.gen(function* () {
     const context = yield* Layer.build(
-      GlobalHttpServer.layerGlobal(
+      GlobalProcess.layer(
         { relays },
         {
           host: "127.0.0.1",

@@ -34,8 +34,8 @@ import {
   FRAME_SNAPSHOT_CHUNK,
   FRAME_TERMINAL_ERROR,
   type PoolFrameKind
-} from "../../src/transport/http/PoolStreamFrame.js"
-import { sseEvent, sseHeartbeat } from "../../src/transport/http/ServerSentEvents.js"
+} from "../../src/protocol/PoolStream.js"
+import { sseEvent, sseHeartbeat } from "../../src/protocol/Sse.js"
 
 const domain = new IndexerDomainId(
   new CacheSemanticsId(new Uint8Array(16).fill(1), "explicit"),

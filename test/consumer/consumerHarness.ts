@@ -4,13 +4,14 @@
  */
 
 import { Context, Duration, Effect, Layer } from "effect"
+import * as GlobalProcess from "../../src/cli/globalProcess.js"
 import {
   GlobalConsumer,
   type GlobalConsumerConfig,
   type GlobalConsumerService
 } from "../../src/consumer/GlobalConsumer.js"
 import { GlobalView, type OverlapResult } from "../../src/consumer/GlobalView.js"
-import * as GlobalHttpServer from "../../src/transport/http/GlobalHttpServer.js"
+import * as GlobalHttpServer from "../../src/consumer/http/GlobalHttpServer.js"
 import type { RelayPool } from "./realRelay.js"
 
 /** The production composition (`layerGlobal`) on an ephemeral port, in the current scope. */
@@ -20,7 +21,7 @@ export const startConsumer = (
 ) =>
   Effect.gen(function* () {
     const context = yield* Layer.build(
-      GlobalHttpServer.layerGlobal({ relays, ...config }, { host: "127.0.0.1", port: 0 })
+      GlobalProcess.layer({ relays, ...config }, { host: "127.0.0.1", port: 0 })
     )
     const consumer = Context.get(context, GlobalConsumer)
     const view = Context.get(context, GlobalView)

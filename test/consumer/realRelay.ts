@@ -18,11 +18,11 @@ import {
   modelAlias
 } from "../../src/domain/model.js"
 import { UnknownEndpoint } from "../../src/relay/errors.js"
+import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry, type PoolAttachment, type PoolRegistry } from "../../src/relay/PoolRegistry.js"
 import type { PublicationHubConfig } from "../../src/relay/PublicationHub.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
 import type { KvDcRelayService, RelayHealth } from "../../src/relay/RelayService.js"
-import * as RelayHttpServer from "../../src/transport/http/RelayHttpServer.js"
 
 export const KV_BLOCK_SIZE = 16
 

@@ -12,7 +12,7 @@ import { join } from "node:path"
 import { Either, Schema, type Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { CatalogSnapshotJson } from "../../src/domain/json.js"
-import { httpsRequest, makeTestPki, type TestPki } from "../transport/tlsFixtures.js"
+import { httpsRequest, makeTestPki, type TestPki } from "../http/tlsFixtures.js"
 import {
   closeScope,
   discoveryOf,

@@ -10,14 +10,8 @@ import { ckfConfig } from "../../src/ckf/config.js"
 import { type LaneLease, ProducerIdentity } from "../../src/ckf/identity.js"
 import type { DcCkfDelta } from "../../src/ckf/publisher.js"
 import { DcCkfState } from "../../src/ckf/state.js"
-import type {
-  ActorFault,
-  ActorSubscription,
-  DeltaReceiver,
-  DeltaStreamClosed,
-  DeltaStreamLagged,
-  PoolActor
-} from "../../src/relay/PoolActor.js"
+import type { DeltaReceiver, DeltaStreamClosed, DeltaStreamLagged } from "../../src/relay/DeltaBroadcast.js"
+import type { ActorFault, ActorSubscription, PoolActor } from "../../src/relay/PoolActor.js"
 import {
   DEFAULT_MAX_INITIALIZED_POOL_HUBS,
   FRAME_OVERHEAD_BYTES,

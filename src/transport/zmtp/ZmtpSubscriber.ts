@@ -15,11 +15,13 @@
  */
 
 import * as net from "node:net"
-import { Duration, Effect, Fiber, Metric, type Scope } from "effect"
+import { Duration, Effect, Fiber, type Scope } from "effect"
+import { ZMTP_ERROR_REASONS, type ZmtpErrorReason } from "../../domain/ingest.js"
+import * as RelayMetrics from "../../observability/RelayMetrics.js"
 import type { TcpEndpoint } from "./Endpoint.js"
 import { MessageQueue } from "./internal/MessageQueue.js"
 import { Session, type SessionEnd } from "./internal/Session.js"
-import { ZMTP_ERROR_REASONS, type ZmtpErrorReason, ZmtpProtocolError } from "./ZmtpError.js"
+import { ZmtpProtocolError } from "./ZmtpError.js"
 
 export interface ZmtpSubscriberOptions {
   /** The endpoint as configured (for logs and errors). */
@@ -72,12 +74,6 @@ export interface ZmtpSubscriber {
   readonly receiveBatch: (into: Array<Array<Buffer>>, max: number) => Effect.Effect<void>
   readonly stats: () => ZmtpSubscriberStats
 }
-
-/** `kv_dc_relay_zmtp_protocol_errors_total{reason}`, on the relay's `/metrics`. */
-export const protocolErrorsTotal = Metric.counter("kv_dc_relay_zmtp_protocol_errors_total", {
-  description: "ZMTP connections of event subscribers closed for a protocol error, by reason",
-  incremental: true
-})
 
 /** A subscriber whose connection loop runs in a fiber of the current Scope until it closes. */
 export const makeZmtpSubscriber = (
@@ -177,7 +173,7 @@ export const makeZmtpSubscriber = (
       firstWarned.add(fault.reason)
       return log("closing a ZMTP connection after a protocol error; reconnecting").pipe(
         Effect.annotateLogs({ endpoint, reason: error.reason, error: error.message }),
-        Effect.zipRight(Metric.increment(Metric.tagged(protocolErrorsTotal, "reason", fault.reason)))
+        Effect.zipRight(RelayMetrics.zmtpProtocolError(fault.reason))
       )
     }
     const report = (end: SessionEnd): Effect.Effect<void> => {

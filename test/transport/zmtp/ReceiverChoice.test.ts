@@ -10,8 +10,8 @@ import { it } from "@effect/vitest"
 import { Effect, Metric } from "effect"
 import { describe, expect } from "vitest"
 import * as zmq from "zeromq"
+import { zmtpProtocolErrorsTotal } from "../../../src/observability/RelayMetrics.js"
 import { type IngestMessage, subscribe } from "../../../src/transport/ZmqSocket.js"
-import { protocolErrorsTotal } from "../../../src/transport/zmtp/ZmtpSubscriber.js"
 import { bound, eventually, tcpServer } from "./zmtpFixtures.js"
 
 /** Frame 1 is the message's number, handed on as its sequence. */
@@ -55,7 +55,7 @@ const delivers = (pub: zmq.Publisher, seen: ReadonlyArray<IngestMessage>) =>
     })
   )
 
-const protocolErrors = Metric.tagged(protocolErrorsTotal, "reason", "greeting-signature")
+const protocolErrors = Metric.tagged(zmtpProtocolErrorsTotal, "reason", "greeting-signature")
 
 describe("the receiver a subscription uses", () => {
   it.scopedLive("tcp:// goes through the ZMTP subscriber", () =>

@@ -19,7 +19,7 @@ import {
   DiagnosticSnapshotJson,
   encodeJsonText,
   JsonEncodeError
-} from "../../domain/json.js"
+} from "../../../domain/json.js"
 
 /** Bytes of words per slice: a multiple of 3 (whole base64 quanta) and of 8 (whole u64 words). */
 export const SNAPSHOT_SLICE_BYTES = 3 * 64 * 1024

@@ -25,12 +25,12 @@ import {
   type OverlapError,
   type OverlapResult
 } from "../../../src/consumer/GlobalView.js"
+import * as GlobalHttpServer from "../../../src/consumer/http/GlobalHttpServer.js"
+import { batchReply, overlapReply } from "../../../src/consumer/http/OverlapQuery.js"
 import { encodeJson, OverlapBatchResponseJson, OverlapResponseJson } from "../../../src/domain/json.js"
-import { type TokenFile, watchTokenFile } from "../../../src/transport/http/BearerAuth.js"
-import * as GlobalHttpServer from "../../../src/transport/http/GlobalHttpServer.js"
-import { batchReply, overlapReply } from "../../../src/transport/http/OverlapQuery.js"
-import { eventually } from "../../consumer/consumerHarness.js"
-import { domainOf, FakeRelay, fakeConnector } from "../../consumer/fakeRelay.js"
+import { type TokenFile, watchTokenFile } from "../../../src/http/BearerAuth.js"
+import { eventually } from "../consumerHarness.js"
+import { domainOf, FakeRelay, fakeConnector } from "../fakeRelay.js"
 
 const live = <A, E>(name: string, body: () => Effect.Effect<A, E, Scope.Scope>) =>
   it.scopedLive(name, () => body().pipe(Logger.withMinimumLogLevel(LogLevel.Error)), 20_000)

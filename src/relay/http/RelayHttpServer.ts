@@ -66,17 +66,7 @@ import {
   unsupportedProducerFeature
 } from "../../domain/json.js"
 import { EndpointId } from "../../domain/model.js"
-import * as Prometheus from "../../observability/Prometheus.js"
-import * as RelayMetrics from "../../observability/RelayMetrics.js"
-import type { KvDcRelayError } from "../../relay/errors.js"
-import * as LoadWindows from "../../relay/LoadWindows.js"
-import { hasDegradedCoverage } from "../../relay/PoolLoad.js"
-import type { DcPoolCatalog } from "../../relay/PoolRegistry.js"
-import type { PublicationError } from "../../relay/PublicationSource.js"
-import { EMPTY_PUBLISH_DELAY } from "../../relay/PublishDelay.js"
-import { KvDcRelay, type KvDcRelayService } from "../../relay/RelayService.js"
-import * as Topology from "../../relay/Topology.js"
-import * as BearerAuth from "./BearerAuth.js"
+import * as BearerAuth from "../../http/BearerAuth.js"
 import {
   bodyTooLargeMessage,
   boundedMessage,
@@ -84,14 +74,29 @@ import {
   invalidJsonMessage,
   methodNotAllowedMessage,
   noRouteMessage
-} from "./ErrorText.js"
+} from "../../http/ErrorText.js"
+import type { ServerTlsOptions } from "../../http/Tls.js"
+import * as Prometheus from "../../observability/Prometheus.js"
+import { EMPTY_PUBLISH_DELAY } from "../../observability/PublishDelay.js"
+import * as RelayMetrics from "../../observability/RelayMetrics.js"
+import { POOL_STREAM_CONTENT_TYPE } from "../../protocol/PoolStream.js"
+import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
+import type { KvDcRelayError } from "../errors.js"
+import * as LoadWindows from "../LoadWindows.js"
+import { hasDegradedCoverage } from "../PoolLoad.js"
+import type { DcPoolCatalog } from "../PoolRegistry.js"
+import type { PublicationError } from "../PublicationSource.js"
+import { KvDcRelay, type KvDcRelayService } from "../RelayService.js"
+import * as Topology from "../Topology.js"
 import * as PoolStreamWriter from "./internal/PoolStreamWriter.js"
-import { POOL_STREAM_CONTENT_TYPE } from "./PoolStreamFrame.js"
+import {
+  InProgressLimit,
+  MAX_SNAPSHOTS_IN_PROGRESS,
+  snapshotBody,
+  yieldToEventLoop
+} from "./internal/SnapshotBody.js"
+import * as TerminalDelivery from "./internal/TerminalDelivery.js"
 import * as RelayStatusPage from "./RelayStatusPage.js"
-import { sseEvent, sseHeartbeat } from "./ServerSentEvents.js"
-import { InProgressLimit, MAX_SNAPSHOTS_IN_PROGRESS, snapshotBody, yieldToEventLoop } from "./SnapshotBody.js"
-import * as TerminalDelivery from "./TerminalDelivery.js"
-import type { ServerTlsOptions } from "./Tls.js"
 
 // ---------------------------------------------------------------------------------------------
 // Options

@@ -9,7 +9,7 @@ import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../../src/ckf/cbi1.js"
 import { DcId, PoolId } from "../../../src/ckf/identity.js"
 import { WATCH_ALL } from "../../../src/discovery/DiscoveryConfig.js"
 import { projectMembership } from "../../../src/discovery/MembershipProjection.js"
-import { DROP_REASONS } from "../../../src/domain/ingest.js"
+import { DROP_REASONS, ZMTP_ERROR_REASONS } from "../../../src/domain/ingest.js"
 import {
   CatalogSnapshotJson,
   DiagnosticSnapshotJson,
@@ -21,20 +21,28 @@ import {
   RelayInfoJson,
   RelayStatsJson
 } from "../../../src/domain/json.js"
-import * as LoadWindows from "../../../src/relay/LoadWindows.js"
-import { PublicationError } from "../../../src/relay/PublicationSource.js"
-import { PUBLISH_DELAY_BOUNDS_SECONDS } from "../../../src/relay/PublishDelay.js"
+import { PUBLISH_DELAY_BOUNDS_SECONDS } from "../../../src/observability/PublishDelay.js"
 import {
   FRAME_DELTA,
   FRAME_HEARTBEAT,
   FRAME_SNAPSHOT_CHUNK,
   FRAME_TERMINAL_ERROR,
   POOL_STREAM_CONTENT_TYPE
-} from "../../../src/transport/http/PoolStreamFrame.js"
-import * as RelayHttpServer from "../../../src/transport/http/RelayHttpServer.js"
-import { ZMTP_ERROR_REASONS } from "../../../src/transport/zmtp/ZmtpError.js"
+} from "../../../src/protocol/PoolStream.js"
+import * as RelayHttpServer from "../../../src/relay/http/RelayHttpServer.js"
+import * as LoadWindows from "../../../src/relay/LoadWindows.js"
+import { PublicationError } from "../../../src/relay/PublicationSource.js"
 import { VERSION } from "../../../src/version.js"
 import { card } from "../../discovery/fixtures.js"
+import {
+  eventually,
+  get,
+  postJson,
+  request,
+  type SseClient,
+  subscribePool,
+  watch
+} from "../../http/httpClient.js"
 import {
   familyOf,
   namingProblems,
@@ -42,8 +50,7 @@ import {
   parseExposition,
   sampleValue
 } from "../../observability/exposition.js"
-import { runtimeConfig, storedEventN } from "../../relay/registryFixtures.js"
-import { eventually, get, postJson, request, type SseClient, subscribePool, watch } from "./httpClient.js"
+import { runtimeConfig, storedEventN } from "../registryFixtures.js"
 import { makeTestRelay, producerJson } from "./relayFixture.js"
 
 const decoded = <A, I>(schema: Parameters<typeof decodeJson<A, I>>[0], json: unknown): A =>

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import fc from "fast-check"
-import { PUBLISH_DELAY_BOUNDS_SECONDS, PublishDelayHistogram } from "../../src/relay/PublishDelay.js"
+import { PUBLISH_DELAY_BOUNDS_SECONDS, PublishDelayHistogram } from "../../src/observability/PublishDelay.js"
 
 describe("PublishDelayHistogram", () => {
   it("puts each delay in the first bucket whose upper bound holds it (bounds inclusive)", () => {

@@ -9,9 +9,9 @@ import { Effect, Layer, Logger, LogLevel, type Scope } from "effect"
 import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
 import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
 import { GlobalView, make as makeView } from "../../../src/consumer/GlobalView.js"
-import * as GlobalHttpServer from "../../../src/transport/http/GlobalHttpServer.js"
-import { eventually } from "../../consumer/consumerHarness.js"
-import { type FakePool, FakeRelay, fakeConnector } from "../../consumer/fakeRelay.js"
+import * as GlobalHttpServer from "../../../src/consumer/http/GlobalHttpServer.js"
+import { eventually } from "../consumerHarness.js"
+import { type FakePool, FakeRelay, fakeConnector } from "../fakeRelay.js"
 
 const live = <A, E>(name: string, body: () => Effect.Effect<A, E, Scope.Scope>) =>
   it.scopedLive(name, () => body().pipe(Logger.withMinimumLogLevel(LogLevel.Error)), 15_000)

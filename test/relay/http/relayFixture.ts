@@ -14,7 +14,7 @@ import type { PoolAttachment, PoolRegistryOptions } from "../../../src/relay/Poo
 import * as PublicationSource from "../../../src/relay/PublicationSource.js"
 import type { EndpointStats, KvDcRelayService, RelayHealth } from "../../../src/relay/RelayService.js"
 import { emptyIngest } from "../../../src/relay/SourceSubscriber.js"
-import { config, registry as makeRegistry, pool, request } from "../../relay/registryFixtures.js"
+import { config, registry as makeRegistry, pool, request } from "../registryFixtures.js"
 
 export interface TestRelayOptions {
   readonly expectedUniqueBlocks?: number

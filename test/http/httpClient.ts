@@ -4,8 +4,8 @@
  */
 
 import { Effect } from "effect"
-import { type PoolFrame, PoolFrameDecoder } from "../../../src/transport/http/PoolStreamFrame.js"
-import { type SseMessage, SseParser } from "../../../src/transport/http/ServerSentEvents.js"
+import { type PoolFrame, PoolFrameDecoder } from "../../src/protocol/PoolStream.js"
+import { type SseMessage, SseParser } from "../../src/protocol/Sse.js"
 
 export interface JsonReply {
   readonly status: number

@@ -6,7 +6,7 @@
 
 import { Either, Schema } from "effect"
 import { describe, expect, it } from "vitest"
-import { contractIssueMessage, decodeJson, SubscribeRequestJson } from "../../../src/domain/json.js"
+import { contractIssueMessage, decodeJson, SubscribeRequestJson } from "../../src/domain/json.js"
 import {
   BODY_LIMIT_FLAG,
   bodyTooLargeMessage,
@@ -15,7 +15,7 @@ import {
   invalidJsonMessage,
   MAX_ERROR_MESSAGE_CHARS,
   noRouteMessage
-} from "../../../src/transport/http/ErrorText.js"
+} from "../../src/http/ErrorText.js"
 
 const parseError = (text: string): unknown => {
   try {

@@ -12,7 +12,7 @@ import {
   SNAPSHOT_SLICE_BYTES,
   type SnapshotHead,
   snapshotBody
-} from "../../../src/transport/http/SnapshotBody.js"
+} from "../../../src/relay/http/internal/SnapshotBody.js"
 
 const encodeWhole = encodeJsonText(DiagnosticSnapshotJson)
 

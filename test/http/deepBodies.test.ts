@@ -6,11 +6,11 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Logger, LogLevel } from "effect"
-import * as RelayHttpServer from "../../../src/transport/http/RelayHttpServer.js"
-import { startConsumer } from "../../consumer/consumerHarness.js"
-import { startDcRelay } from "../../consumer/realRelay.js"
-import { startRelay } from "../../integration/relayHostFixtures.js"
-import { discoveryFile } from "../../relay/hostFixtures.js"
+import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
+import { startConsumer } from "../consumer/consumerHarness.js"
+import { startDcRelay } from "../consumer/realRelay.js"
+import { startRelay } from "../integration/relayHostFixtures.js"
+import { discoveryFile } from "../relay/hostFixtures.js"
 
 /** 100,000 nested arrays: 200,000 bytes. */
 const DEEP = `${"[".repeat(100_000)}${"]".repeat(100_000)}`

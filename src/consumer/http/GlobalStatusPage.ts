@@ -9,7 +9,7 @@
  */
 
 import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { renderStatusPage, type StatusPage, statusPageResponse } from "./StatusPage.js"
+import { renderStatusPage, type StatusPage, statusPageResponse } from "../../http/StatusPage.js"
 
 const BODY = `
 <section>

@@ -22,7 +22,6 @@
 import type * as Http from "node:http"
 import { Deferred, Duration, Effect } from "effect"
 import type { ErrorReason } from "../../../domain/json.js"
-import type { PoolFeed, PublicationErrorKind, PublicationFrame } from "../../../relay/PublicationSource.js"
 import {
   encodePoolFrame,
   FRAME_DELTA,
@@ -32,7 +31,8 @@ import {
   POOL_FRAME_FIXED_BYTES,
   type PoolFrameKind,
   writePoolFrameAt
-} from "../PoolStreamFrame.js"
+} from "../../../protocol/PoolStream.js"
+import type { PoolFeed, PublicationErrorKind, PublicationFrame } from "../../PublicationSource.js"
 
 /** The terminal frame's reason for each way a feed can end. */
 export const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {

@@ -8,8 +8,9 @@
 import { writeFileSync } from "node:fs"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Layer, Logger, LogLevel, type Scope } from "effect"
-import * as GlobalHttpServer from "../../src/transport/http/GlobalHttpServer.js"
-import { loadClientTls, loadServerTls, type TlsMaterialError } from "../../src/transport/http/Tls.js"
+import * as GlobalProcess from "../../src/cli/globalProcess.js"
+import * as GlobalHttpServer from "../../src/consumer/http/GlobalHttpServer.js"
+import { loadClientTls, loadServerTls, type TlsMaterialError } from "../../src/http/Tls.js"
 import { startDcRelay } from "../consumer/realRelay.js"
 import { httpsFailure, httpsRequest, makeTestPki, type TestPki } from "./tlsFixtures.js"
 
@@ -189,7 +190,7 @@ describe("global HTTP API over TLS", () => {
       const tls = yield* loadServerTls(serverFiles("ca.pem"))
       const relay = yield* startDcRelay("east")
       const context = yield* Layer.build(
-        GlobalHttpServer.layerGlobal(
+        GlobalProcess.layer(
           { relays: [{ name: "east", url: relay.url }] },
           { host: "127.0.0.1", port: 0, tls }
         )

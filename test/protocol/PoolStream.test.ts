@@ -7,8 +7,8 @@ import {
   type PoolFrame,
   PoolFrameDecodeError,
   PoolFrameDecoder
-} from "../../../src/transport/http/PoolStreamFrame.js"
-import { SseParser, sseEvent, sseHeartbeat } from "../../../src/transport/http/ServerSentEvents.js"
+} from "../../src/protocol/PoolStream.js"
+import { SseParser, sseEvent, sseHeartbeat } from "../../src/protocol/Sse.js"
 
 const frameArb: fc.Arbitrary<PoolFrame> = fc.record({
   kind: fc.constantFrom(1, 2, 3, 4) as fc.Arbitrary<1 | 2 | 3 | 4>,

@@ -11,7 +11,7 @@
  * ```
  */
 
-import { CBI1_MAX_FRAME_BYTES } from "../../ckf/cbi1.js"
+import { CBI1_MAX_FRAME_BYTES } from "../ckf/cbi1.js"
 
 export const POOL_STREAM_CONTENT_TYPE = "application/vnd.kvrelay.pool-stream.v1"
 

@@ -17,12 +17,6 @@ import type { IncomingMessage, ServerResponse } from "node:http"
 import * as Headers from "@effect/platform/Headers"
 import * as HttpTraceContext from "@effect/platform/HttpTraceContext"
 import { Context, Effect, Either, Exit, FiberRef, Option, Runtime, type Tracer } from "effect"
-import type {
-  GlobalViewService,
-  OverlapError,
-  OverlapRequest,
-  OverlapResult
-} from "../../consumer/GlobalView.js"
 import {
   DomainLocalOverlapJson,
   DomainTokensOverlapJson,
@@ -38,14 +32,15 @@ import {
   OverlapResponseJson,
   OverlapResultJson
 } from "../../domain/json.js"
-import { authorizationProblem, type TokenFile } from "./BearerAuth.js"
+import { authorizationProblem, type TokenFile } from "../../http/BearerAuth.js"
 import {
   bodyTooLargeMessage,
   boundedMessage,
   describeValue,
   invalidJsonMessage,
   quoted
-} from "./ErrorText.js"
+} from "../../http/ErrorText.js"
+import type { GlobalViewService, OverlapError, OverlapRequest, OverlapResult } from "../GlobalView.js"
 import type { QueryStats } from "./GlobalDiagnostics.js"
 
 // ---------------------------------------------------------------------------------------------

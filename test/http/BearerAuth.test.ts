@@ -21,6 +21,8 @@ import {
   Stream,
   SubscriptionRef
 } from "effect"
+import * as GlobalProcess from "../../src/cli/globalProcess.js"
+import * as GlobalHttpServer from "../../src/consumer/http/GlobalHttpServer.js"
 import {
   authorizationProblem,
   makeTokenSet,
@@ -28,8 +30,7 @@ import {
   type TokenFile,
   tokenMatches,
   watchTokenFile
-} from "../../src/transport/http/BearerAuth.js"
-import * as GlobalHttpServer from "../../src/transport/http/GlobalHttpServer.js"
+} from "../../src/http/BearerAuth.js"
 import { startDcRelay } from "../consumer/realRelay.js"
 import { makeTestPki, type TestPki } from "./tlsFixtures.js"
 
@@ -289,7 +290,7 @@ describe("bearer tokens on the global HTTP API", () => {
       const auth = yield* watchTokenFile("--auth-token-file", tokenFile("router-token\n"))
       const relay = yield* startDcRelay("east")
       const context = yield* Layer.build(
-        GlobalHttpServer.layerGlobal(
+        GlobalProcess.layer(
           { relays: [{ name: "east", url: relay.url }] },
           { host: "127.0.0.1", port: 0, auth }
         )

@@ -22,28 +22,21 @@ import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { Data, Effect, Either, Layer, Option } from "effect"
-import {
-  type GlobalConsumer,
-  type GlobalConsumerConfig,
-  type GlobalConsumerConfigError,
-  layer as globalConsumerLayer,
-  RelayConnector
-} from "../../consumer/GlobalConsumer.js"
-import { GlobalView, layer as globalViewLayer } from "../../consumer/GlobalView.js"
-import type { RelayClientOptions } from "../../consumer/RelayClient.js"
 import { DomainsResponseJson, type ErrorReason, encodeJson } from "../../domain/json.js"
-import * as BearerAuth from "./BearerAuth.js"
+import * as BearerAuth from "../../http/BearerAuth.js"
 import {
   bodyTooLargeMessage,
   boundedMessage,
   DEFAULT_MAX_REQUEST_BODY_BYTES,
   methodNotAllowedMessage,
   noRouteMessage
-} from "./ErrorText.js"
+} from "../../http/ErrorText.js"
+import type { ServerTlsOptions } from "../../http/Tls.js"
+import type { GlobalConsumer } from "../GlobalConsumer.js"
+import { GlobalView } from "../GlobalView.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
 import * as GlobalStatusPage from "./GlobalStatusPage.js"
 import * as OverlapQuery from "./OverlapQuery.js"
-import { type ClientTlsOptions, httpClientLayer, type ServerTlsOptions } from "./Tls.js"
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
 export const DEFAULT_GLOBAL_HTTP_PORT = 8090
@@ -299,28 +292,6 @@ export const layer = (
       return server
     })
   ).pipe(Layer.provideMerge(NodeHttpServer.layerContext), Layer.provide(GlobalDiagnostics.layer))
-
-/**
- * The whole `kvrelay global` process as one layer: the consumer (relay clients over undici), its
- * view and this API. `serverUrl` gives the bound address for the readiness line.
- */
-export const layerGlobal = (
-  consumer: GlobalConsumerConfig,
-  options: GlobalHttpServerOptions & {
-    readonly client?: RelayClientOptions | undefined
-    /** CA and client certificate for `https://` relays (`Tls.loadClientTls`). */
-    readonly relayTls?: ClientTlsOptions | undefined
-  } = {}
-): Layer.Layer<
-  HttpServer.HttpServer | GlobalView | GlobalConsumer,
-  HttpServerError.ServeError | GlobalConsumerConfigError
-> =>
-  layer(options).pipe(
-    Layer.provideMerge(globalViewLayer),
-    Layer.provideMerge(globalConsumerLayer(consumer)),
-    Layer.provide(RelayConnector.layerHttp(options.client)),
-    Layer.provide(httpClientLayer(options.relayTls))
-  )
 
 /** `http://host:port` of the bound server (`serverUrlOf(true)`: `https://`). */
 export const serverUrl: Effect.Effect<string, never, HttpServer.HttpServer> = Effect.suspend(() =>

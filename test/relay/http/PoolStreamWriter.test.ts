@@ -10,17 +10,17 @@ import type { AddressInfo } from "node:net"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Exit, Fiber, Logger, LogLevel, type Scope, TestClock } from "effect"
 import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../../src/ckf/cbi1.js"
-import type { PoolAttachment } from "../../../src/relay/PoolRegistry.js"
-import * as PoolStreamWriter from "../../../src/transport/http/internal/PoolStreamWriter.js"
 import {
   FRAME_DELTA,
   FRAME_HEARTBEAT,
   FRAME_SNAPSHOT_CHUNK,
   type PoolFrame
-} from "../../../src/transport/http/PoolStreamFrame.js"
-import * as RelayHttpServer from "../../../src/transport/http/RelayHttpServer.js"
-import { storedEventN } from "../../relay/registryFixtures.js"
-import { eventually, get, subscribePool } from "./httpClient.js"
+} from "../../../src/protocol/PoolStream.js"
+import * as PoolStreamWriter from "../../../src/relay/http/internal/PoolStreamWriter.js"
+import * as RelayHttpServer from "../../../src/relay/http/RelayHttpServer.js"
+import type { PoolAttachment } from "../../../src/relay/PoolRegistry.js"
+import { eventually, get, subscribePool } from "../../http/httpClient.js"
+import { storedEventN } from "../registryFixtures.js"
 import { makeTestRelay, producerJson, type TestRelayOptions } from "./relayFixture.js"
 
 const live = <A, E>(name: string, body: () => Effect.Effect<A, E, Scope.Scope>, timeout?: number) =>
