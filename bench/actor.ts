@@ -24,7 +24,7 @@ import {
 } from "../src/ckf/identity.js"
 import { type DcCkfDelta, DcCkfPublisher } from "../src/ckf/publisher.js"
 import { DcCkfState } from "../src/ckf/state.js"
-import type { RouterEvent } from "../src/domain/events.js"
+import type { RouterEvent } from "../src/protocol/Events.js"
 import { make, type StreamScope } from "../src/relay/PoolActor.js"
 import { type BenchContext, gc, HashStream, record } from "./harness.js"
 

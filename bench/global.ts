@@ -27,15 +27,15 @@ import {
 import { GlobalView, make as makeView, type OverlapResult } from "../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../src/consumer/http/GlobalHttpServer.js"
 import { emptyMembershipView } from "../src/discovery/MembershipProjection.js"
-import type { RouterEvent } from "../src/domain/events.js"
-import { stableDcId } from "../src/domain/identity.js"
+import type { RouterEvent } from "../src/protocol/Events.js"
+import { stableDcId } from "../src/protocol/Identity.js"
 import {
   baseRegistration,
   canonicalModelId,
   DcRelayIdentity,
   EndpointId,
   KvQuerySemantics
-} from "../src/domain/model.js"
+} from "../src/protocol/Model.js"
 import { UnknownEndpoint } from "../src/relay/errors.js"
 import * as RelayHttpServer from "../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry, type PoolAttachment } from "../src/relay/PoolRegistry.js"

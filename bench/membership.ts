@@ -16,13 +16,13 @@ import {
   MembershipProjector,
   projectMembership
 } from "../src/discovery/MembershipProjection.js"
+import type { KvEventSource } from "../src/protocol/Discovery.js"
 import {
-  decodeJson,
   KvEventSourceJson,
   type ModelCardInstance,
   ModelCardInstanceJson
-} from "../src/domain/json.js"
-import type { KvEventSource } from "../src/domain/sources.js"
+} from "../src/protocol/Discovery.js"
+import { decodeJson } from "../src/protocol/Json.js"
 import { type BenchContext, percentile, record } from "./harness.js"
 
 const WORKERS = 8

@@ -40,7 +40,7 @@ import {
   PoolId,
   RoutingScopeId
 } from "../src/ckf/identity.js"
-import type { RouterEvent } from "../src/domain/events.js"
+import type { RouterEvent } from "../src/protocol/Events.js"
 import { make, type PoolActor } from "../src/relay/PoolActor.js"
 import { DEFAULT_EXPECTED_UNIQUE_BLOCKS, DEFAULT_PUBLICATION_THRESHOLD } from "../src/relay/RelayHost.js"
 import { randomPublisherId } from "../src/simulate/DynamoZmqPublisher.js"

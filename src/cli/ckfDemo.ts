@@ -10,8 +10,8 @@ import { IndexerDomainId, LaneLease, PoolId, ProducerIdentity } from "../ckf/ide
 import { type DcCkfDelta, DcCkfPublisher } from "../ckf/publisher.js"
 import { DcCkfState } from "../ckf/state.js"
 import { hashPairs } from "../ckf/u64.js"
-import { storedEvent } from "../domain/events.js"
-import { cacheSemanticsId, routingScopeId, stableDcId } from "../domain/identity.js"
+import { storedEvent } from "../protocol/Events.js"
+import { cacheSemanticsId, routingScopeId, stableDcId } from "../protocol/Identity.js"
 
 export const runCkfDemo = (write: (line: string) => void): void => {
   const domain = new IndexerDomainId(

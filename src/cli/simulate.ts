@@ -26,9 +26,10 @@ import {
   makeDiscoveryFileWriter
 } from "../discovery/DiscoveryFileWriter.js"
 import { type EtcdError, makeEtcdRegistrar } from "../discovery/EtcdDiscovery.js"
-import { decodeJson, type ModelCardInstance, ModelCardInstanceJson } from "../domain/json.js"
-import { EndpointId } from "../domain/model.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import { type ModelCardInstance, ModelCardInstanceJson } from "../protocol/Discovery.js"
+import { decodeJson } from "../protocol/Json.js"
+import { EndpointId } from "../protocol/Model.js"
 import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"

@@ -51,10 +51,10 @@ import {
   type ProducerIdentity
 } from "../ckf/identity.js"
 import { hex16 } from "../ckf/u64.js"
-import type { CatalogSnapshot, DcPoolDescriptor, KvQuerySemantics, RelayInfo } from "../domain/model.js"
-import { poolDescriptorEquals } from "../domain/model.js"
-import { InjectedLoopFault, LoopFaults, loopStep, supervised } from "../domain/supervised.js"
-import { utf8Length } from "../domain/text.js"
+import { InjectedLoopFault, LoopFaults, loopStep, supervised } from "../observability/Supervised.js"
+import type { CatalogSnapshot, DcPoolDescriptor, KvQuerySemantics, RelayInfo } from "../protocol/Model.js"
+import { poolDescriptorEquals } from "../protocol/Model.js"
+import { utf8Length } from "../protocol/Text.js"
 import {
   defaultGlobalCkfIngestionPoolConfig,
   type GlobalCkfIngestionError,

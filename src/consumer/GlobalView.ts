@@ -21,7 +21,7 @@ import {
   sequenceHashesInto
 } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
-import type { EndpointId, KvQuerySemantics } from "../domain/model.js"
+import type { EndpointId, KvQuerySemantics } from "../protocol/Model.js"
 import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from "./GlobalConsumer.js"
 
 // ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
  * gone longest dropped first. A dropped name answers `MODEL_NOT_FOUND` again.
  */
 
-import type { CatalogSnapshot } from "../domain/model.js"
+import type { CatalogSnapshot } from "../protocol/Model.js"
 
 /** Names no current catalog lists that are still remembered (docs/decisions.md). */
 export const DEFAULT_RETAINED_NAMES = 4096

@@ -15,15 +15,9 @@ import { Data, Duration, Effect, Either, Schema, Stream } from "effect"
 import { Cbi1Error, Cbi1SnapshotAssembler, decodeCbi1 } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
 import { U64_MAX } from "../ckf/u64.js"
-import {
-  CatalogSnapshotJson,
-  decodeJson,
-  decodeJsonText,
-  encodeJson,
-  ProducerIdentityJson,
-  RelayInfoJson
-} from "../domain/json.js"
-import type { CatalogSnapshot, RelayInfo } from "../domain/model.js"
+import { ProducerIdentityJson } from "../protocol/Identity.js"
+import { decodeJson, decodeJsonText, encodeJson } from "../protocol/Json.js"
+import type { CatalogSnapshot, RelayInfo } from "../protocol/Model.js"
 import {
   FRAME_DELTA,
   FRAME_HEARTBEAT,
@@ -34,6 +28,7 @@ import {
   PoolFrameDecodeError,
   PoolFrameDecoder
 } from "../protocol/PoolStream.js"
+import { CatalogSnapshotJson, RelayInfoJson } from "../protocol/RelayApi.js"
 import { SseParser } from "../protocol/Sse.js"
 
 // ---------------------------------------------------------------------------------------------

@@ -8,8 +8,7 @@
  */
 
 import { Clock, Context, Data, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
-import type { ModelCardInstance } from "../domain/json.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource, ModelCardInstance } from "../protocol/Discovery.js"
 
 /**
  * A source advertisement whose key could be read but whose value is malformed or disagrees with

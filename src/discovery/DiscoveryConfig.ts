@@ -6,9 +6,9 @@
  */
 
 import { Config, ConfigError, Data, Either, Schema } from "effect"
-import { formatParseError } from "../domain/json.js"
-import type { EndpointId } from "../domain/model.js"
-import { hasSurroundingWhitespace } from "../domain/text.js"
+import { formatParseError } from "../protocol/Json.js"
+import type { EndpointId } from "../protocol/Model.js"
+import { hasSurroundingWhitespace } from "../protocol/Text.js"
 
 export const DEFAULT_ETCD_PREFIX = "/kvrelay/v1"
 

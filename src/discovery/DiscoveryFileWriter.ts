@@ -11,13 +11,9 @@
 
 import * as FileSystem from "@effect/platform/FileSystem"
 import { Data, Effect, Either, type Scope } from "effect"
-import {
-  encodeJson,
-  KvEventSourceJson,
-  type ModelCardInstance,
-  ModelCardInstanceJson
-} from "../domain/json.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import { KvEventSourceJson, type ModelCardInstance, ModelCardInstanceJson } from "../protocol/Discovery.js"
+import { encodeJson } from "../protocol/Json.js"
 
 export class DiscoveryFileWriteError extends Data.TaggedError("DiscoveryFileWriteError")<{
   readonly path: string

@@ -5,10 +5,9 @@
  */
 
 import { Equal } from "effect"
-import type { WorkerId } from "../domain/events.js"
-import type { ModelCardInstance } from "../domain/json.js"
-import { EndpointId } from "../domain/model.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource, ModelCardInstance } from "../protocol/Discovery.js"
+import type { WorkerId } from "../protocol/Events.js"
+import { EndpointId } from "../protocol/Model.js"
 
 /** `ModelCardInstanceId`: one card per worker per model; a suffix marks an adapter card. */
 export interface ModelCardInstanceId {

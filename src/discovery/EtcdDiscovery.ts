@@ -15,15 +15,10 @@
 
 import { Data, Duration, Effect, Either, FiberSet, Layer, Queue, Runtime, Schedule, type Scope } from "effect"
 import { Etcd3, type IKeyValue, type IOptions, type IWatchResponse, type Watcher } from "etcd3"
-import {
-  decodeJsonText,
-  encodeJsonText,
-  KvEventSourceJson,
-  type ModelCardInstance,
-  ModelCardInstanceJson
-} from "../domain/json.js"
-import type { KvEventSource } from "../domain/sources.js"
-import { loopStep, supervised } from "../domain/supervised.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import { KvEventSourceJson, type ModelCardInstance, ModelCardInstanceJson } from "../protocol/Discovery.js"
+import { decodeJsonText, encodeJsonText } from "../protocol/Json.js"
 import {
   Discovery,
   type DiscoveryShape,

@@ -12,15 +12,10 @@ import { watch } from "node:fs"
 import { basename, dirname, resolve } from "node:path"
 import * as FileSystem from "@effect/platform/FileSystem"
 import { Data, Duration, Effect, Either, FiberSet, Layer, Queue, Runtime, Schema, type Scope } from "effect"
-import {
-  decodeJson,
-  decodeJsonText,
-  KvEventSourceJson,
-  type ModelCardInstance,
-  ModelCardInstanceJson
-} from "../domain/json.js"
-import type { KvEventSource } from "../domain/sources.js"
-import { loopStep, supervised } from "../domain/supervised.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import { KvEventSourceJson, type ModelCardInstance, ModelCardInstanceJson } from "../protocol/Discovery.js"
+import { decodeJson, decodeJsonText } from "../protocol/Json.js"
 import {
   Discovery,
   type DiscoveryShape,

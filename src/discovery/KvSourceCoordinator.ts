@@ -10,9 +10,8 @@
  */
 
 import { Data, Effect, Either, type Scope, Stream, SubscriptionRef } from "effect"
-import type { DpRank, WorkerId } from "../domain/events.js"
-import type { RuntimeConfig } from "../domain/json.js"
-import { compareEndpointIds, type EndpointId } from "../domain/model.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
+import type { RuntimeConfig } from "../protocol/Discovery.js"
 import {
   activeSource,
   type ExpectedRank,
@@ -23,9 +22,10 @@ import {
   type KvStateEndpointResolution,
   type RankKey,
   rankKey
-} from "../domain/sources.js"
-import { loopStep, supervised } from "../domain/supervised.js"
-import { compareUtf8 } from "../domain/text.js"
+} from "../protocol/Discovery.js"
+import type { DpRank, WorkerId } from "../protocol/Events.js"
+import { compareEndpointIds, type EndpointId } from "../protocol/Model.js"
+import { compareUtf8 } from "../protocol/Text.js"
 import { Discovery, type DiscoverySnapshot, type RejectedSource } from "./Discovery.js"
 import { recordEquals, sourceLogicalKey, sourceRecordKey } from "./DiscoveryRecords.js"
 

@@ -10,13 +10,13 @@
  */
 
 import { Either } from "effect"
-import type { WorkerId } from "../domain/events.js"
+import type { ModelCardInstance, RuntimeConfig } from "../protocol/Discovery.js"
+import type { WorkerId } from "../protocol/Events.js"
 import {
   type ResolvedIndexerDomain,
   resolvedIndexerDomainEquals,
   resolveIndexerDomain
-} from "../domain/identity.js"
-import type { ModelCardInstance, RuntimeConfig } from "../domain/json.js"
+} from "../protocol/Identity.js"
 import {
   type CanonicalModelId,
   type CanonicalModelRegistration,
@@ -31,8 +31,8 @@ import {
   type WorkerRole,
   type WorkerType,
   withTarget
-} from "../domain/model.js"
-import { compareArrays, compareUtf8 } from "../domain/text.js"
+} from "../protocol/Model.js"
+import { compareArrays, compareUtf8 } from "../protocol/Text.js"
 import { type DiscoveryScope, scopeMatches } from "./DiscoveryConfig.js"
 import { cardInstanceId, cardPath, type ModelCardInstanceId, recordEquals } from "./DiscoveryRecords.js"
 

@@ -6,7 +6,7 @@
  */
 
 import { Context, Effect, Layer, type Scope, Stream, SubscriptionRef } from "effect"
-import { loopStep, supervised } from "../domain/supervised.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
 import { Discovery, type DiscoverySnapshot } from "./Discovery.js"
 import type { DiscoveryScope } from "./DiscoveryConfig.js"
 import { type DcMembershipView, MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"

@@ -19,7 +19,7 @@ import { basename, dirname } from "node:path"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Data, Duration, Effect, Queue, type Scope, SubscriptionRef } from "effect"
-import type { ErrorReason } from "../domain/json.js"
+import type { ErrorReason } from "../protocol/RelayApi.js"
 
 /** A token file that cannot be used at startup. */
 export class TokenFileError extends Data.TaggedError("TokenFileError")<{

@@ -21,7 +21,7 @@ import {
   type SkipCounts,
   ZMTP_ERROR_REASONS,
   type ZmtpErrorReason
-} from "../domain/ingest.js"
+} from "../protocol/Events.js"
 import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "./PublishDelay.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"

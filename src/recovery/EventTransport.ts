@@ -5,9 +5,8 @@
  */
 
 import type { Effect, Scope } from "effect"
-import type { RouterEvent } from "../domain/events.js"
-import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import type { MalformedReason, RouterEvent, SkipCounts } from "../protocol/Events.js"
 import type { WorkerQueryTransport } from "./WorkerQuery.js"
 
 /**

@@ -15,7 +15,7 @@
  * admitted, and the buffer bound, `max_seen` and the fast-prune margin count groups.
  */
 
-import type { RouterEvent } from "../domain/events.js"
+import type { RouterEvent } from "../protocol/Events.js"
 
 /** Buffer bound (in commit groups); on overflow the oldest entries are dropped. */
 export const RECOVERY_PENDING_LIVE_EVENT_LIMIT = 1024

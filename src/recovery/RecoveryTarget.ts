@@ -9,7 +9,7 @@
  */
 
 import { Data, type Effect } from "effect"
-import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
+import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 
 /**
  * The discovery lifecycle generation a command was issued under. A target drops mutations from a

@@ -32,8 +32,6 @@ import {
   Schedule,
   type Scope
 } from "effect"
-import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
-import type { DropReason } from "../domain/ingest.js"
 import {
   activeSource,
   isRecoverableSource,
@@ -42,7 +40,8 @@ import {
   type KvSourceStatus,
   type RankKey,
   rankKey
-} from "../domain/sources.js"
+} from "../protocol/Discovery.js"
+import type { DpRank, DropReason, RouterEvent, WorkerId } from "../protocol/Events.js"
 import { type CommitGroup, commitGroups, type LiveEventAction, RankState } from "./RankState.js"
 import type {
   RecoveryResetReason,

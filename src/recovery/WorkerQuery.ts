@@ -5,8 +5,8 @@
  */
 
 import { Data, type Effect } from "effect"
-import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 
 export interface WorkerKvQueryRequest {
   readonly workerId: WorkerId

@@ -57,18 +57,18 @@ import {
   isMaterializable,
   membershipEquals
 } from "../discovery/MembershipProjection.js"
-import type { WorkerId } from "../domain/events.js"
-import { type ResolvedIndexerDomain, resolvedIndexerDomainEquals } from "../domain/identity.js"
-import type { RuntimeConfig } from "../domain/json.js"
+import { loopStep } from "../observability/Supervised.js"
+import type { RuntimeConfig } from "../protocol/Discovery.js"
+import { activeSource, isRecoverableSource } from "../protocol/Discovery.js"
+import type { WorkerId } from "../protocol/Events.js"
+import { type ResolvedIndexerDomain, resolvedIndexerDomainEquals } from "../protocol/Identity.js"
 import {
   type CanonicalModelRegistration,
   compareRegistrations,
   type EndpointId,
   type WorkerRole
-} from "../domain/model.js"
-import { activeSource, isRecoverableSource } from "../domain/sources.js"
-import { loopStep } from "../domain/supervised.js"
-import { compareArrays } from "../domain/text.js"
+} from "../protocol/Model.js"
+import { compareArrays } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
 import { raceNextFault } from "./internal/FaultWaiter.js"

@@ -21,7 +21,7 @@ import {
   Stream,
   SubscriptionRef
 } from "effect"
-import { loopStep, supervised } from "../domain/supervised.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 
 export const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)

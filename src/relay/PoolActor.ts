@@ -34,8 +34,8 @@ import {
   PublisherSnapshotError
 } from "../ckf/publisher.js"
 import type { DcCkfPublicationBatch, DcCkfState, DcCkfStats, MemberCount } from "../ckf/state.js"
-import { type DpRank, eventPayloadWeight, type RouterEvent, type WorkerId } from "../domain/events.js"
 import { PublishDelayHistogram, type PublishDelaySnapshot } from "../observability/PublishDelay.js"
+import { type DpRank, eventPayloadWeight, type RouterEvent, type WorkerId } from "../protocol/Events.js"
 import type { SourceEpoch } from "../recovery/RecoveryTarget.js"
 import { type DeltaBroadcastSendError, type DeltaReceiver, makeDeltaBroadcast } from "./DeltaBroadcast.js"
 import {

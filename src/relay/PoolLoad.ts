@@ -14,8 +14,8 @@
 
 import { Data, Either } from "effect"
 import type { ProducerIdentity } from "../ckf/identity.js"
-import type { DpRank, WorkerId } from "../domain/events.js"
-import type { RuntimeConfig } from "../domain/json.js"
+import type { RuntimeConfig } from "../protocol/Discovery.js"
+import type { DpRank, WorkerId } from "../protocol/Events.js"
 
 /** Data-parallel ranks one worker may declare. */
 export const MAX_DATA_PARALLEL_RANKS = 4096

@@ -45,8 +45,8 @@ import { CkfBuildError } from "../ckf/errors.js"
 import type { PoolId, ProducerIdentity } from "../ckf/identity.js"
 import { DcCkfState } from "../ckf/state.js"
 import { U64_MAX } from "../ckf/u64.js"
-import type { WorkerId } from "../domain/events.js"
-import type { RuntimeConfig } from "../domain/json.js"
+import type { RuntimeConfig } from "../protocol/Discovery.js"
+import type { WorkerId } from "../protocol/Events.js"
 import {
   type CanonicalModelRegistration,
   type CatalogSnapshot,
@@ -60,7 +60,7 @@ import {
   validatePoolRegistrations,
   validatePoolRoles,
   type WorkerRole
-} from "../domain/model.js"
+} from "../protocol/Model.js"
 import { CkfBuildFailed, type KvDcRelayError } from "./errors.js"
 import { drainFaultsWhile } from "./PendingActorFaults.js"
 import {

@@ -32,7 +32,7 @@ import {
 import { CBI1_MAX_DELTA_IMAGES, Cbi1Error, type Cbi1Expected, encodeCbi1Delta } from "../ckf/cbi1.js"
 import { LaneLease, type PoolId, type ProducerIdentity } from "../ckf/identity.js"
 import type { DcCkfDelta } from "../ckf/publisher.js"
-import { InjectedLoopFault, LoopFaults, supervised } from "../domain/supervised.js"
+import { InjectedLoopFault, LoopFaults, supervised } from "../observability/Supervised.js"
 import type { DeltaReceiver } from "./DeltaBroadcast.js"
 import type { ActorSubscription, PoolActor } from "./PoolActor.js"
 

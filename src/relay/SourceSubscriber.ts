@@ -21,7 +21,7 @@
  */
 
 import { Clock, Duration, Effect, ExecutionStrategy, Exit, Scope, Stream } from "effect"
-import type { EndpointId } from "../domain/model.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
 import {
   activeSource,
   isRecoverableSource,
@@ -30,8 +30,8 @@ import {
   type RankKey,
   rankKey,
   sourceIdentityKey
-} from "../domain/sources.js"
-import { loopStep, supervised } from "../domain/supervised.js"
+} from "../protocol/Discovery.js"
+import type { EndpointId } from "../protocol/Model.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../recovery/SourceSupervisor.js"

@@ -20,7 +20,8 @@ import {
   isMaterializable,
   type WorkerTopology
 } from "../discovery/MembershipProjection.js"
-import type { WorkerId } from "../domain/events.js"
+import { loopStep, supervised } from "../observability/Supervised.js"
+import type { WorkerId } from "../protocol/Events.js"
 import {
   type CanonicalModelId,
   type CanonicalModelRegistration,
@@ -31,9 +32,8 @@ import {
   type KvQuerySemantics,
   type WorkerRole,
   type WorkerType
-} from "../domain/model.js"
-import { loopStep, supervised } from "../domain/supervised.js"
-import { compareUtf8 } from "../domain/text.js"
+} from "../protocol/Model.js"
+import { compareUtf8 } from "../protocol/Text.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
 
 // ---------------------------------------------------------------------------------------------

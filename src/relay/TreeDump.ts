@@ -2,7 +2,7 @@
  * Tree dumps as an externally addressed pool replaces a rank from them.
  */
 
-import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
+import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 
 /**
  * A worker's cached tree dump may be extended with a tail of Stored and Removed events

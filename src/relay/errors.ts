@@ -5,7 +5,7 @@
 
 import { Data } from "effect"
 import type { CkfBuildError, KvCacheEventErrorKind } from "../ckf/errors.js"
-import type { DpRank, WorkerId } from "../domain/events.js"
+import type { DpRank, WorkerId } from "../protocol/Events.js"
 
 export class RelayShuttingDown extends Data.TaggedError("RelayShuttingDown")<{}> {
   override get message(): string {

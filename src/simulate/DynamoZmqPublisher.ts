@@ -11,17 +11,12 @@
 
 import { Clock, Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
+import type { StorageTier } from "../ckf/events.js"
 import { localBlockHashes } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
-import {
-  clearedEvent,
-  type DpRank,
-  type RouterEvent,
-  type StorageTier,
-  type WorkerId
-} from "../domain/events.js"
-import type { EndpointId } from "../domain/model.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import { clearedEvent, type DpRank, type RouterEvent, type WorkerId } from "../protocol/Events.js"
+import type { EndpointId } from "../protocol/Model.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC } from "../transport/DynamoZmq.js"
 import type { RouterEventEncodeOptions } from "../transport/msgpack.js"
 import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "../transport/ZmqSocket.js"

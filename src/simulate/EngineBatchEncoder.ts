@@ -4,7 +4,8 @@
  * The relay only decodes (`transport/EngineZmq.ts`).
  */
 
-import type { DpRank, StorageTier } from "../domain/events.js"
+import type { StorageTier } from "../ckf/events.js"
+import type { DpRank } from "../protocol/Events.js"
 import { fixKey, MsgpackWriter } from "../transport/msgpack.js"
 
 /** The medium a tier is published as (simulated engines; the device tier is "GPU" or none). */

@@ -10,11 +10,12 @@
 
 import { Clock, Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
+import type { StorageTier } from "../ckf/events.js"
 import { localBlockHashes } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
-import type { DpRank, StorageTier, WorkerId } from "../domain/events.js"
-import type { EndpointId } from "../domain/model.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import type { DpRank, WorkerId } from "../protocol/Events.js"
+import type { EndpointId } from "../protocol/Model.js"
 import { REPLAY_END_SEQ } from "../transport/EngineZmq.js"
 import {
   acquireSocket,

@@ -11,7 +11,7 @@
 
 import { Deferred, Duration, Effect, FiberSet, type Scope } from "effect"
 import * as zmq from "zeromq"
-import type { DpRank, RouterEvent, WorkerId } from "../domain/events.js"
+import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 import type { WorkerKvQueryRequest, WorkerKvQueryResponse } from "../recovery/WorkerQuery.js"
 import { decodeWorkerQueryRequest, encodeWorkerQueryResponse } from "../transport/msgpack.js"
 import {

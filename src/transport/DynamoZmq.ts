@@ -9,7 +9,7 @@
  */
 
 import type { Effect, Scope } from "effect"
-import type { RouterEvent } from "../domain/events.js"
+import type { RouterEvent } from "../protocol/Events.js"
 import {
   encodeRouterEvents,
   MsgpackReader,

@@ -22,7 +22,7 @@
 import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import { blockHashSeed, localHashesInto, TOKENS_HASH_SEED } from "../ckf/tokens.js"
-import type { DpRank, KvCacheEventData, RouterEvent, WorkerId } from "../domain/events.js"
+import type { DpRank, KvCacheEventData, RouterEvent, WorkerId } from "../protocol/Events.js"
 import { failDecode, MsgpackReader } from "./msgpack.js"
 import {
   acquireSocket,

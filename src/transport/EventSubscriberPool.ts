@@ -18,10 +18,10 @@
  */
 
 import { Cause, Effect, ExecutionStrategy, Exit, Fiber, Queue, Schedule, Scope } from "effect"
-import type { RouterEvent } from "../domain/events.js"
-import { type KvEventSource, sourceIdentityKey } from "../domain/sources.js"
-import { supervised } from "../domain/supervised.js"
 import * as RelayMetrics from "../observability/RelayMetrics.js"
+import { supervised } from "../observability/Supervised.js"
+import { type KvEventSource, sourceIdentityKey } from "../protocol/Discovery.js"
+import type { RouterEvent } from "../protocol/Events.js"
 import { subscribeDynamo } from "./DynamoZmq.js"
 import { subscribeEngine } from "./EngineZmq.js"
 import {

@@ -22,8 +22,8 @@
 
 import { Effect } from "effect"
 import * as zmq from "zeromq"
-import type { RouterEvent } from "../domain/events.js"
-import type { KvEventSource } from "../domain/sources.js"
+import type { KvEventSource } from "../protocol/Discovery.js"
+import type { RouterEvent } from "../protocol/Events.js"
 import {
   type WorkerKvQueryRequest,
   type WorkerKvQueryResponse,

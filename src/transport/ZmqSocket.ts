@@ -8,9 +8,8 @@
 
 import { Data, Effect, Fiber, type Scope } from "effect"
 import * as zmq from "zeromq"
-import type { RouterEvent } from "../domain/events.js"
-import type { MalformedReason, SkipCounts } from "../domain/ingest.js"
-import { InjectedLoopFault, LoopFaults } from "../domain/supervised.js"
+import { InjectedLoopFault, LoopFaults } from "../observability/Supervised.js"
+import type { MalformedReason, RouterEvent, SkipCounts } from "../protocol/Events.js"
 import { parseTcpEndpoint } from "./zmtp/Endpoint.js"
 import { makeZmtpSubscriber } from "./zmtp/ZmtpSubscriber.js"
 
@@ -137,7 +136,7 @@ export {
   SKIP_REASONS,
   type SkipCounts,
   type SkipReason
-} from "../domain/ingest.js"
+} from "../protocol/Events.js"
 
 /**
  * How long receive loops may run before the event loop gets a turn. Shared by every loop of the

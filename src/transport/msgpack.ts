@@ -12,8 +12,9 @@
  */
 
 import { Data } from "effect"
+import type { StorageTier } from "../ckf/events.js"
 import { decimalOf } from "../ckf/u64.js"
-import type { KvCacheEventData, RouterEvent, StorageTier, WorkerId } from "../domain/events.js"
+import type { KvCacheEventData, RouterEvent, WorkerId } from "../protocol/Events.js"
 import type { WorkerKvQueryRequest, WorkerKvQueryResponse } from "../recovery/WorkerQuery.js"
 
 /** Why a msgpack value could not be decoded; the message names the field and what was wrong. */

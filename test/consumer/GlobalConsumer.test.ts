@@ -22,7 +22,7 @@ import {
   type OverlapResult
 } from "../../src/consumer/GlobalView.js"
 import { RelayTransportError } from "../../src/consumer/RelayClient.js"
-import { DcRelayIdentity } from "../../src/domain/model.js"
+import { DcRelayIdentity } from "../../src/protocol/Model.js"
 import { waitUntil } from "../relay/registryFixtures.js"
 import { domainOf, FakeRelay, fakeConnector } from "./fakeRelay.js"
 

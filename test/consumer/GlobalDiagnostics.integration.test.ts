@@ -7,7 +7,8 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Logger, LogLevel, type Scope } from "effect"
-import { decodeJson, GlobalHealthJson, GlobalStatsJson } from "../../src/domain/json.js"
+import { GlobalHealthJson, GlobalStatsJson } from "../../src/protocol/GlobalApi.js"
+import { decodeJson } from "../../src/protocol/Json.js"
 import { VERSION } from "../../src/version.js"
 import {
   familyOf,

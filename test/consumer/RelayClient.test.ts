@@ -25,8 +25,8 @@ import {
   PoolStreamReader,
   PoolStreamTerminated
 } from "../../src/consumer/RelayClient.js"
-import { CatalogSnapshotJson, encodeJsonText } from "../../src/domain/json.js"
-import { type CatalogSnapshot, DcRelayIdentity } from "../../src/domain/model.js"
+import { encodeJsonText } from "../../src/protocol/Json.js"
+import { type CatalogSnapshot, DcRelayIdentity } from "../../src/protocol/Model.js"
 import {
   encodePoolFrame,
   FRAME_DELTA,
@@ -35,6 +35,7 @@ import {
   FRAME_TERMINAL_ERROR,
   type PoolFrameKind
 } from "../../src/protocol/PoolStream.js"
+import { CatalogSnapshotJson } from "../../src/protocol/RelayApi.js"
 import { sseEvent, sseHeartbeat } from "../../src/protocol/Sse.js"
 
 const domain = new IndexerDomainId(

@@ -36,7 +36,7 @@ import {
   modelAlias,
   type RelayInfo,
   withTarget
-} from "../../src/domain/model.js"
+} from "../../src/protocol/Model.js"
 
 export const domainOf = (seed: number): IndexerDomainId =>
   new IndexerDomainId(

@@ -7,8 +7,8 @@
 import { Effect, Either, Exit, Random, Ref, Scope, SubscriptionRef } from "effect"
 import { type DcId, type IndexerDomainId, PoolId } from "../../src/ckf/identity.js"
 import { type DcMembershipView, emptyMembershipView } from "../../src/discovery/MembershipProjection.js"
-import { clearedEvent, removedEvent, storedEvent } from "../../src/domain/events.js"
-import { stableDcId } from "../../src/domain/identity.js"
+import { clearedEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
+import { stableDcId } from "../../src/protocol/Identity.js"
 import {
   baseRegistration,
   canonicalModelId,
@@ -16,7 +16,7 @@ import {
   EndpointId,
   KvQuerySemantics,
   modelAlias
-} from "../../src/domain/model.js"
+} from "../../src/protocol/Model.js"
 import { UnknownEndpoint } from "../../src/relay/errors.js"
 import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry, type PoolAttachment, type PoolRegistry } from "../../src/relay/PoolRegistry.js"

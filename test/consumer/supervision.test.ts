@@ -6,7 +6,7 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Logger, LogLevel } from "effect"
-import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
 import { blockHashes, converged, depthsOf, eventually, startConsumer } from "./consumerHarness.js"
 import { domainOf } from "./fakeRelay.js"
 import { startDcRelay } from "./realRelay.js"

@@ -10,7 +10,7 @@ import {
   type FileDiscoveryOptions,
   makeFileDiscovery
 } from "../../src/discovery/FileDiscovery.js"
-import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
 import { rawCard, rawSource } from "./fixtures.js"
 
 const document = (cards: ReadonlyArray<unknown>, sources: ReadonlyArray<unknown> = [], extra: object = {}) =>

@@ -16,9 +16,9 @@ import {
   resolvedKvStateEndpoint,
   resolveKvStateEndpoint
 } from "../../src/discovery/KvSourceCoordinator.js"
-import { DEFAULT_RUNTIME_CONFIG, type RuntimeConfig } from "../../src/domain/json.js"
-import type { KvEventSource, KvSourceStatus } from "../../src/domain/sources.js"
-import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
+import type { KvEventSource, KvSourceStatus } from "../../src/protocol/Discovery.js"
+import { DEFAULT_RUNTIME_CONFIG, type RuntimeConfig } from "../../src/protocol/Discovery.js"
 import { endpoint, type SourceSpec, source } from "./fixtures.js"
 
 const SERVING = endpoint("ns.worker.generate")

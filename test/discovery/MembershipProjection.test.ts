@@ -20,7 +20,7 @@ import {
   membershipEquals,
   projectMembership
 } from "../../src/discovery/MembershipProjection.js"
-import type { ModelCardInstance } from "../../src/domain/json.js"
+import type { ModelCardInstance } from "../../src/protocol/Discovery.js"
 import { type CardSpec, card, endpoint } from "./fixtures.js"
 
 const GENERATE = "prod.backend.generate"

@@ -9,8 +9,8 @@ import {
 import { WATCH_ALL } from "../../src/discovery/DiscoveryConfig.js"
 import type { DcMembershipView } from "../../src/discovery/MembershipProjection.js"
 import { makeMembershipWatch } from "../../src/discovery/MembershipWatch.js"
-import type { ModelCardInstance } from "../../src/domain/json.js"
-import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
+import type { ModelCardInstance } from "../../src/protocol/Discovery.js"
 import { card } from "./fixtures.js"
 
 let revision = 0n

@@ -1,14 +1,14 @@
 /** Discovery records for tests, decoded through the real JSON schemas. */
 
 import { Either } from "effect"
+import type { KvEventSource } from "../../src/protocol/Discovery.js"
 import {
-  decodeJson,
   KvEventSourceJson,
   type ModelCardInstance,
   ModelCardInstanceJson
-} from "../../src/domain/json.js"
-import { EndpointId } from "../../src/domain/model.js"
-import type { KvEventSource } from "../../src/domain/sources.js"
+} from "../../src/protocol/Discovery.js"
+import { decodeJson } from "../../src/protocol/Json.js"
+import { EndpointId } from "../../src/protocol/Model.js"
 
 const decodeCard = decodeJson(ModelCardInstanceJson)
 const decodeSource = decodeJson(KvEventSourceJson)

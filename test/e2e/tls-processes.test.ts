@@ -11,7 +11,7 @@ import { writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { Either, Schema, type Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { CatalogSnapshotJson } from "../../src/domain/json.js"
+import { CatalogSnapshotJson } from "../../src/protocol/RelayApi.js"
 import { httpsRequest, makeTestPki, type TestPki } from "../http/tlsFixtures.js"
 import {
   closeScope,

@@ -6,7 +6,6 @@
 
 import { Either, Schema } from "effect"
 import { describe, expect, it } from "vitest"
-import { contractIssueMessage, decodeJson, SubscribeRequestJson } from "../../src/domain/json.js"
 import {
   BODY_LIMIT_FLAG,
   bodyTooLargeMessage,
@@ -16,6 +15,8 @@ import {
   MAX_ERROR_MESSAGE_CHARS,
   noRouteMessage
 } from "../../src/http/ErrorText.js"
+import { contractIssueMessage, decodeJson } from "../../src/protocol/Json.js"
+import { SubscribeRequestJson } from "../../src/protocol/RelayApi.js"
 
 const parseError = (text: string): unknown => {
   try {

@@ -13,8 +13,9 @@ import {
   makeEtcdRegistrar,
   sourceKey
 } from "../../src/discovery/EtcdDiscovery.js"
-import { encodeJsonText, ModelCardInstanceJson } from "../../src/domain/json.js"
-import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
+import { ModelCardInstanceJson } from "../../src/protocol/Discovery.js"
+import { encodeJsonText } from "../../src/protocol/Json.js"
 import { card, rawSource, source } from "../discovery/fixtures.js"
 import { etcdServer, etcdServerNotStarted, skipEtcd, skipped } from "./etcdHelpers.js"
 

@@ -7,8 +7,7 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { storedEvent } from "../../src/domain/events.js"
-import { DROP_REASONS, type DropReason } from "../../src/domain/ingest.js"
+import { DROP_REASONS, type DropReason, storedEvent } from "../../src/protocol/Events.js"
 import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"
 import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"

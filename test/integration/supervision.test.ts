@@ -8,9 +8,9 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Logger, LogLevel, Stream, SubscriptionRef } from "effect"
-import type { ModelCardInstance } from "../../src/domain/json.js"
-import type { EndpointId } from "../../src/domain/model.js"
-import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/domain/supervised.js"
+import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
+import type { ModelCardInstance } from "../../src/protocol/Discovery.js"
+import type { EndpointId } from "../../src/protocol/Model.js"
 import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
 import { PUBLICATION_HUB_LOOP } from "../../src/relay/PublicationHub.js"
 import type { KvDcRelayService } from "../../src/relay/RelayService.js"

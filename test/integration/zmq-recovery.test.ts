@@ -16,15 +16,7 @@ import { Discovery, type DiscoverySnapshot, makeStaticDiscovery } from "../../sr
 import { WATCH_ALL } from "../../src/discovery/DiscoveryConfig.js"
 import { makeKvSourceCoordinator } from "../../src/discovery/KvSourceCoordinator.js"
 import { projectMembership } from "../../src/discovery/MembershipProjection.js"
-import {
-  clearedEvent,
-  type DpRank,
-  type RouterEvent,
-  storedEvent,
-  type WorkerId
-} from "../../src/domain/events.js"
-import type { ModelCardInstance } from "../../src/domain/json.js"
-import { EndpointId } from "../../src/domain/model.js"
+import type { ModelCardInstance } from "../../src/protocol/Discovery.js"
 import {
   type ExpectedRank,
   isRecoverableSource,
@@ -33,7 +25,15 @@ import {
   type KvSourceStatus,
   type RankKey,
   rankKey
-} from "../../src/domain/sources.js"
+} from "../../src/protocol/Discovery.js"
+import {
+  clearedEvent,
+  type DpRank,
+  type RouterEvent,
+  storedEvent,
+  type WorkerId
+} from "../../src/protocol/Events.js"
+import { EndpointId } from "../../src/protocol/Model.js"
 import type { RecoveryResetReason, RecoveryTarget, SourceEpoch } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../../src/recovery/SourceSupervisor.js"
 import type { WorkerKvQueryResponse } from "../../src/recovery/WorkerQuery.js"

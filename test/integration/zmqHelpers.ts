@@ -2,8 +2,8 @@
 
 import { Effect } from "effect"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
-import type { RouterEvent } from "../../src/domain/events.js"
-import { EndpointId } from "../../src/domain/model.js"
+import type { RouterEvent } from "../../src/protocol/Events.js"
+import { EndpointId } from "../../src/protocol/Model.js"
 
 const realPause = Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, 5)))
 

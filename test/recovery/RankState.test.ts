@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import fc from "fast-check"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
-import { clearedEvent, type RouterEvent, removedEvent, storedEvent } from "../../src/domain/events.js"
+import { clearedEvent, type RouterEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
 import {
   type CommitGroup,
   commitGroups,

@@ -7,19 +7,19 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Exit, Fiber, Option, SubscriptionRef, TestClock, Tracer } from "effect"
 import {
+  type KvEventSource,
+  type KvSourceMembershipView,
+  type KvSourceStatus,
+  rankKey
+} from "../../src/protocol/Discovery.js"
+import {
   clearedEvent,
   type DpRank,
   type RouterEvent,
   storedEvent,
   type WorkerId
-} from "../../src/domain/events.js"
-import { EndpointId } from "../../src/domain/model.js"
-import {
-  type KvEventSource,
-  type KvSourceMembershipView,
-  type KvSourceStatus,
-  rankKey
-} from "../../src/domain/sources.js"
+} from "../../src/protocol/Events.js"
+import { EndpointId } from "../../src/protocol/Model.js"
 import {
   type RecoveryResetReason,
   type RecoveryTarget,

@@ -8,7 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, TestContext } from "effect"
 import fc from "fast-check"
-import { baseRegistration, canonicalModelId, modelAlias, type WorkerRole } from "../../src/domain/model.js"
+import { baseRegistration, canonicalModelId, modelAlias, type WorkerRole } from "../../src/protocol/Model.js"
 import type { PoolAttachment, PoolRegistry } from "../../src/relay/PoolRegistry.js"
 import { registry as makeRegistry, pool, request } from "./registryFixtures.js"
 

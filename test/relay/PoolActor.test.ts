@@ -10,7 +10,7 @@ import {
   RoutingScopeId
 } from "../../src/ckf/identity.js"
 import { DcCkfState } from "../../src/ckf/state.js"
-import { storedEvent } from "../../src/domain/events.js"
+import { storedEvent } from "../../src/protocol/Events.js"
 import { make, type PoolActorOptions, type StreamScope } from "../../src/relay/PoolActor.js"
 
 const streamScope: StreamScope = {

@@ -16,11 +16,10 @@ import {
   isMaterializable,
   makeConflict
 } from "../../src/discovery/MembershipProjection.js"
-import { type RouterEvent, storedEvent } from "../../src/domain/events.js"
-import type { ResolvedIndexerDomain } from "../../src/domain/identity.js"
-import type { ModelCardInstance } from "../../src/domain/json.js"
-import { baseRegistration, canonicalModelId, KvQuerySemantics } from "../../src/domain/model.js"
-import type { KvEventSource } from "../../src/domain/sources.js"
+import type { KvEventSource, ModelCardInstance } from "../../src/protocol/Discovery.js"
+import { type RouterEvent, storedEvent } from "../../src/protocol/Events.js"
+import type { ResolvedIndexerDomain } from "../../src/protocol/Identity.js"
+import { baseRegistration, canonicalModelId, KvQuerySemantics } from "../../src/protocol/Model.js"
 import type { KvEventTransport, LiveBatchHandler } from "../../src/recovery/EventTransport.js"
 import { WorkerQueryError, type WorkerQueryTransport } from "../../src/recovery/WorkerQuery.js"
 import { inactiveSlotLifecycle } from "../../src/relay/EndpointSlot.js"

@@ -6,14 +6,14 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Scope, SubscriptionRef, TestClock } from "effect"
-import type { DpRank, RouterEvent, WorkerId } from "../../src/domain/events.js"
 import {
   type ExpectedRank,
   isRecoverableSource,
   type KvEventSource,
   type KvSourceMembershipView,
   rankKey
-} from "../../src/domain/sources.js"
+} from "../../src/protocol/Discovery.js"
+import type { DpRank, RouterEvent, WorkerId } from "../../src/protocol/Events.js"
 import type { RecoveryResetReason, RecoveryTarget, SourceEpoch } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSubscriber from "../../src/relay/SourceSubscriber.js"
 import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"

@@ -14,8 +14,9 @@ import {
   projectMembership,
   type WorkerTopology
 } from "../../src/discovery/MembershipProjection.js"
-import { decodeJson, encodeJson, ReadinessJson } from "../../src/domain/json.js"
-import { type DcPoolDescriptor, modelAlias, withTarget } from "../../src/domain/model.js"
+import { decodeJson, encodeJson } from "../../src/protocol/Json.js"
+import { type DcPoolDescriptor, modelAlias, withTarget } from "../../src/protocol/Model.js"
+import { ReadinessJson } from "../../src/protocol/RelayApi.js"
 import { DcPoolCatalog } from "../../src/relay/PoolRegistry.js"
 import {
   availabilityFromMembership,

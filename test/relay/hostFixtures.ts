@@ -7,13 +7,13 @@ import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect, Either, type Scope, Stream, type SubscriptionRef } from "effect"
+import type { KvEventSource } from "../../src/protocol/Discovery.js"
 import {
-  encodeJson,
   KvEventSourceJson,
   type ModelCardInstance,
   ModelCardInstanceJson
-} from "../../src/domain/json.js"
-import type { KvEventSource } from "../../src/domain/sources.js"
+} from "../../src/protocol/Discovery.js"
+import { encodeJson } from "../../src/protocol/Json.js"
 import type { DcPoolCatalog } from "../../src/relay/PoolRegistry.js"
 
 const encodeCard = encodeJson(ModelCardInstanceJson)

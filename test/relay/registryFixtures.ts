@@ -6,8 +6,8 @@
 
 import { Deferred, Effect, Either, Exit, Scope } from "effect"
 import { CacheSemanticsId, DcId, IndexerDomainId, PoolId, RoutingScopeId } from "../../src/ckf/identity.js"
-import { type RouterEvent, storedEvent } from "../../src/domain/events.js"
-import { DEFAULT_RUNTIME_CONFIG, type RuntimeConfig } from "../../src/domain/json.js"
+import { DEFAULT_RUNTIME_CONFIG, type RuntimeConfig } from "../../src/protocol/Discovery.js"
+import { type RouterEvent, storedEvent } from "../../src/protocol/Events.js"
 import {
   baseRegistration,
   type CanonicalModelRegistration,
@@ -16,7 +16,7 @@ import {
   EndpointId,
   KvQuerySemantics,
   modelAlias
-} from "../../src/domain/model.js"
+} from "../../src/protocol/Model.js"
 import {
   type CkfBuilder,
   externalCkfBuilder,

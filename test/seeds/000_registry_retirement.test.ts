@@ -8,7 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber } from "effect"
 import { CacheSemanticsId, DcId, IndexerDomainId, PoolId, RoutingScopeId } from "../../src/ckf/identity.js"
-import { baseRegistration, canonicalModelId } from "../../src/domain/model.js"
+import { baseRegistration, canonicalModelId } from "../../src/protocol/Model.js"
 import { targetFaultRetirementMode } from "../../src/relay/EndpointSlot.js"
 import { drainFaultsWhile } from "../../src/relay/PendingActorFaults.js"
 import type { PoolAttachRequest } from "../../src/relay/PoolRegistry.js"

@@ -21,15 +21,14 @@ import {
   isMaterializable,
   projectMembership
 } from "../../src/discovery/MembershipProjection.js"
-import type { ResolvedIndexerDomain } from "../../src/domain/identity.js"
-import type { ModelCardInstance } from "../../src/domain/json.js"
+import type { KvEventSource, ModelCardInstance } from "../../src/protocol/Discovery.js"
+import type { ResolvedIndexerDomain } from "../../src/protocol/Identity.js"
 import {
   baseRegistration,
   canonicalModelId,
   type DcPoolDescriptor,
   KvQuerySemantics
-} from "../../src/domain/model.js"
-import type { KvEventSource } from "../../src/domain/sources.js"
+} from "../../src/protocol/Model.js"
 import * as EndpointSlot from "../../src/relay/EndpointSlot.js"
 import type { DcPoolCatalog } from "../../src/relay/PoolRegistry.js"
 import * as RelayHost from "../../src/relay/RelayHost.js"

@@ -8,7 +8,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Deferred, Effect, Exit, Fiber, Option, Schema, Scope, Stream, TestClock } from "effect"
 import type { ProducerIdentity } from "../../src/ckf/identity.js"
-import { CatalogSnapshotJson } from "../../src/domain/json.js"
 import {
   baseRegistration,
   canonicalModelId,
@@ -17,7 +16,8 @@ import {
   ModelTarget,
   modelAlias,
   withTarget
-} from "../../src/domain/model.js"
+} from "../../src/protocol/Model.js"
+import { CatalogSnapshotJson } from "../../src/protocol/RelayApi.js"
 import { drainFaultsWhile } from "../../src/relay/PendingActorFaults.js"
 import { hasDegradedCoverage } from "../../src/relay/PoolLoad.js"
 import type {

@@ -18,7 +18,7 @@ import {
   RoutingScopeId
 } from "../../src/ckf/identity.js"
 import { DcCkfState } from "../../src/ckf/state.js"
-import { type RouterEvent, storedEvent } from "../../src/domain/events.js"
+import { type RouterEvent, storedEvent } from "../../src/protocol/Events.js"
 import {
   type ActorFault,
   DEFAULT_FAULT_CAPACITY,

@@ -10,20 +10,20 @@ import { describe, expect, it } from "@effect/vitest"
 import { Deferred, type Duration, Effect, Either, Fiber, Option, SubscriptionRef, TestClock } from "effect"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
 import {
-  clearedEvent,
-  type DpRank,
-  type RouterEvent,
-  storedEvent,
-  type WorkerId
-} from "../../src/domain/events.js"
-import { EndpointId } from "../../src/domain/model.js"
-import {
   type KvEventSource,
   type KvSourceMembershipView,
   type KvSourceStatus,
   type RankKey,
   rankKey
-} from "../../src/domain/sources.js"
+} from "../../src/protocol/Discovery.js"
+import {
+  clearedEvent,
+  type DpRank,
+  type RouterEvent,
+  storedEvent,
+  type WorkerId
+} from "../../src/protocol/Events.js"
+import { EndpointId } from "../../src/protocol/Model.js"
 import {
   type RecoveryResetReason,
   type RecoveryTarget,

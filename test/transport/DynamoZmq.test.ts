@@ -1,6 +1,6 @@
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
-import { clearedEvent, removedEvent, storedEvent } from "../../src/domain/events.js"
+import { clearedEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
 import { encodeDynamoMessage, frameEnvelope, makeDynamoDecoder } from "../../src/transport/DynamoZmq.js"
 import { encodeEnvelope, encodeRouterEvents } from "../../src/transport/msgpack.js"
 import type { IngestMessage, MalformedReason } from "../../src/transport/ZmqSocket.js"

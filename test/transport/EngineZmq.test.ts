@@ -2,7 +2,7 @@ import fc from "fast-check"
 import { Packr } from "msgpackr"
 import { describe, expect, it } from "vitest"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
-import type { RouterEvent } from "../../src/domain/events.js"
+import type { RouterEvent } from "../../src/protocol/Events.js"
 import {
   type EngineEvent,
   type EngineFormat,

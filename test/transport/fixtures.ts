@@ -1,8 +1,9 @@
 /** Shared generators and helpers of the transport tests. */
 
 import fc from "fast-check"
+import type { StorageTier } from "../../src/ckf/events.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
-import type { KvCacheEventData, RouterEvent, StorageTier } from "../../src/domain/events.js"
+import type { KvCacheEventData, RouterEvent } from "../../src/protocol/Events.js"
 
 export const TIERS: ReadonlyArray<StorageTier> = ["device", "host_pinned", "disk", "external"]
 

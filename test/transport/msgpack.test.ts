@@ -2,7 +2,7 @@ import fc from "fast-check"
 import { Packr, Unpackr } from "msgpackr"
 import { describe, expect, it } from "vitest"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
-import { clearedEvent, type RouterEvent, removedEvent, storedEvent } from "../../src/domain/events.js"
+import { clearedEvent, type RouterEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
 import type { WorkerKvQueryResponse } from "../../src/recovery/WorkerQuery.js"
 import {
   decodeRouterEvents,

@@ -7,7 +7,7 @@
 import fc from "fast-check"
 import { afterEach, describe, expect, it } from "vitest"
 import { hashPairs } from "../../src/ckf/u64.js"
-import type { RouterEvent } from "../../src/domain/events.js"
+import type { RouterEvent } from "../../src/protocol/Events.js"
 import { encodeDynamoMessage, makeDynamoDecoder } from "../../src/transport/DynamoZmq.js"
 import {
   decodeRouterEvents,

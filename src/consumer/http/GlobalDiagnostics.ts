@@ -10,8 +10,9 @@
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import { Context, Effect, Either, Layer } from "effect"
 import { Counter, Histogram, type Registry } from "prom-client"
-import { encodeJson, GlobalHealthJson, GlobalStatsJson } from "../../domain/json.js"
 import * as Prometheus from "../../observability/Prometheus.js"
+import { GlobalHealthJson, GlobalStatsJson } from "../../protocol/GlobalApi.js"
+import { encodeJson } from "../../protocol/Json.js"
 import { GlobalConsumer, type GlobalConsumerService } from "../GlobalConsumer.js"
 
 // ---------------------------------------------------------------------------------------------

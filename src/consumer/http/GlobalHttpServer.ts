@@ -22,7 +22,6 @@ import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import { Data, Effect, Either, Layer, Option } from "effect"
-import { DomainsResponseJson, type ErrorReason, encodeJson } from "../../domain/json.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
 import {
   bodyTooLargeMessage,
@@ -32,6 +31,9 @@ import {
   noRouteMessage
 } from "../../http/ErrorText.js"
 import type { ServerTlsOptions } from "../../http/Tls.js"
+import { DomainsResponseJson } from "../../protocol/GlobalApi.js"
+import { encodeJson } from "../../protocol/Json.js"
+import type { ErrorReason } from "../../protocol/RelayApi.js"
 import type { GlobalConsumer } from "../GlobalConsumer.js"
 import { GlobalView } from "../GlobalView.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"

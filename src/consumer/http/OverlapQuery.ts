@@ -17,21 +17,6 @@ import type { IncomingMessage, ServerResponse } from "node:http"
 import * as Headers from "@effect/platform/Headers"
 import * as HttpTraceContext from "@effect/platform/HttpTraceContext"
 import { Context, Effect, Either, Exit, FiberRef, Option, Runtime, type Tracer } from "effect"
-import {
-  DomainLocalOverlapJson,
-  DomainTokensOverlapJson,
-  decodeJson,
-  type ErrorReason,
-  encodeJson,
-  MAX_JSON_DEPTH,
-  MAX_OVERLAP_BATCH,
-  ModelLocalOverlapJson,
-  ModelTokensOverlapJson,
-  nestedDeeperThan,
-  OverlapBatchResponseJson,
-  OverlapResponseJson,
-  OverlapResultJson
-} from "../../domain/json.js"
 import { authorizationProblem, type TokenFile } from "../../http/BearerAuth.js"
 import {
   bodyTooLargeMessage,
@@ -40,6 +25,18 @@ import {
   invalidJsonMessage,
   quoted
 } from "../../http/ErrorText.js"
+import {
+  DomainLocalOverlapJson,
+  DomainTokensOverlapJson,
+  MAX_OVERLAP_BATCH,
+  ModelLocalOverlapJson,
+  ModelTokensOverlapJson,
+  OverlapBatchResponseJson,
+  OverlapResponseJson,
+  OverlapResultJson
+} from "../../protocol/GlobalApi.js"
+import { decodeJson, encodeJson, MAX_JSON_DEPTH, nestedDeeperThan } from "../../protocol/Json.js"
+import type { ErrorReason } from "../../protocol/RelayApi.js"
 import type { GlobalViewService, OverlapError, OverlapRequest, OverlapResult } from "../GlobalView.js"
 import type { QueryStats } from "./GlobalDiagnostics.js"
 

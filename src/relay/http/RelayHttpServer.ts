@@ -49,23 +49,6 @@ import {
 } from "effect"
 import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
 import type { ProducerIdentity } from "../../ckf/identity.js"
-import {
-  CatalogSnapshotJson,
-  decodeJson,
-  ErrorBodyJson,
-  type ErrorReason,
-  encodeJsonText,
-  HealthJson,
-  type LoadWindowDocument,
-  LoadWindowJson,
-  ReadinessJson,
-  RelayInfoJson,
-  RelayStatsJson,
-  SubscribeRequestJson,
-  SubscriberIdJson,
-  unsupportedProducerFeature
-} from "../../domain/json.js"
-import { EndpointId } from "../../domain/model.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
 import {
   bodyTooLargeMessage,
@@ -79,7 +62,23 @@ import type { ServerTlsOptions } from "../../http/Tls.js"
 import * as Prometheus from "../../observability/Prometheus.js"
 import { EMPTY_PUBLISH_DELAY } from "../../observability/PublishDelay.js"
 import * as RelayMetrics from "../../observability/RelayMetrics.js"
+import { decodeJson, encodeJsonText } from "../../protocol/Json.js"
+import { EndpointId } from "../../protocol/Model.js"
 import { POOL_STREAM_CONTENT_TYPE } from "../../protocol/PoolStream.js"
+import {
+  CatalogSnapshotJson,
+  ErrorBodyJson,
+  type ErrorReason,
+  HealthJson,
+  type LoadWindowDocument,
+  LoadWindowJson,
+  ReadinessJson,
+  RelayInfoJson,
+  RelayStatsJson,
+  SubscribeRequestJson,
+  SubscriberIdJson,
+  unsupportedProducerFeature
+} from "../../protocol/RelayApi.js"
 import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
 import type { KvDcRelayError } from "../errors.js"
 import * as LoadWindows from "../LoadWindows.js"

@@ -4,7 +4,7 @@
  */
 
 import { Data } from "effect"
-import type { ZmtpErrorReason } from "../../domain/ingest.js"
+import type { ZmtpErrorReason } from "../../protocol/Events.js"
 
 /** A fault found by the wire-level code, before it knows which endpoint it reads. */
 export interface ZmtpFault {

@@ -16,8 +16,8 @@
 
 import * as net from "node:net"
 import { Duration, Effect, Fiber, type Scope } from "effect"
-import { ZMTP_ERROR_REASONS, type ZmtpErrorReason } from "../../domain/ingest.js"
 import * as RelayMetrics from "../../observability/RelayMetrics.js"
+import { ZMTP_ERROR_REASONS, type ZmtpErrorReason } from "../../protocol/Events.js"
 import type { TcpEndpoint } from "./Endpoint.js"
 import { MessageQueue } from "./internal/MessageQueue.js"
 import { Session, type SessionEnd } from "./internal/Session.js"

@@ -27,8 +27,9 @@ import {
 } from "../../../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../../../src/consumer/http/GlobalHttpServer.js"
 import { batchReply, overlapReply } from "../../../src/consumer/http/OverlapQuery.js"
-import { encodeJson, OverlapBatchResponseJson, OverlapResponseJson } from "../../../src/domain/json.js"
 import { type TokenFile, watchTokenFile } from "../../../src/http/BearerAuth.js"
+import { OverlapBatchResponseJson, OverlapResponseJson } from "../../../src/protocol/GlobalApi.js"
+import { encodeJson } from "../../../src/protocol/Json.js"
 import { eventually } from "../consumerHarness.js"
 import { domainOf, FakeRelay, fakeConnector } from "../fakeRelay.js"
 

@@ -9,19 +9,9 @@ import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../../src/ckf/cbi1.js"
 import { DcId, PoolId } from "../../../src/ckf/identity.js"
 import { WATCH_ALL } from "../../../src/discovery/DiscoveryConfig.js"
 import { projectMembership } from "../../../src/discovery/MembershipProjection.js"
-import { DROP_REASONS, ZMTP_ERROR_REASONS } from "../../../src/domain/ingest.js"
-import {
-  CatalogSnapshotJson,
-  DiagnosticSnapshotJson,
-  decodeJson,
-  ErrorBodyJson,
-  HealthJson,
-  LoadWindowJson,
-  ReadinessJson,
-  RelayInfoJson,
-  RelayStatsJson
-} from "../../../src/domain/json.js"
 import { PUBLISH_DELAY_BOUNDS_SECONDS } from "../../../src/observability/PublishDelay.js"
+import { DROP_REASONS, ZMTP_ERROR_REASONS } from "../../../src/protocol/Events.js"
+import { decodeJson } from "../../../src/protocol/Json.js"
 import {
   FRAME_DELTA,
   FRAME_HEARTBEAT,
@@ -29,6 +19,16 @@ import {
   FRAME_TERMINAL_ERROR,
   POOL_STREAM_CONTENT_TYPE
 } from "../../../src/protocol/PoolStream.js"
+import {
+  CatalogSnapshotJson,
+  DiagnosticSnapshotJson,
+  ErrorBodyJson,
+  HealthJson,
+  LoadWindowJson,
+  ReadinessJson,
+  RelayInfoJson,
+  RelayStatsJson
+} from "../../../src/protocol/RelayApi.js"
 import * as RelayHttpServer from "../../../src/relay/http/RelayHttpServer.js"
 import * as LoadWindows from "../../../src/relay/LoadWindows.js"
 import { PublicationError } from "../../../src/relay/PublicationSource.js"

@@ -7,7 +7,8 @@ import { describe, expect, it } from "@effect/vitest"
 import { Either } from "effect"
 import * as fc from "fast-check"
 import { DcCkfFormatIdentity } from "../../../src/ckf/identity.js"
-import { DiagnosticSnapshotJson, encodeJsonText } from "../../../src/domain/json.js"
+import { encodeJsonText } from "../../../src/protocol/Json.js"
+import { DiagnosticSnapshotJson } from "../../../src/protocol/RelayApi.js"
 import {
   SNAPSHOT_SLICE_BYTES,
   type SnapshotHead,

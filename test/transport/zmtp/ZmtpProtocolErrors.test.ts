@@ -10,7 +10,7 @@ import { it } from "@effect/vitest"
 import { Effect } from "effect"
 import { describe, expect } from "vitest"
 import * as zmq from "zeromq"
-import type { ZmtpErrorReason } from "../../../src/domain/ingest.js"
+import type { ZmtpErrorReason } from "../../../src/protocol/Events.js"
 import type { ZmtpSubscriberOptions } from "../../../src/transport/zmtp/ZmtpSubscriber.js"
 import { bound, collect, eventually, tcpServer } from "./zmtpFixtures.js"
 

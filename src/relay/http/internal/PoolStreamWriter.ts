@@ -21,7 +21,6 @@
 
 import type * as Http from "node:http"
 import { Deferred, Duration, Effect } from "effect"
-import type { ErrorReason } from "../../../domain/json.js"
 import {
   encodePoolFrame,
   FRAME_DELTA,
@@ -32,6 +31,7 @@ import {
   type PoolFrameKind,
   writePoolFrameAt
 } from "../../../protocol/PoolStream.js"
+import type { ErrorReason } from "../../../protocol/RelayApi.js"
 import type { PoolFeed, PublicationErrorKind, PublicationFrame } from "../../PublicationSource.js"
 
 /** The terminal frame's reason for each way a feed can end. */

@@ -14,12 +14,8 @@
 
 import * as os from "node:os"
 import { Effect, Either, Schema } from "effect"
-import {
-  type DiagnosticSnapshotDocument,
-  DiagnosticSnapshotJson,
-  encodeJsonText,
-  JsonEncodeError
-} from "../../../domain/json.js"
+import { encodeJsonText, JsonEncodeError } from "../../../protocol/Json.js"
+import { type DiagnosticSnapshotDocument, DiagnosticSnapshotJson } from "../../../protocol/RelayApi.js"
 
 /** Bytes of words per slice: a multiple of 3 (whole base64 quanta) and of 8 (whole u64 words). */
 export const SNAPSHOT_SLICE_BYTES = 3 * 64 * 1024

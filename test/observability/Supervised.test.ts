@@ -7,7 +7,7 @@ import {
   makeLoopFaults,
   supervised,
   supervisedRestarts
-} from "../../src/domain/supervised.js"
+} from "../../src/observability/Supervised.js"
 
 const collectLogs = () => {
   const lines: Array<{ readonly message: string; readonly cause: string; readonly level: string }> = []

@@ -4,10 +4,10 @@
  * `src/ckf/identity.ts`; this module adds what the catalog says about a pool.
  */
 
-import type { Brand } from "effect"
-import { Data, Either, Equal } from "effect"
+import { type Brand, Data, Either, Equal, ParseResult, Schema } from "effect"
 import type { DcId, PoolId, ProducerIdentity } from "../ckf/identity.js"
-import { compareArrays, compareUtf8, type NameProblem, nameProblem, nameProblemText } from "./text.js"
+import { failType } from "./Json.js"
+import { compareArrays, compareUtf8, type NameProblem, nameProblem, nameProblemText } from "./Text.js"
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -416,3 +416,152 @@ export interface RelayInfo {
   readonly dcName: string
   readonly dcId: DcId
 }
+
+// ---------------------------------------------------------------------------------------------
+// Endpoints, models, semantics, roles
+
+export const endpointPart = (part: "namespace" | "component" | "endpoint") =>
+  Schema.String.pipe(Schema.filter((value) => endpointPartProblem(value, part)?.message ?? true))
+
+export const EndpointIdJson = Schema.transform(
+  Schema.Struct({
+    namespace: endpointPart("namespace"),
+    component: endpointPart("component"),
+    endpoint: endpointPart("endpoint")
+  }),
+  Schema.instanceOf(EndpointId),
+  {
+    strict: true,
+    decode: (fields) => new EndpointId(fields),
+    encode: (id) => ({ namespace: id.namespace, component: id.component, endpoint: id.endpoint })
+  }
+).annotations({ identifier: "EndpointId" })
+
+/** `"namespace.component.endpoint"` ↔ `EndpointId`. */
+export const EndpointTextJson = Schema.transformOrFail(Schema.String, Schema.instanceOf(EndpointId), {
+  strict: true,
+  decode: (text, _, ast) =>
+    Either.match(EndpointId.parse(text), {
+      onLeft: (error) => failType(ast, text, error.message),
+      onRight: ParseResult.succeed
+    }),
+  encode: (id, _, ast) =>
+    Either.match(EndpointId.make(id.namespace, id.component, id.endpoint), {
+      onLeft: (error) => failType(ast, id, error.message),
+      onRight: (valid) => ParseResult.succeed(valid.toString())
+    })
+}).annotations({ identifier: "EndpointText" })
+
+export const CanonicalModelIdJson = Schema.String.pipe(
+  Schema.filter((value) =>
+    Either.match(validateCanonicalModelId(value), { onLeft: (e) => e.message, onRight: () => true })
+  ),
+  Schema.brand("CanonicalModelId")
+).annotations({ identifier: "CanonicalModelId" })
+
+export const ModelAliasJson = Schema.String.pipe(
+  Schema.filter((value) =>
+    Either.match(validateModelAlias(value), { onLeft: (e) => e.message, onRight: () => true })
+  ),
+  Schema.brand("ModelAlias")
+).annotations({ identifier: "ModelAlias" })
+
+/** Externally tagged: exactly one of `base` / `lora`. */
+export const ModelTargetJson = Schema.transform(
+  Schema.Struct({
+    base: Schema.optional(Schema.Struct({ baseModel: CanonicalModelIdJson })),
+    lora: Schema.optional(Schema.Struct({ baseModel: CanonicalModelIdJson, adapter: CanonicalModelIdJson }))
+  }).pipe(
+    Schema.filter(
+      (json) =>
+        (json.base === undefined) !== (json.lora === undefined) ||
+        "target must have exactly one of the fields base, lora"
+    )
+  ),
+  Schema.declare(isModelTarget, { identifier: "ModelTarget" }),
+  {
+    strict: true,
+    decode: (json) =>
+      json.lora !== undefined
+        ? ModelTarget.Lora({ baseModel: json.lora.baseModel, adapter: json.lora.adapter })
+        : ModelTarget.Base({ baseModel: json.base!.baseModel }),
+    encode: (target) =>
+      target._tag === "Base"
+        ? { base: { baseModel: target.baseModel } }
+        : { lora: { baseModel: target.baseModel, adapter: target.adapter } }
+  }
+)
+
+const isRegistration = (u: unknown): u is CanonicalModelRegistration =>
+  typeof u === "object" &&
+  u !== null &&
+  "model" in u &&
+  typeof u.model === "string" &&
+  "target" in u &&
+  isModelTarget(u.target) &&
+  "aliases" in u &&
+  Array.isArray(u.aliases)
+
+/** Registrations decode through `withTarget`, so aliases come out sorted, unique and ≠ model. */
+export const RegistrationJson = Schema.transform(
+  Schema.Struct({
+    model: CanonicalModelIdJson,
+    target: ModelTargetJson,
+    aliases: Schema.Array(ModelAliasJson)
+  }),
+  Schema.declare(isRegistration, { identifier: "CanonicalModelRegistration" }),
+  {
+    strict: true,
+    decode: ({ model, target, aliases }) => withTarget(model, target, aliases),
+    encode: (registration) => ({
+      model: registration.model,
+      target: registration.target,
+      aliases: registration.aliases
+    })
+  }
+)
+
+export const KvQueryHashFormatJson = Schema.Literal(...KV_QUERY_HASH_FORMATS)
+
+/**
+ * How a pool's filter is addressed. Every kvrelay pool is addressed by canonical sequence
+ * hashes (PROTOCOL §3.3) and says so; a producer that addressed blocks any other way could not
+ * be probed with a token query's hashes, so a consumer refuses it rather than answer depth 0.
+ * Absent means canonical: PROTOCOL revision 2 defines no other addressing.
+ */
+export const BLOCK_ADDRESSING = "canonical_v1"
+
+const BlockAddressingJson = Schema.String.pipe(
+  Schema.filter(
+    (value) =>
+      value === BLOCK_ADDRESSING ||
+      `addressing ${JSON.stringify(value)} is not ${JSON.stringify(BLOCK_ADDRESSING)}: the pool's filter is not addressed by canonical sequence hashes (PROTOCOL §3.3), so token queries cannot be answered from it`
+  )
+)
+
+export const QuerySemanticsJson = Schema.transformOrFail(
+  Schema.Struct({
+    kvBlockSize: Schema.Number,
+    hashFormat: KvQueryHashFormatJson,
+    addressing: Schema.optional(BlockAddressingJson)
+  }),
+  Schema.instanceOf(KvQuerySemantics),
+  {
+    strict: true,
+    decode: ({ kvBlockSize, hashFormat }, _, ast, input) =>
+      Either.match(KvQuerySemantics.make(kvBlockSize, hashFormat), {
+        onLeft: (error) => failType(ast, input, error.message),
+        onRight: ParseResult.succeed
+      }),
+    encode: (semantics) =>
+      ParseResult.succeed({
+        kvBlockSize: semantics.kvBlockSize,
+        hashFormat: semantics.hashFormat,
+        addressing: BLOCK_ADDRESSING
+      })
+  }
+).annotations({ identifier: "KvQuerySemantics" })
+
+export const WorkerRoleJson = Schema.Literal(...WORKER_ROLES)
+
+// ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 import { Either, Equal } from "effect"
 import { describe, expect, it } from "vitest"
 import { DcCkfFormatIdentity, PoolId, ProducerIdentity } from "../../src/ckf/identity.js"
-import { resolveIndexerDomain, stableDcId } from "../../src/domain/identity.js"
+import { resolveIndexerDomain, stableDcId } from "../../src/protocol/Identity.js"
 import {
   baseRegistration,
   type CanonicalModelRegistration,
@@ -29,7 +29,7 @@ import {
   WORKER_ROLES,
   type WorkerRole,
   withTarget
-} from "../../src/domain/model.js"
+} from "../../src/protocol/Model.js"
 
 const leftOf = <A, E>(either: Either.Either<A, E>): E => {
   if (Either.isRight(either)) throw new Error(`expected a failure, got ${String(either.right)}`)

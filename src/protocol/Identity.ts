@@ -1,27 +1,31 @@
 /**
- * BLAKE3 derivation of the identity values of `src/ckf/identity.ts` (relay-service.md §1.2).
+ * Identities (PROTOCOL.md §1–§2, relay-service.md §1.2): BLAKE3 derivation of the identity values of `src/ckf/identity.ts` (relay-service.md §1.2).
  *
  * The material layouts are byte-exact copies of Dynamo's: a different frame, tag or field order
  * would silently split one indexer domain across relays of different implementations.
  */
 
 import { blake3 } from "@noble/hashes/blake3.js"
-import { Data, Either } from "effect"
+import { Data, Either, ParseResult, Schema } from "effect"
 import {
   CacheSemanticsId,
+  DcCkfFormatIdentity,
   DcId,
   type IdentitySource,
   IndexerDomainId,
+  PoolId,
+  ProducerIdentity,
   RoutingScopeId
 } from "../ckf/identity.js"
+import { DcIdHex, Digest, failType, hexToBytes, U64 } from "./Json.js"
 import {
   type EndpointId,
   type InvalidQuerySemantics,
   type KvQueryHashFormat,
   KvQuerySemantics,
   type ZeroBlockSize
-} from "./model.js"
-import { compareUtf8, isWellFormedUnicode, type NameProblem, nameProblem, nameProblemText } from "./text.js"
+} from "./Model.js"
+import { compareUtf8, isWellFormedUnicode, type NameProblem, nameProblem, nameProblemText } from "./Text.js"
 
 const DC_TAG = "dynamo/indexer-dc/v1"
 const CACHE_DEFAULT_TAG = "dynamo/indexer-cache-semantics/default/v1"
@@ -329,3 +333,160 @@ export const resolveIndexerDomain = (
     return { id: new IndexerDomainId(cacheSemantics, routingScope), querySemantics }
   })
 }
+
+// ---------------------------------------------------------------------------------------------
+// Identities
+
+/** A value as it reads in an error message (cut when long: a message names, it does not dump). */
+export const shown = (value: unknown): string => {
+  let text: string
+  try {
+    text = JSON.stringify(value) ?? String(value)
+  } catch {
+    text = String(value)
+  }
+  return text.length > 60 ? `${text.slice(0, 57)}…` : text
+}
+
+// The message annotations below replace Effect's rendering of the whole expected type
+// ("Expected { readonly digest: Digest; … }, actual …") with the shape the user must send.
+export const IdentitySourceJson = Schema.Literal("default_derived", "explicit").annotations({
+  message: (issue) => ({
+    message: `expected "default_derived" or "explicit", got ${shown(issue.actual)}`,
+    override: true
+  })
+})
+
+const DigestIdentityFields = Schema.Struct({ digest: Digest, source: IdentitySourceJson }).annotations({
+  message: (issue) => `expected {digest, source}, got ${shown(issue.actual)}`
+})
+
+export const CacheSemanticsJson = Schema.transform(
+  DigestIdentityFields,
+  Schema.instanceOf(CacheSemanticsId),
+  {
+    strict: true,
+    decode: ({ digest, source }) => new CacheSemanticsId(hexToBytes(digest), source),
+    encode: (id) => ({ digest: id.hex, source: id.source })
+  }
+).annotations({ identifier: "CacheSemanticsId" })
+
+export const RoutingScopeJson = Schema.transform(DigestIdentityFields, Schema.instanceOf(RoutingScopeId), {
+  strict: true,
+  decode: ({ digest, source }) => new RoutingScopeId(hexToBytes(digest), source),
+  encode: (id) => ({ digest: id.hex, source: id.source })
+}).annotations({ identifier: "RoutingScopeId" })
+
+/** `{cacheSemantics, routingScope}` ↔ `IndexerDomainId` (the `poolDomain` of §7). */
+export const IndexerDomainJson = Schema.transform(
+  Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }).annotations({
+    message: (issue) =>
+      `expected {cacheSemantics: {digest, source}, routingScope: {digest, source}}, got ${shown(issue.actual)}`
+  }),
+  Schema.instanceOf(IndexerDomainId),
+  {
+    strict: true,
+    decode: ({ cacheSemantics, routingScope }) => new IndexerDomainId(cacheSemantics, routingScope),
+    encode: (id) => ({ cacheSemantics: id.cacheSemantics, routingScope: id.routingScope })
+  }
+).annotations({ identifier: "IndexerDomainId" })
+
+/** Wire `POOL_IDENTITY_VERSION`; the native PoolId carries no version. */
+export const POOL_IDENTITY_VERSION = 1 as const
+
+export const PoolIdJson = Schema.transform(
+  Schema.Struct({
+    identityVersion: Schema.Literal(POOL_IDENTITY_VERSION),
+    cacheSemantics: CacheSemanticsJson,
+    routingScope: RoutingScopeJson,
+    dcId: DcIdHex
+  }),
+  Schema.instanceOf(PoolId),
+  {
+    strict: true,
+    decode: ({ cacheSemantics, routingScope, dcId }) =>
+      new PoolId(new IndexerDomainId(cacheSemantics, routingScope), dcId),
+    encode: (poolId) => ({
+      identityVersion: POOL_IDENTITY_VERSION,
+      cacheSemantics: poolId.indexerDomain.cacheSemantics,
+      routingScope: poolId.indexerDomain.routingScope,
+      dcId: poolId.dcId
+    })
+  }
+).annotations({ identifier: "PoolId" })
+
+export const MAX_BUCKET_COUNT = 1 << 24
+
+const isBucketCount = (n: number): boolean =>
+  Number.isInteger(n) && n >= 2 && n <= MAX_BUCKET_COUNT && (n & (n - 1)) === 0
+
+/** A power of two in 2..=2^24 (CBI1 carries at most 2^24 buckets). */
+export const BucketCount = Schema.Number.pipe(
+  Schema.filter(
+    (n) => isBucketCount(n) || `bucketCount must be a power of two in 2..=${MAX_BUCKET_COUNT}, got ${n}`
+  )
+).annotations({ identifier: "BucketCount" })
+
+export const CkfFormatJson = Schema.transformOrFail(
+  Schema.Struct({
+    formatVersion: Schema.Literal(1),
+    seed: U64,
+    bucketCount: BucketCount,
+    fingerprintBits: Schema.Literal(16),
+    slotsPerBucket: Schema.Literal(4)
+  }),
+  Schema.instanceOf(DcCkfFormatIdentity),
+  {
+    strict: true,
+    decode: ({ seed, bucketCount, formatVersion, fingerprintBits, slotsPerBucket }) =>
+      ParseResult.succeed(
+        new DcCkfFormatIdentity(seed, bucketCount, formatVersion, fingerprintBits, slotsPerBucket)
+      ),
+    // The native class admits any numbers; only the one published format has a JSON form.
+    encode: (format, _, ast) =>
+      format.formatVersion === 1 &&
+      format.fingerprintBits === 16 &&
+      format.slotsPerBucket === 4 &&
+      isBucketCount(format.bucketCount)
+        ? ParseResult.succeed({
+            formatVersion: 1 as const,
+            seed: format.seed,
+            bucketCount: format.bucketCount,
+            fingerprintBits: 16 as const,
+            slotsPerBucket: 4 as const
+          })
+        : failType(
+            ast,
+            format,
+            `CKF format ${format.key} has no JSON form (expected version 1, 16 bits, 4 slots)`
+          )
+  }
+).annotations({ identifier: "CkfFormat" })
+
+/** Layout generations start at 1; 0 is invalid on the wire. */
+export const LayoutGeneration = U64.pipe(
+  Schema.filter((value) => value !== 0n || "layoutGeneration must not be 0")
+).annotations({ identifier: "LayoutGeneration" })
+
+export const ProducerIdentityJson = Schema.transform(
+  Schema.Struct({
+    poolId: PoolIdJson,
+    producerIncarnation: U64,
+    layoutGeneration: LayoutGeneration,
+    format: CkfFormatJson
+  }),
+  Schema.instanceOf(ProducerIdentity),
+  {
+    strict: true,
+    decode: ({ poolId, producerIncarnation, layoutGeneration, format }) =>
+      new ProducerIdentity(poolId, producerIncarnation, layoutGeneration, format),
+    encode: (producer) => ({
+      poolId: producer.poolId,
+      producerIncarnation: producer.producerIncarnation,
+      layoutGeneration: producer.layoutGeneration,
+      format: producer.format
+    })
+  }
+).annotations({ identifier: "ProducerIdentity" })
+
+// ---------------------------------------------------------------------------------------------

@@ -2,39 +2,47 @@ import { Either, Equal, type Schema } from "effect"
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
 import { DcCkfFormatIdentity, type PoolId, ProducerIdentity } from "../../src/ckf/identity.js"
-import { resolveIndexerDomain } from "../../src/domain/identity.js"
+import {
+  DiscoveryDocumentJson,
+  KvEventSourceJson,
+  ModelCardInstanceJson
+} from "../../src/protocol/Discovery.js"
 import {
   BucketCount,
-  CatalogSnapshotJson,
   CkfFormatJson,
-  DcIdHex,
-  Digest,
-  DiscoveryDocumentJson,
-  decodeJson,
-  decodeJsonText,
-  EndpointIdJson,
-  ErrorBodyJson,
-  encodeJson,
-  encodeJsonText,
-  HealthJson,
   IndexerDomainJson,
-  JsonDecodeError,
-  KvEventSourceJson,
-  ModelCardInstanceJson,
-  ModelTargetJson,
-  nestedDeeperThan,
-  PoolDescriptorJson,
   PoolIdJson,
   ProducerIdentityJson,
-  QuerySemanticsJson,
-  RegistrationJson,
-  RelayInfoJson,
-  SubscribeRequestJson,
+  resolveIndexerDomain
+} from "../../src/protocol/Identity.js"
+import {
+  DcIdHex,
+  Digest,
+  decodeJson,
+  decodeJsonText,
+  encodeJson,
+  encodeJsonText,
+  JsonDecodeError,
+  nestedDeeperThan,
   U32,
   U64,
   WorkerIdJson
-} from "../../src/domain/json.js"
-import { EndpointId } from "../../src/domain/model.js"
+} from "../../src/protocol/Json.js"
+import {
+  EndpointId,
+  EndpointIdJson,
+  ModelTargetJson,
+  QuerySemanticsJson,
+  RegistrationJson
+} from "../../src/protocol/Model.js"
+import {
+  CatalogSnapshotJson,
+  ErrorBodyJson,
+  HealthJson,
+  PoolDescriptorJson,
+  RelayInfoJson,
+  SubscribeRequestJson
+} from "../../src/protocol/RelayApi.js"
 
 const GOLDEN_POOL_TEXT =
   '{"identityVersion":1,' +

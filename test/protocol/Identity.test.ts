@@ -15,8 +15,8 @@ import {
   routingScopeId,
   stableDcId,
   validateExplicitMap
-} from "../../src/domain/identity.js"
-import { EndpointId, ZeroBlockSize } from "../../src/domain/model.js"
+} from "../../src/protocol/Identity.js"
+import { EndpointId, ZeroBlockSize } from "../../src/protocol/Model.js"
 
 const GOLDEN_CACHE = "7d31eb9019357572470605f4a8be687e"
 const GOLDEN_ROUTING = "18270d3ba03effaec8d167ba02c7752d"

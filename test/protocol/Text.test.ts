@@ -6,7 +6,7 @@ import {
   isWellFormedUnicode,
   nameProblem,
   utf8Length
-} from "../../src/domain/text.js"
+} from "../../src/protocol/Text.js"
 
 const unicode = fc.string({ unit: "binary", maxLength: 12 })
 

@@ -1,0 +1,218 @@
+/**
+ * The global consumer's HTTP documents (PROTOCOL.md §7): overlap queries and answers, domains,
+ * health and stats.
+ */
+
+import { Schema } from "effect"
+import {
+  CacheSemanticsJson,
+  IndexerDomainJson,
+  PoolIdJson,
+  ProducerIdentityJson,
+  RoutingScopeJson,
+  shown
+} from "./Identity.js"
+import { DcIdHex, U32, U64 } from "./Json.js"
+import {
+  CanonicalModelIdJson,
+  EndpointIdJson,
+  EndpointTextJson,
+  endpointPartProblem,
+  QuerySemanticsJson
+} from "./Model.js"
+import { Count, ErrorBodyJson, nullable } from "./RelayApi.js"
+
+// ---------------------------------------------------------------------------------------------
+// Global consumer documents (§7)
+
+const modelNamespaceJson = Schema.String.pipe(
+  Schema.filter((value) => endpointPartProblem(value, "namespace")?.message ?? true)
+)
+
+/** Local block hashes as a router computed them (u64 decimal strings, or numbers ≤ 2^53). */
+export const BlockHashesJson = Schema.Array(U64)
+
+/** The index of the first element of `values` that is not a u32, or -1. */
+const firstNonU32 = (values: ReadonlyArray<unknown>): number => {
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i]
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > 0xffff_ffff) return i
+  }
+  return -1
+}
+
+/**
+ * A prompt's token ids, u32 each. One pass over the array rather than a schema per element:
+ * prompts run to many thousands of tokens and this sits on the query path.
+ */
+export const TokenIdsJson = Schema.declare(
+  (input: unknown): input is ReadonlyArray<number> => Array.isArray(input) && firstNonU32(input) < 0,
+  {
+    identifier: "TokenIds",
+    message: (issue) => {
+      const actual = issue.actual
+      if (!Array.isArray(actual)) return "tokens must be an array of u32 token ids"
+      const at = firstNonU32(actual)
+      return `tokens[${at}] is not a u32 token id: ${shown(actual[at])}`
+    }
+  }
+)
+
+/** The adapter whose blocks a token query asks for; absent, null or "" is the base model. */
+const LoraNameJson = Schema.optional(Schema.NullOr(Schema.String))
+
+const byModel = { namespace: modelNamespaceJson, model: CanonicalModelIdJson }
+const byDomain = { poolDomain: IndexerDomainJson }
+
+/** `POST /v1/overlap` forms (PROTOCOL §7): by model or by pool domain, by tokens or by local hashes. */
+export const ModelTokensOverlapJson = Schema.Struct({
+  ...byModel,
+  tokens: TokenIdsJson,
+  loraName: LoraNameJson
+})
+export const ModelLocalOverlapJson = Schema.Struct({ ...byModel, localBlockHashes: BlockHashesJson })
+export const DomainTokensOverlapJson = Schema.Struct({
+  ...byDomain,
+  tokens: TokenIdsJson,
+  loraName: LoraNameJson
+})
+export const DomainLocalOverlapJson = Schema.Struct({ ...byDomain, localBlockHashes: BlockHashesJson })
+
+/** `POST /v1/overlap/batch`: the queries, 1 to 256, each decoded on its own. */
+export const MAX_OVERLAP_BATCH = 256
+export const OverlapBatchJson = Schema.Struct({
+  queries: Schema.Array(Schema.Unknown).pipe(
+    Schema.filter(
+      (queries) =>
+        (queries.length >= 1 && queries.length <= MAX_OVERLAP_BATCH) ||
+        `queries must hold 1 to ${MAX_OVERLAP_BATCH} overlap bodies, got ${queries.length}`
+    )
+  )
+})
+
+export const OverlapResultJson = Schema.Struct({
+  relay: Schema.String,
+  lane: U32,
+  poolId: PoolIdJson,
+  servingEndpoint: EndpointIdJson,
+  prefixDepth: U32,
+  matchedTokens: Schema.Number
+})
+
+export const OverlapResponseJson = Schema.Struct({ results: Schema.Array(OverlapResultJson) })
+export type OverlapResponse = typeof OverlapResponseJson.Type
+
+export const OverlapBatchResponseJson = Schema.Struct({
+  results: Schema.Array(Schema.Array(OverlapResultJson)),
+  /** Per query: null, or the error the query would get from `POST /v1/overlap`. */
+  errors: Schema.Array(Schema.NullOr(ErrorBodyJson))
+})
+
+export const DomainLaneJson = Schema.Struct({
+  lane: U32,
+  relay: Schema.String,
+  poolId: PoolIdJson,
+  producer: ProducerIdentityJson,
+  servingEndpoint: EndpointIdJson,
+  ready: Schema.Boolean,
+  /** null while the lane is not ready. */
+  installedSequence: Schema.NullOr(U64)
+})
+
+/** A base model a domain serves (PROTOCOL §7 ◆3): its aliases and the adapters on it. */
+export const DomainModelJson = Schema.Struct({
+  namespace: Schema.String,
+  model: Schema.String,
+  aliases: Schema.Array(Schema.String),
+  adapters: Schema.Array(Schema.String)
+})
+
+/** One entry of `GET /v1/domains`. */
+export const DomainViewJson = Schema.Struct({
+  cacheSemantics: CacheSemanticsJson,
+  routingScope: RoutingScopeJson,
+  querySemantics: QuerySemanticsJson,
+  models: Schema.Array(DomainModelJson),
+  lanes: Schema.Array(DomainLaneJson)
+})
+
+export const DomainsResponseJson = Schema.Array(DomainViewJson)
+export type DomainsResponse = typeof DomainsResponseJson.Type
+
+// ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// Global consumer diagnostics (PROTOCOL §7)
+
+/** `GET /v1/health` of `kvrelay global`: 200 when some lane is ready, else 503. */
+export const GlobalHealthJson = Schema.Struct({
+  healthy: Schema.Boolean,
+  relays: Schema.Array(
+    Schema.Struct({
+      name: Schema.String,
+      url: Schema.String,
+      connected: Schema.Boolean,
+      /** Lanes of this relay's pools across the domains, and how many of them are ready. */
+      lanes: U32,
+      lanesReady: U32,
+      lastError: nullable(Schema.String)
+    })
+  )
+})
+export type GlobalHealth = typeof GlobalHealthJson.Type
+
+/** Latency in milliseconds: lifetime mean and max, quantiles over the most recent queries. */
+export const QueryLatencyJson = Schema.Struct({
+  meanMs: Schema.Number,
+  maxMs: Schema.Number,
+  p50Ms: Schema.Number,
+  p90Ms: Schema.Number,
+  p99Ms: Schema.Number,
+  recentSamples: Count
+})
+
+/** Queries of one route, by outcome (`ok`, `invalid`, `not_found`, `unavailable`, `error`). */
+export const QueryRouteStatsJson = Schema.Struct({
+  route: Schema.String,
+  count: Count,
+  outcomes: Schema.Record({ key: Schema.String, value: Count }),
+  latency: QueryLatencyJson
+})
+
+export const GlobalLaneStatsJson = Schema.Struct({
+  lane: U32,
+  domain: Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }),
+  poolId: PoolIdJson,
+  servingEndpoint: EndpointTextJson,
+  producerIncarnation: U64,
+  layoutGeneration: U64,
+  ready: Schema.Boolean,
+  installedSequence: nullable(U64),
+  snapshotsInstalled: Count,
+  deltasApplied: Count,
+  resubscribes: Count,
+  faults: Schema.Struct({ total: Count, byReason: Schema.Record({ key: Schema.String, value: Count }) }),
+  lastFault: nullable(Schema.String)
+})
+
+/** `GET /v1/stats` of `kvrelay global`. */
+export const GlobalStatsJson = Schema.Struct({
+  consumerInstance: U64,
+  subscriberId: Schema.String,
+  relays: Schema.Array(
+    Schema.Struct({
+      name: Schema.String,
+      url: Schema.String,
+      lane: U32,
+      connected: Schema.Boolean,
+      epochs: Count,
+      lastError: nullable(Schema.String),
+      dcName: nullable(Schema.String),
+      dcId: nullable(DcIdHex),
+      catalogRevision: nullable(U64),
+      lanes: Schema.Array(GlobalLaneStatsJson)
+    })
+  ),
+  queries: Schema.Array(QueryRouteStatsJson)
+})
+export type GlobalStats = typeof GlobalStatsJson.Type

@@ -1,0 +1,516 @@
+/**
+ * The relay's HTTP documents (PROTOCOL.md §5): catalog, relay info, health, the pool-stream
+ * subscribe request, error bodies, readiness, load windows, stats and the diagnostic snapshot.
+ */
+
+import { Either, ParseResult, Schema } from "effect"
+import { DcId, ProducerIdentity } from "../ckf/identity.js"
+import {
+  CkfFormatJson,
+  IdentitySourceJson,
+  MAX_BUCKET_COUNT,
+  POOL_IDENTITY_VERSION,
+  PoolIdJson,
+  ProducerIdentityJson,
+  validateDcName
+} from "./Identity.js"
+import { DcIdHex, failType, U32, U64, WorkerIdJson } from "./Json.js"
+import {
+  CanonicalModelIdJson,
+  type CatalogSnapshot,
+  type DcPoolDescriptor,
+  DcRelayIdentity,
+  EndpointId,
+  EndpointIdJson,
+  EndpointTextJson,
+  KvQuerySemantics,
+  makePoolDescriptor,
+  QuerySemanticsJson,
+  RegistrationJson,
+  type RelayInfo,
+  WORKER_TYPES,
+  WorkerRoleJson
+} from "./Model.js"
+import { utf8Length } from "./Text.js"
+
+// ---------------------------------------------------------------------------------------------
+// Relay documents (§5)
+
+const isPoolDescriptor = (u: unknown): u is DcPoolDescriptor =>
+  typeof u === "object" &&
+  u !== null &&
+  "producer" in u &&
+  u.producer instanceof ProducerIdentity &&
+  "servingEndpoint" in u &&
+  u.servingEndpoint instanceof EndpointId &&
+  "querySemantics" in u &&
+  u.querySemantics instanceof KvQuerySemantics &&
+  "registrations" in u &&
+  Array.isArray(u.registrations) &&
+  "poolRoles" in u &&
+  Array.isArray(u.poolRoles)
+
+export const PoolDescriptorJson = Schema.transformOrFail(
+  Schema.Struct({
+    producer: ProducerIdentityJson,
+    servingEndpoint: EndpointIdJson,
+    registrations: Schema.Array(RegistrationJson),
+    querySemantics: QuerySemanticsJson,
+    poolRoles: Schema.Array(WorkerRoleJson)
+  }),
+  Schema.declare(isPoolDescriptor, { identifier: "DcPoolDescriptor" }),
+  {
+    strict: true,
+    decode: (fields, _, ast, input) =>
+      Either.match(makePoolDescriptor(fields), {
+        onLeft: (error) => failType(ast, input, error.message),
+        onRight: ParseResult.succeed
+      }),
+    encode: (descriptor) => ParseResult.succeed(descriptor)
+  }
+)
+
+export const RelayIdentityJson = Schema.transform(
+  Schema.Struct({ drtInstanceId: U64, relayIncarnation: U64 }),
+  Schema.instanceOf(DcRelayIdentity),
+  {
+    strict: true,
+    decode: (fields) => new DcRelayIdentity(fields),
+    encode: (identity) => ({
+      drtInstanceId: identity.drtInstanceId,
+      relayIncarnation: identity.relayIncarnation
+    })
+  }
+).annotations({ identifier: "DcRelayIdentity" })
+
+export const PROTOCOL_VERSION = 1 as const
+
+const isCatalogSnapshot = (u: unknown): u is CatalogSnapshot =>
+  typeof u === "object" &&
+  u !== null &&
+  "relay" in u &&
+  u.relay instanceof DcRelayIdentity &&
+  "revision" in u &&
+  typeof u.revision === "bigint" &&
+  "pools" in u &&
+  Array.isArray(u.pools)
+
+/** `GET /v1/catalog`; the catalog is a map by PoolId, so a repeated pool is an error. */
+export const CatalogSnapshotJson = Schema.transformOrFail(
+  Schema.Struct({
+    protocolVersion: Schema.Literal(PROTOCOL_VERSION),
+    relay: RelayIdentityJson,
+    revision: U64,
+    pools: Schema.Array(PoolDescriptorJson)
+  }),
+  Schema.declare(isCatalogSnapshot, { identifier: "CatalogSnapshot" }),
+  {
+    strict: true,
+    decode: ({ relay, revision, pools }, _, ast, input) => {
+      const seen = new Set<string>()
+      for (const pool of pools) {
+        const key = pool.producer.poolId.key
+        if (seen.has(key))
+          return failType(ast, input, `pools lists pool ${pool.producer.poolId} more than once`)
+        seen.add(key)
+      }
+      return ParseResult.succeed({ relay, revision, pools })
+    },
+    encode: (catalog) =>
+      ParseResult.succeed({
+        protocolVersion: PROTOCOL_VERSION,
+        relay: catalog.relay,
+        revision: catalog.revision,
+        pools: catalog.pools
+      })
+  }
+)
+
+const DcNameJson = Schema.String.pipe(
+  Schema.filter((value) =>
+    Either.match(validateDcName(value), { onLeft: (e) => e.message, onRight: () => true })
+  )
+)
+
+const isRelayInfo = (u: unknown): u is RelayInfo =>
+  typeof u === "object" &&
+  u !== null &&
+  "relay" in u &&
+  u.relay instanceof DcRelayIdentity &&
+  "dcName" in u &&
+  typeof u.dcName === "string" &&
+  "dcId" in u &&
+  u.dcId instanceof DcId
+
+/** `GET /v1/relay`. */
+export const RelayInfoJson = Schema.transform(
+  Schema.Struct({
+    protocolVersion: Schema.Literal(PROTOCOL_VERSION),
+    relay: RelayIdentityJson,
+    dcName: DcNameJson,
+    dcId: DcIdHex
+  }),
+  Schema.declare(isRelayInfo, { identifier: "RelayInfo" }),
+  {
+    strict: true,
+    decode: ({ relay, dcName, dcId }) => ({ relay, dcName, dcId }),
+    encode: (info) => ({
+      protocolVersion: PROTOCOL_VERSION,
+      relay: info.relay,
+      dcName: info.dcName,
+      dcId: info.dcId
+    })
+  }
+)
+
+export const ERROR_REASONS = [
+  "INVALID_REQUEST",
+  "POOL_NOT_FOUND",
+  "PRODUCER_CHANGED",
+  "UNSUPPORTED_FEATURE",
+  "RESOURCE_LIMIT",
+  "PUBLICATION_UNAVAILABLE",
+  "INTERNAL",
+  "SUBSCRIBER_LAGGED",
+  // PROTOCOL §7 ◆3, on both servers: an unknown route, and a body over the server's limit.
+  "NOT_FOUND",
+  "BODY_TOO_LARGE",
+  // Global overlap answers (PROTOCOL §7 ◆3): a typo, an adapter never registered, an outage.
+  "MODEL_NOT_FOUND",
+  "ADAPTER_NOT_FOUND",
+  "NO_READY_LANE",
+  // A token file is configured and the request carries no accepted bearer token (PROTOCOL §1 ◆).
+  "UNAUTHORIZED",
+  // Terminal pool-stream frames only (relay-service §4.1); never an HTTP status body.
+  "INVALID_PUBLICATION",
+  "SNAPSHOT_PROGRESS_TIMEOUT"
+] as const
+export type ErrorReason = (typeof ERROR_REASONS)[number]
+
+/** Body of an HTTP error and payload of a terminal stream frame. */
+export const ErrorBodyJson = Schema.Struct({
+  reason: Schema.Literal(...ERROR_REASONS),
+  message: Schema.String
+})
+export type ErrorBody = typeof ErrorBodyJson.Type
+
+/** `discovery` of `GET /v1/health`: the backend's state and when it last changed (ISO-8601, UTC). */
+export const DiscoveryStatusJson = Schema.Struct({
+  state: Schema.Literal("live", "stale", "connecting"),
+  since: Schema.Date
+})
+
+/** `GET /v1/health`. */
+export const HealthJson = Schema.Struct({
+  healthy: Schema.Boolean,
+  shuttingDown: Schema.Boolean,
+  endpointCount: U32,
+  activeEndpointCount: U32,
+  fencedEndpointCount: U32,
+  sourcesRecovering: U32,
+  sourcesDegraded: U32,
+  sources: Schema.Struct({
+    expected: U32,
+    connecting: U32,
+    live: U32,
+    recovering: U32,
+    degraded: U32,
+    rejected: U32
+  }),
+  discovery: DiscoveryStatusJson
+})
+export type Health = typeof HealthJson.Type
+
+/** 1..=128 bytes of UTF-8 without control characters. */
+export const SubscriberIdJson = Schema.String.pipe(
+  Schema.filter((value) => {
+    const bytes = utf8Length(value)
+    if (bytes === 0 || bytes > 128) return `subscriberId must be 1..=128 bytes of UTF-8, got ${bytes}`
+    return (
+      !/\p{Cc}/u.test(value) || `subscriberId ${JSON.stringify(value)} must not contain control characters`
+    )
+  })
+).annotations({ identifier: "SubscriberId" })
+
+/** Body of `POST /v1/pools/subscribe`. */
+export const SubscribeRequestJson = Schema.Struct({
+  subscriberId: SubscriberIdJson,
+  expectedProducer: ProducerIdentityJson
+})
+export type SubscribeRequest = typeof SubscribeRequestJson.Type
+
+// ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// Relay HTTP documents (§5): unsupported producer keys, readiness, load, stats, snapshots
+
+const isJsonObject = (u: unknown): u is Readonly<Record<string, unknown>> =>
+  typeof u === "object" && u !== null && !Array.isArray(u)
+
+const KNOWN_IDENTITY_SOURCES: ReadonlyArray<unknown> = IdentitySourceJson.literals
+
+/**
+ * Why a raw `ProducerIdentity` names a feature this relay does not implement (relay-service
+ * §4.6 `is_unsupported`): a non-zero unknown identity or format version, fingerprint width or
+ * slot count, an unknown identity source, or a bucket count above the CBI1 maximum. Zero and
+ * ill-typed values are malformed, not unsupported; `undefined` when nothing is unsupported.
+ */
+export const unsupportedProducerFeature = (input: unknown): string | undefined => {
+  if (!isJsonObject(input)) return undefined
+  const unsupported = (path: string, value: unknown, expected: string) =>
+    `${path} ${JSON.stringify(value)} is not supported by this relay (expected ${expected})`
+  const poolId = input["poolId"]
+  if (isJsonObject(poolId)) {
+    const version = poolId["identityVersion"]
+    if (typeof version === "number" && version !== 0 && version !== POOL_IDENTITY_VERSION)
+      return unsupported("poolId.identityVersion", version, String(POOL_IDENTITY_VERSION))
+    for (const field of ["cacheSemantics", "routingScope"] as const) {
+      const digest = poolId[field]
+      const source = isJsonObject(digest) ? digest["source"] : undefined
+      if (typeof source === "string" && source !== "" && !KNOWN_IDENTITY_SOURCES.includes(source))
+        return unsupported(`poolId.${field}.source`, source, '"default_derived" or "explicit"')
+    }
+  }
+  const format = input["format"]
+  if (isJsonObject(format)) {
+    const fixed = [
+      ["formatVersion", 1],
+      ["fingerprintBits", 16],
+      ["slotsPerBucket", 4]
+    ] as const
+    for (const [field, expected] of fixed) {
+      const value = format[field]
+      if (typeof value === "number" && value !== 0 && value !== expected)
+        return unsupported(`format.${field}`, value, String(expected))
+    }
+    const buckets = format["bucketCount"]
+    if (typeof buckets === "number" && Number.isInteger(buckets) && buckets > MAX_BUCKET_COUNT)
+      return unsupported("format.bucketCount", buckets, `at most ${MAX_BUCKET_COUNT}`)
+  }
+  return undefined
+}
+
+/** `UNKNOWN` is a valid state: the relay has no authoritative availability for the group yet. */
+export const READINESS_STATES = ["READY", "UNAVAILABLE", "UNKNOWN"] as const
+export const ReadinessStateJson = Schema.Literal(...READINESS_STATES)
+
+/** A role a worker card can declare (no `legacy`): the evaluator's present and missing roles. */
+export const WorkerTypeRoleJson = Schema.Literal(...WORKER_TYPES)
+
+export const TopologyMemberJson = Schema.Struct({
+  endpoint: EndpointIdJson,
+  roles: Schema.Array(WorkerRoleJson),
+  /** Present only when the endpoint's pool generation matches its current membership. */
+  poolId: Schema.optional(PoolIdJson)
+})
+
+export const AdapterReadinessJson = Schema.Struct({
+  canonicalModelId: CanonicalModelIdJson,
+  state: ReadinessStateJson,
+  missingRoles: Schema.Array(WorkerTypeRoleJson)
+})
+
+export const TopologyEntryJson = Schema.Struct({
+  namespace: Schema.String,
+  canonicalModelId: CanonicalModelIdJson,
+  state: ReadinessStateJson,
+  presentRoles: Schema.Array(WorkerTypeRoleJson),
+  missingRoles: Schema.Array(WorkerTypeRoleJson),
+  members: Schema.Array(TopologyMemberJson),
+  /** Only `prefill` / `decode` (relay-service §11: consumers reject any other role here). */
+  duplicateRoleEndpoints: Schema.Array(Schema.Literal("prefill", "decode")),
+  legacyFallbackActive: Schema.Boolean,
+  adapters: Schema.Array(AdapterReadinessJson)
+})
+export type TopologyEntryDocument = typeof TopologyEntryJson.Type
+
+/** `GET /v1/readiness` and every `event: readiness` of `/v1/readiness/watch`. */
+export const ReadinessJson = Schema.Struct({
+  revision: U64,
+  entries: Schema.Array(TopologyEntryJson)
+})
+export type ReadinessDocument = typeof ReadinessJson.Type
+
+/** One pool of a load window; unknown sums are sent as 0 (observed < expected marks them). */
+export const LoadPoolJson = Schema.Struct({
+  producer: ProducerIdentityJson,
+  kvUsedBlocks: U64,
+  totalKvBlocks: U64,
+  kvObservedRanks: U32,
+  kvExpectedRanks: U32
+})
+
+/** Every `event: load` of `/v1/load/watch`. */
+export const LoadWindowJson = Schema.Struct({
+  windowSequence: U64,
+  observedMs: U64,
+  windowMs: U64,
+  pools: Schema.Array(LoadPoolJson)
+})
+export type LoadWindowDocument = typeof LoadWindowJson.Type
+
+/** `undefined` in the domain value, `null` in JSON. */
+export const nullable = <A, I>(schema: Schema.Schema<A, I, never>) =>
+  Schema.transform(Schema.NullOr(schema), Schema.UndefinedOr(Schema.typeSchema(schema)), {
+    strict: true,
+    decode: (value) => value ?? undefined,
+    encode: (value) => value ?? null
+  })
+
+export const Count = Schema.Number
+
+export const SLOT_LIFECYCLES = [
+  "discovered",
+  "starting",
+  "active",
+  "draining",
+  "fenced",
+  "lightweight"
+] as const
+
+export const EndpointStatsJson = Schema.Struct({
+  servingEndpoint: EndpointTextJson,
+  lifecycle: Schema.Literal(...SLOT_LIFECYCLES),
+  layoutGeneration: U64,
+  membershipConflicts: Schema.Array(Schema.String),
+  models: Schema.Array(Schema.String),
+  aliases: Schema.Array(Schema.String),
+  roles: Schema.Array(Schema.String),
+  aggregation: nullable(
+    Schema.Struct({
+      members: Schema.Array(Schema.Struct({ workerId: WorkerIdJson, dpRank: U32, blocks: Count })),
+      contributionCount: Count,
+      uniqueBlockCount: Count,
+      unknownRemovals: Count,
+      capacityFailures: Count,
+      parentNotFound: Count,
+      unanchoredRemovals: Count,
+      occupiedBucketCount: Count,
+      occupiedSlotCount: Count
+    })
+  ),
+  publication: nullable(
+    Schema.Struct({
+      sequence: U64,
+      pendingEvents: Count,
+      emittedImages: Count,
+      publicationCount: Count,
+      unchangedPublicationCount: Count,
+      physicalTouches: Count,
+      distinctTouchedBuckets: Count,
+      netRevertedBuckets: Count
+    })
+  ),
+  memory: nullable(
+    Schema.Struct({
+      filterBytes: Count,
+      dirtyTrackingBytes: Count,
+      ownershipBytes: Count,
+      lineageEntries: Count,
+      lineageBytes: Count,
+      memberSetCapacity: Count,
+      refcountCapacity: Count,
+      insertionScratchCapacity: Count
+    })
+  ),
+  recovery: Schema.Struct({
+    degradedResets: Count,
+    rebuildCount: Count,
+    rebuildTotalMs: Count,
+    rebuildMaxMs: Count,
+    workerCount: Count,
+    rankCount: Count,
+    recoveringRankCount: Count,
+    pendingLiveEventCount: Count,
+    sourcesRecovering: Count,
+    sourcesDegraded: Count,
+    sources: Schema.Array(
+      Schema.Struct({
+        workerId: Schema.String,
+        dpRank: Count,
+        publisherId: U64,
+        state: Schema.Literal("live", "recovering", "degraded")
+      })
+    )
+  }),
+  actor: nullable(
+    Schema.Struct({
+      mailboxDepth: Count,
+      mailboxCapacity: Count,
+      activeCommand: nullable(Schema.String),
+      shuttingDown: Schema.Boolean,
+      lastError: nullable(Schema.String)
+    })
+  ),
+  ingest: Schema.Struct({
+    events: Count,
+    blocks: Count,
+    malformed: Count,
+    gaps: Count,
+    recoveries: Count,
+    malformedByReason: Schema.Record({ key: Schema.String, value: Count }),
+    skipped: Schema.Struct({ medium: Count, locality: Count, ownership: Count, group: Count }),
+    stale: Count,
+    restarts: Count,
+    unanchored: Count
+  }),
+  sources: Schema.Array(
+    Schema.Struct({
+      workerId: WorkerIdJson,
+      dpRank: U32,
+      publisherId: U64,
+      transportEndpoint: Schema.String,
+      state: Schema.Literal("connecting", "live", "recovering", "degraded", "rejected"),
+      since: Schema.Date,
+      history: Schema.Literal("complete", "partial"),
+      reason: Schema.optional(Schema.String)
+    })
+  )
+})
+
+/** `GET /v1/stats`. */
+export const RelayStatsJson = Schema.Struct({
+  identity: Schema.Struct({
+    dcName: Schema.String,
+    dcId: DcIdHex,
+    drtInstanceId: U64,
+    relayIncarnation: U64
+  }),
+  endpoints: Schema.Array(EndpointStatsJson)
+})
+
+/** `[lo, hi]` u32 pairs ↔ base64 of the little-endian u64 words. */
+export const BucketWordsBase64 = Schema.transformOrFail(
+  Schema.Uint8ArrayFromBase64,
+  Schema.declare((u): u is Uint32Array => u instanceof Uint32Array, { identifier: "Uint32Array" }),
+  {
+    strict: true,
+    decode: (bytes, _, ast) => {
+      if (bytes.length % 8 !== 0)
+        return failType(ast, bytes, `buckets must be whole u64 words, got ${bytes.length} bytes`)
+      const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+      const words = new Uint32Array(bytes.length / 4)
+      for (let i = 0; i < words.length; i++) words[i] = view.getUint32(4 * i, true)
+      return ParseResult.succeed(words)
+    },
+    encode: (words) => {
+      const bytes = new Uint8Array(words.length * 4)
+      const view = new DataView(bytes.buffer)
+      for (let i = 0; i < words.length; i++) view.setUint32(4 * i, words[i]!, true)
+      return ParseResult.succeed(bytes)
+    }
+  }
+).annotations({ identifier: "BucketWords" })
+
+/** `GET /v1/endpoints/{ns.component.endpoint}/snapshot`. */
+export const DiagnosticSnapshotJson = Schema.Struct({
+  layoutGeneration: U64,
+  sequence: U64,
+  memberCount: Count,
+  uniqueBlockCount: Count,
+  format: CkfFormatJson,
+  buckets: BucketWordsBase64
+})
+export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type
+
+// ---------------------------------------------------------------------------------------------
