@@ -3,6 +3,11 @@
  * health and stats.
  */
 
+import * as HttpApi from "@effect/platform/HttpApi"
+import * as HttpApiEndpoint from "@effect/platform/HttpApiEndpoint"
+import * as HttpApiGroup from "@effect/platform/HttpApiGroup"
+import * as HttpApiSchema from "@effect/platform/HttpApiSchema"
+import * as OpenApi from "@effect/platform/OpenApi"
 import { Schema } from "effect"
 import {
   CacheSemanticsJson,
@@ -20,7 +25,8 @@ import {
   endpointPartProblem,
   QuerySemanticsJson
 } from "./Model.js"
-import { Count, ErrorBodyJson, nullable } from "./RelayApi.js"
+import { Count, ErrorBodyJson, errorWith, nullable } from "./RelayApi.js"
+import { openApiDocument } from "./Routes.js"
 
 // ---------------------------------------------------------------------------------------------
 // Global consumer documents (§7)
@@ -49,6 +55,7 @@ export const TokenIdsJson = Schema.declare(
   (input: unknown): input is ReadonlyArray<number> => Array.isArray(input) && firstNonU32(input) < 0,
   {
     identifier: "TokenIds",
+    jsonSchema: { type: "array", items: { type: "integer", minimum: 0, maximum: 0xffff_ffff } },
     message: (issue) => {
       const actual = issue.actual
       if (!Array.isArray(actual)) return "tokens must be an array of u32 token ids"
@@ -81,7 +88,9 @@ export const DomainLocalOverlapJson = Schema.Struct({ ...byDomain, localBlockHas
 /** `POST /v1/overlap/batch`: the queries, 1 to 256, each decoded on its own. */
 export const MAX_OVERLAP_BATCH = 256
 export const OverlapBatchJson = Schema.Struct({
-  queries: Schema.Array(Schema.Unknown).pipe(
+  queries: Schema.Array(
+    Schema.Unknown.annotations({ description: "an overlap body, as POST /v1/overlap takes it" })
+  ).pipe(
     Schema.filter(
       (queries) =>
         (queries.length >= 1 && queries.length <= MAX_OVERLAP_BATCH) ||
@@ -216,3 +225,84 @@ export const GlobalStatsJson = Schema.Struct({
   queries: Schema.Array(QueryRouteStatsJson)
 })
 export type GlobalStats = typeof GlobalStatsJson.Type
+
+// ---------------------------------------------------------------------------------------------
+// The routes (§7)
+
+/** `POST /v1/overlap`: by model or by pool domain, by tokens or by local block hashes. */
+export const OverlapRequestJson = Schema.Union(
+  ModelTokensOverlapJson,
+  ModelLocalOverlapJson,
+  DomainTokensOverlapJson,
+  DomainLocalOverlapJson
+)
+
+/**
+ * The global consumer's routes as one declaration (see `RelayHttpApi`): the server routes by it
+ * (`consumer/http`) and serves it at `GET /v1/openapi.json`. Every route but `GET /healthz`
+ * answers 401 `UNAUTHORIZED` when the consumer requires a bearer token; an unknown path 404
+ * `NOT_FOUND`, a known path asked with another method 405 with `Allow`.
+ */
+export const GlobalHttpApi = HttpApi.make("global")
+  .add(
+    HttpApiGroup.make("global", { topLevel: true })
+      .add(
+        HttpApiEndpoint.get("statusPage", "/")
+          .addSuccess(HttpApiSchema.Text({ contentType: "text/html" }))
+          .annotate(OpenApi.Summary, "The status page (HTML)")
+      )
+      .add(
+        HttpApiEndpoint.get("healthz", "/healthz")
+          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
+          .annotate(OpenApi.Summary, "Liveness: `ok` while the process serves")
+      )
+      .add(
+        HttpApiEndpoint.get("metrics", "/metrics")
+          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
+          .addError(...errorWith(500))
+          .annotate(OpenApi.Summary, "Prometheus exposition")
+      )
+      .add(
+        HttpApiEndpoint.get("domains", "/v1/domains")
+          .addSuccess(DomainsResponseJson)
+          .addError(...errorWith(500))
+          .annotate(OpenApi.Summary, "The indexer domains, their models and lanes")
+      )
+      .add(
+        HttpApiEndpoint.post("overlap", "/v1/overlap")
+          .setPayload(OverlapRequestJson)
+          .addSuccess(OverlapResponseJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(404))
+          .addError(...errorWith(413))
+          .addError(...errorWith(503))
+          .annotate(OpenApi.Summary, "The cached prefix depth of a prompt per DC pool")
+      )
+      .add(
+        HttpApiEndpoint.post("overlapBatch", "/v1/overlap/batch")
+          .setPayload(OverlapBatchJson)
+          .addSuccess(OverlapBatchResponseJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(413))
+          .annotate(OpenApi.Summary, "Up to 256 overlap queries, each answered or failed on its own")
+      )
+      .add(
+        HttpApiEndpoint.get("health", "/v1/health")
+          .addSuccess(GlobalHealthJson)
+          .addError(GlobalHealthJson, { status: 503 })
+          .annotate(OpenApi.Summary, "Health; 503 with the same document when unhealthy")
+      )
+      .add(HttpApiEndpoint.get("stats", "/v1/stats").addSuccess(GlobalStatsJson))
+      .add(
+        HttpApiEndpoint.get("openApi", "/v1/openapi.json")
+          .addSuccess(Schema.Unknown)
+          .annotate(OpenApi.Summary, "This document")
+      )
+  )
+  .addError(...errorWith(401))
+  .annotate(OpenApi.Title, "kvrelay global")
+  .annotate(OpenApi.Version, "1")
+  .annotate(OpenApi.Description, "The global consumer's HTTP API (PROTOCOL.md §7).")
+
+/** `GET /v1/openapi.json`: the routes above as an OpenAPI 3.1 document. */
+export const globalOpenApi = (): OpenApi.OpenAPISpec => openApiDocument(GlobalHttpApi)

@@ -3,6 +3,11 @@
  * subscribe request, error bodies, readiness, load windows, stats and the diagnostic snapshot.
  */
 
+import * as HttpApi from "@effect/platform/HttpApi"
+import * as HttpApiEndpoint from "@effect/platform/HttpApiEndpoint"
+import * as HttpApiGroup from "@effect/platform/HttpApiGroup"
+import * as HttpApiSchema from "@effect/platform/HttpApiSchema"
+import * as OpenApi from "@effect/platform/OpenApi"
 import { Either, ParseResult, Schema } from "effect"
 import { DcId, ProducerIdentity } from "../ckf/identity.js"
 import {
@@ -31,6 +36,8 @@ import {
   WORKER_TYPES,
   WorkerRoleJson
 } from "./Model.js"
+import { POOL_STREAM_CONTENT_TYPE } from "./PoolStream.js"
+import { openApiDocument } from "./Routes.js"
 import { utf8Length } from "./Text.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -191,7 +198,7 @@ export type ErrorReason = (typeof ERROR_REASONS)[number]
 export const ErrorBodyJson = Schema.Struct({
   reason: Schema.Literal(...ERROR_REASONS),
   message: Schema.String
-})
+}).annotations({ identifier: "ErrorBody" })
 export type ErrorBody = typeof ErrorBodyJson.Type
 
 /** `discovery` of `GET /v1/health`: the backend's state and when it last changed (ISO-8601, UTC). */
@@ -514,3 +521,129 @@ export const DiagnosticSnapshotJson = Schema.Struct({
 export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type
 
 // ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// The routes (§5)
+
+/** The `{reason, message}` body of an error sent with `status`, for an endpoint's `addError`. */
+export const errorWith = (status: number) => [ErrorBodyJson, { status }] as const
+
+/** Server-sent events (`text/event-stream`); the events' data are the documents named per route. */
+export const SseBody = HttpApiSchema.Text({ contentType: "text/event-stream" })
+
+/** `?subscriber=ID`: who asks (logged with the stream); required by the catalog watch only. */
+const subscriberParam = Schema.Struct({ subscriber: SubscriberIdJson })
+const optionalSubscriberParam = Schema.Struct({ subscriber: Schema.optional(SubscriberIdJson) })
+
+/**
+ * The relay's routes as one declaration: method, path, the documents each takes and answers, and
+ * the statuses of its `{reason, message}` errors. The server routes by it (`relay/http`), and
+ * `GET /v1/openapi.json` serves it as an OpenAPI document. Every route but `GET /healthz` answers
+ * 401 `UNAUTHORIZED` when the relay requires a bearer token. An unknown path answers 404
+ * `NOT_FOUND`, a known path asked with another method 405 with `Allow`.
+ */
+export const RelayHttpApi = HttpApi.make("relay")
+  .add(
+    HttpApiGroup.make("relay", { topLevel: true })
+      .add(
+        HttpApiEndpoint.get("statusPage", "/")
+          .addSuccess(HttpApiSchema.Text({ contentType: "text/html" }))
+          .annotate(OpenApi.Summary, "The status page (HTML)")
+      )
+      .add(
+        HttpApiEndpoint.get("healthz", "/healthz")
+          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
+          .annotate(OpenApi.Summary, "Liveness: `ok` while the process serves")
+      )
+      .add(
+        HttpApiEndpoint.get("health", "/v1/health")
+          .addSuccess(HealthJson)
+          .addError(HealthJson, { status: 503 })
+          .annotate(OpenApi.Summary, "Health; 503 with the same document when unhealthy")
+      )
+      .add(HttpApiEndpoint.get("relayInfo", "/v1/relay").addSuccess(RelayInfoJson))
+      .add(HttpApiEndpoint.get("catalog", "/v1/catalog").addSuccess(CatalogSnapshotJson))
+      .add(
+        HttpApiEndpoint.get("catalogWatch", "/v1/catalog/watch")
+          .setUrlParams(subscriberParam)
+          .addSuccess(SseBody)
+          .addError(...errorWith(400))
+          .addError(...errorWith(429))
+          .annotate(OpenApi.Summary, "`catalog` events (a catalog document each) and `: heartbeat` comments")
+      )
+      .add(
+        HttpApiEndpoint.post("poolSubscribe", "/v1/pools/subscribe")
+          .setPayload(SubscribeRequestJson)
+          .addSuccess(HttpApiSchema.Uint8Array({ contentType: POOL_STREAM_CONTENT_TYPE }))
+          .addError(...errorWith(400))
+          .addError(...errorWith(404))
+          .addError(...errorWith(409))
+          .addError(...errorWith(413))
+          .addError(...errorWith(422))
+          .addError(...errorWith(429))
+          .addError(...errorWith(503))
+          .annotate(OpenApi.Summary, "A pool stream: CBI1 snapshot chunks, then deltas (PROTOCOL §5, §6)")
+      )
+      .add(HttpApiEndpoint.get("readiness", "/v1/readiness").addSuccess(ReadinessJson))
+      .add(
+        HttpApiEndpoint.get("readinessWatch", "/v1/readiness/watch")
+          .setUrlParams(optionalSubscriberParam)
+          .addSuccess(SseBody)
+          .addError(...errorWith(400))
+          .addError(...errorWith(429))
+          .annotate(OpenApi.Summary, "`readiness` events (a readiness document each)")
+      )
+      .add(
+        HttpApiEndpoint.get("loadWatch", "/v1/load/watch")
+          .setUrlParams(optionalSubscriberParam)
+          .addSuccess(SseBody)
+          .addError(...errorWith(400))
+          .addError(...errorWith(429))
+          .addError(...errorWith(503))
+          .annotate(
+            OpenApi.Summary,
+            "`load` events (a load window each); an `error` event ends a lagged stream"
+          )
+      )
+      .add(
+        HttpApiEndpoint.get("stats", "/v1/stats")
+          .addSuccess(RelayStatsJson)
+          .addError(...errorWith(500))
+      )
+      .add(
+        HttpApiEndpoint.get("endpointSnapshot", "/v1/endpoints/:endpoint/snapshot")
+          .setPath(Schema.Struct({ endpoint: Schema.String }))
+          .addSuccess(DiagnosticSnapshotJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(404))
+          .addError(...errorWith(429))
+          .addError(...errorWith(503))
+          .annotate(OpenApi.Summary, "A serving endpoint's filter words at a barrier (diagnostics)")
+      )
+      .add(
+        HttpApiEndpoint.post("flush", "/v1/flush")
+          .addSuccess(HttpApiSchema.NoContent)
+          .addError(...errorWith(404))
+          .addError(...errorWith(503))
+          .annotate(OpenApi.Summary, "Publish every pool's pending changes now")
+      )
+      .add(
+        HttpApiEndpoint.get("metrics", "/metrics")
+          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
+          .addError(...errorWith(500))
+          .annotate(OpenApi.Summary, "Prometheus exposition")
+      )
+      .add(
+        HttpApiEndpoint.get("openApi", "/v1/openapi.json")
+          .addSuccess(Schema.Unknown)
+
+          .annotate(OpenApi.Summary, "This document")
+      )
+  )
+  .addError(...errorWith(401))
+  .annotate(OpenApi.Title, "kvrelay relay")
+  .annotate(OpenApi.Version, "1")
+  .annotate(OpenApi.Description, "The relay's HTTP API (PROTOCOL.md §5).")
+
+/** `GET /v1/openapi.json`: the routes above as an OpenAPI 3.1 document. */
+export const relayOpenApi = (): OpenApi.OpenAPISpec => openApiDocument(RelayHttpApi)

@@ -31,9 +31,10 @@ import {
   noRouteMessage
 } from "../../http/ErrorText.js"
 import type { ServerTlsOptions } from "../../http/Tls.js"
-import { DomainsResponseJson } from "../../protocol/GlobalApi.js"
+import { DomainsResponseJson, GlobalHttpApi, globalOpenApi } from "../../protocol/GlobalApi.js"
 import { encodeJson } from "../../protocol/Json.js"
 import type { ErrorReason } from "../../protocol/RelayApi.js"
+import { type RouteName, routesOf } from "../../protocol/Routes.js"
 import type { GlobalConsumer } from "../GlobalConsumer.js"
 import { GlobalView } from "../GlobalView.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
@@ -221,30 +222,61 @@ const traced =
       )
     )
 
-/** The API as a router; needs the consumer and its view. */
+type Method = "GET" | "POST"
+
+/** The routes whose requests `GlobalDiagnostics` times and counts. */
+const QUERY_ROUTES: ReadonlySet<string> = new Set(["overlap", "overlapBatch"])
+
+/** `GET /v1/openapi.json`, rendered once. */
+let openApiText: string | undefined
+const openApi = Effect.sync(() => {
+  openApiText ??= JSON.stringify(globalOpenApi())
+  return HttpServerResponse.text(openApiText, { contentType: JSON_TYPE })
+})
+
+/** The API as a router, one route per endpoint `GlobalHttpApi` declares; needs the consumer and its view. */
 export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
   const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES
-  return HttpRouter.empty.pipe(
-    HttpRouter.all("/", traced("/")(only("GET", Effect.sync(GlobalStatusPage.response)))),
-    HttpRouter.all("/healthz", traced("/healthz")(only("GET", healthz))),
-    HttpRouter.all("/metrics", traced("/metrics")(only("GET", metrics))),
-    HttpRouter.all("/v1/domains", traced("/v1/domains")(only("GET", domains))),
-    HttpRouter.all(
-      "/v1/overlap",
-      traced("/v1/overlap")(GlobalDiagnostics.timedQuery("/v1/overlap")(only("POST", overlap(maxBodyBytes))))
-    ),
-    HttpRouter.all(
-      "/v1/overlap/batch",
-      traced("/v1/overlap/batch")(
-        GlobalDiagnostics.timedQuery("/v1/overlap/batch")(only("POST", overlapBatch(maxBodyBytes)))
-      )
-    ),
-    HttpRouter.all("/v1/health", traced("/v1/health")(only("GET", GlobalDiagnostics.health))),
-    HttpRouter.all("/v1/stats", traced("/v1/stats")(only("GET", GlobalDiagnostics.stats))),
-    Effect.catchTag("RouteNotFound", (error) =>
-      Effect.succeed(errorResponse(404, "NOT_FOUND", noRouteMessage(error.request.method, error.request.url)))
+  type Handler = Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    never,
+    GlobalView | GlobalConsumer | GlobalDiagnostics.GlobalDiagnostics | HttpServerRequest.HttpServerRequest
+  >
+  const handlers: { readonly [Name in RouteName<typeof GlobalHttpApi>]: Handler } = {
+    statusPage: Effect.sync(GlobalStatusPage.response),
+    healthz,
+    metrics,
+    domains,
+    overlap: overlap(maxBodyBytes),
+    overlapBatch: overlapBatch(maxBodyBytes),
+    health: GlobalDiagnostics.health,
+    stats: GlobalDiagnostics.stats,
+    openApi
+  }
+  return routesOf(GlobalHttpApi)
+    .reduce(
+      (router, route) =>
+        HttpRouter.all(
+          router,
+          route.path as HttpRouter.PathInput,
+          traced(route.template)(
+            // The query routes' latency and outcome counts include their 405s.
+            QUERY_ROUTES.has(route.name)
+              ? GlobalDiagnostics.timedQuery(route.template)(
+                  only(route.method as Method, handlers[route.name])
+                )
+              : only(route.method as Method, handlers[route.name])
+          )
+        ),
+      HttpRouter.empty as HttpRouter.HttpRouter<never, Effect.Effect.Context<Handler>>
     )
-  )
+    .pipe(
+      Effect.catchTag("RouteNotFound", (error) =>
+        Effect.succeed(
+          errorResponse(404, "NOT_FOUND", noRouteMessage(error.request.method, error.request.url))
+        )
+      )
+    )
 }
 
 /** Serves the API on an existing `HttpServer`. */

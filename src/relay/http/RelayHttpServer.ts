@@ -73,12 +73,15 @@ import {
   type LoadWindowDocument,
   LoadWindowJson,
   ReadinessJson,
+  RelayHttpApi,
   RelayInfoJson,
   RelayStatsJson,
+  relayOpenApi,
   SubscribeRequestJson,
   SubscriberIdJson,
   unsupportedProducerFeature
 } from "../../protocol/RelayApi.js"
+import { type RouteName, routesOf } from "../../protocol/Routes.js"
 import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
 import type { KvDcRelayError } from "../errors.js"
 import * as LoadWindows from "../LoadWindows.js"
@@ -1032,43 +1035,48 @@ const metrics: Handler = (ctx) =>
 
 type Method = "GET" | "POST"
 
-interface Route {
+interface RouteEntry {
   readonly template: string
   readonly match: (path: string) => ReadonlyArray<string> | undefined
   readonly methods: Partial<Record<Method, Handler>>
 }
 
-const exact = (path: string, methods: Partial<Record<Method, Handler>>): Route => ({
-  template: path,
-  match: (candidate) => (candidate === path ? [] : undefined),
-  methods
-})
+/** `GET /v1/openapi.json`, rendered once. */
+let openApiText: string | undefined
+const openApi: Handler = () =>
+  Effect.sync(() => {
+    openApiText ??= JSON.stringify(relayOpenApi())
+    return HttpServerResponse.text(openApiText, { contentType: JSON_CONTENT_TYPE })
+  })
 
-const ENDPOINT_SNAPSHOT = /^\/v1\/endpoints\/([^/]+)\/snapshot$/
+/** The handler of each route `RelayHttpApi` declares. */
+const HANDLERS: { readonly [Name in RouteName<typeof RelayHttpApi>]: Handler } = {
+  statusPage: () => Effect.sync(RelayStatusPage.response),
+  healthz,
+  health,
+  relayInfo,
+  catalog,
+  catalogWatch,
+  poolSubscribe,
+  readiness,
+  readinessWatch,
+  loadWatch,
+  stats,
+  endpointSnapshot,
+  flush,
+  metrics,
+  openApi
+}
 
-const ROUTES: ReadonlyArray<Route> = [
-  exact("/", { GET: () => Effect.sync(RelayStatusPage.response) }),
-  exact("/healthz", { GET: healthz }),
-  exact("/v1/health", { GET: health }),
-  exact("/v1/relay", { GET: relayInfo }),
-  exact("/v1/catalog", { GET: catalog }),
-  exact("/v1/catalog/watch", { GET: catalogWatch }),
-  exact("/v1/pools/subscribe", { POST: poolSubscribe }),
-  exact("/v1/readiness", { GET: readiness }),
-  exact("/v1/readiness/watch", { GET: readinessWatch }),
-  exact("/v1/load/watch", { GET: loadWatch }),
-  exact("/v1/stats", { GET: stats }),
-  {
-    template: "/v1/endpoints/{endpoint}/snapshot",
-    match: (candidate) => {
-      const found = ENDPOINT_SNAPSHOT.exec(candidate)
-      return found === null ? undefined : [found[1]!]
-    },
-    methods: { GET: endpointSnapshot }
-  },
-  exact("/v1/flush", { POST: flush }),
-  exact("/metrics", { GET: metrics })
-]
+/** The routes by path, in the order `RelayHttpApi` declares them. */
+const ROUTES: ReadonlyArray<RouteEntry> = routesOf(RelayHttpApi).reduce<Array<RouteEntry>>((table, route) => {
+  const handler = HANDLERS[route.name]
+  const known = table.find((entry) => entry.template === route.template)
+  if (known === undefined)
+    table.push({ template: route.template, match: route.match, methods: { [route.method]: handler } })
+  else (known.methods as Record<string, Handler>)[route.method] = handler
+  return table
+}, [])
 
 const dispatch = (
   ctx: ServerContext
@@ -1093,7 +1101,7 @@ const dispatch = (
     const queryAt = request.url.indexOf("?")
     const path = queryAt < 0 ? request.url : request.url.slice(0, queryAt)
     const query = new URLSearchParams(queryAt < 0 ? "" : request.url.slice(queryAt + 1))
-    let route: Route | undefined
+    let route: RouteEntry | undefined
     let params: ReadonlyArray<string> = []
     for (const candidate of ROUTES) {
       const matched = candidate.match(path)

@@ -3,6 +3,7 @@
  * the consumer fed by scripted in-memory relays: routes, JSON shapes, and every error status.
  */
 
+import SwaggerParser from "@apidevtools/swagger-parser"
 import * as HttpServer from "@effect/platform/HttpServer"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Logger, LogLevel, type Scope } from "effect"
@@ -10,6 +11,7 @@ import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
 import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
 import { GlobalView, make as makeView } from "../../../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../../../src/consumer/http/GlobalHttpServer.js"
+import { globalOpenApi } from "../../../src/protocol/GlobalApi.js"
 import { eventually } from "../consumerHarness.js"
 import { type FakePool, FakeRelay, fakeConnector } from "../fakeRelay.js"
 
@@ -108,6 +110,25 @@ describe("GlobalHttpServer", () => {
       expect(metrics.headers.get("content-type")).toMatch(/^text\/plain/)
       expect(metrics.text).toMatch(/^# TYPE kvrelay_global_domains gauge$/m)
       expect(metrics.text).toMatch(/kvrelay_global_lanes\{relay="a",state="ready"\} 1/)
+    })
+  )
+
+  live("GET /v1/openapi.json serves the routes' OpenAPI document, which validates", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const reply = yield* call(url, "/v1/openapi.json")
+      expect(reply.status).toBe(200)
+      expect(reply.headers.get("content-type")).toBe("application/json")
+      // Byte for byte the document as rendered.
+      expect(reply.text).toBe(JSON.stringify(globalOpenApi()))
+      yield* Effect.promise(() => SwaggerParser.validate(reply.json as never))
+      for (const path of Object.keys((reply.json as { paths: object }).paths)) {
+        const probe = yield* call(url, path)
+        expect([
+          path,
+          probe.status === 404 && (probe.json as { reason?: string }).reason === "NOT_FOUND"
+        ]).toEqual([path, false])
+      }
     })
   )
 

@@ -3,6 +3,7 @@
  * status, the JSON shapes, and the binary pool stream decoded with the frame decoder and CBI1.
  */
 
+import SwaggerParser from "@apidevtools/swagger-parser"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Exit, Logger, LogLevel, Option, Ref, Scope, Stream, SubscriptionRef } from "effect"
 import { Cbi1SnapshotAssembler, decodeCbi1 } from "../../../src/ckf/cbi1.js"
@@ -27,7 +28,8 @@ import {
   LoadWindowJson,
   ReadinessJson,
   RelayInfoJson,
-  RelayStatsJson
+  RelayStatsJson,
+  relayOpenApi
 } from "../../../src/protocol/RelayApi.js"
 import * as RelayHttpServer from "../../../src/relay/http/RelayHttpServer.js"
 import * as LoadWindows from "../../../src/relay/LoadWindows.js"
@@ -77,6 +79,23 @@ describe("RelayHttpServer: plain routes", () => {
       const { server } = yield* setup()
       expect(server.port).toBeGreaterThan(0)
       expect(server.url).toBe(`http://127.0.0.1:${server.port}`)
+    })
+  )
+
+  live("GET /v1/openapi.json serves the routes' OpenAPI document, which validates", () =>
+    Effect.gen(function* () {
+      const { base } = yield* setup()
+      const reply = yield* get(base, "/v1/openapi.json")
+      expect(reply.status).toBe(200)
+      expect(reply.headers.get("content-type")).toBe("application/json")
+      // Byte for byte the document as rendered.
+      expect(reply.text).toBe(JSON.stringify(relayOpenApi()))
+      yield* Effect.promise(() => SwaggerParser.validate(reply.json as never))
+      // Every path the document names is a route here: another method gets 405, not 404.
+      for (const path of Object.keys((reply.json as { paths: object }).paths)) {
+        const probe = yield* request(`${base}${path.replace("{endpoint}", "x.y.z")}`, { method: "DELETE" })
+        expect([path, probe.status]).toEqual([path, 405])
+      }
     })
   )
 
