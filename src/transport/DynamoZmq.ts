@@ -10,15 +10,9 @@
 
 import type { Effect, Scope } from "effect"
 import type { RouterEvent } from "../protocol/Events.js"
-import {
-  encodeRouterEvents,
-  MsgpackReader,
-  MsgpackWriter,
-  type RouterEventEncodeOptions,
-  readEnvelope,
-  readRouterEvents,
-  writeEnvelope
-} from "./msgpack.js"
+import { readEnvelope, writeEnvelope } from "./internal/msgpack/envelope.js"
+import { readRouterEvents } from "./internal/msgpack/routerEvents.js"
+import { encodeRouterEvents, MsgpackReader, MsgpackWriter, type RouterEventEncodeOptions } from "./msgpack.js"
 import {
   blockCount,
   type Delivered,

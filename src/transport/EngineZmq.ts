@@ -23,7 +23,8 @@ import { Effect, type Scope } from "effect"
 import * as zmq from "zeromq"
 import { blockHashSeed, localHashesInto, TOKENS_HASH_SEED } from "../ckf/tokens.js"
 import type { DpRank, KvCacheEventData, RouterEvent, WorkerId } from "../protocol/Events.js"
-import { failDecode, MsgpackReader } from "./msgpack.js"
+import { failDecode } from "./internal/msgpack/reader.js"
+import { MsgpackReader } from "./msgpack.js"
 import {
   acquireSocket,
   blockCount,

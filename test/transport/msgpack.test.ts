@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
 import { clearedEvent, type RouterEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
 import type { WorkerKvQueryResponse } from "../../src/recovery/WorkerQuery.js"
+import { readEnvelope } from "../../src/transport/internal/msgpack/envelope.js"
 import {
   decodeRouterEvents,
   decodeWorkerQueryRequest,
@@ -13,8 +14,7 @@ import {
   encodeWorkerQueryRequest,
   encodeWorkerQueryResponse,
   MsgpackReader,
-  MsgpackWriter,
-  readEnvelope
+  MsgpackWriter
 } from "../../src/transport/msgpack.js"
 import { plain, routerEventArb } from "./fixtures.js"
 

@@ -9,13 +9,8 @@ import { afterEach, describe, expect, it } from "vitest"
 import { hashPairs } from "../../src/ckf/u64.js"
 import type { RouterEvent } from "../../src/protocol/Events.js"
 import { encodeDynamoMessage, makeDynamoDecoder } from "../../src/transport/DynamoZmq.js"
-import {
-  decodeRouterEvents,
-  decoderFastPathHits,
-  encodeRouterEvents,
-  fixKey,
-  setDecoderFastPaths
-} from "../../src/transport/msgpack.js"
+import { decoderFastPathHits, setDecoderFastPaths } from "../../src/transport/internal/msgpack/fastPaths.js"
+import { decodeRouterEvents, encodeRouterEvents, fixKey } from "../../src/transport/msgpack.js"
 import type { IngestMessage } from "../../src/transport/ZmqSocket.js"
 import { hashArb, plain, routerEventArb, u64Arb } from "./fixtures.js"
 
