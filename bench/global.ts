@@ -36,10 +36,10 @@ import {
   EndpointId,
   KvQuerySemantics
 } from "../src/protocol/Model.js"
-import { UnknownEndpoint } from "../src/relay/errors.js"
 import * as RelayHttpServer from "../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry, type PoolAttachment } from "../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../src/relay/PublicationSource.js"
+import { UnknownEndpoint } from "../src/relay/RelayErrors.js"
 import type { KvDcRelayService } from "../src/relay/RelayService.js"
 import { type BenchContext, gc, HashStream, percentile, record } from "./harness.js"
 

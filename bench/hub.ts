@@ -24,9 +24,9 @@ import {
 } from "../src/ckf/identity.js"
 import type { DcCkfDelta } from "../src/ckf/publisher.js"
 import type { DeltaReceiver } from "../src/relay/DeltaBroadcast.js"
+import { makeEncodingPermits } from "../src/relay/internal/sync.js"
 import type { ActorFault, PoolActor } from "../src/relay/PoolActor.js"
 import {
-  makeEncodingPermits,
   makePublicationHubConfig,
   publicationLease,
   startPublicationHub

@@ -153,9 +153,14 @@ export const analyse = () => {
       if (edges.has(target)) continue
       edges.add(target)
       const to = unitOf(target)
+      // `X/internal/…` belongs to the folder X: files of X (and of X/internal) may import it,
+      // a subfolder with a layer of its own (relay/http of relay) may not.
       const internalAt = target.lastIndexOf("/internal/")
-      if (internalAt >= 0 && !file.startsWith(`${target.slice(0, internalAt)}/`))
-        problems.push(`${file}: imports ${target}, internal to ${target.slice(0, internalAt)}/`)
+      if (internalAt >= 0) {
+        const owner = target.slice(0, internalAt)
+        if (!file.startsWith(`${owner}/`) || unitOf(file) !== unitOf(owner))
+          problems.push(`${file}: imports ${target}, internal to ${owner}/`)
+      }
       if (to === from) continue
       if (!unitGraph.has(from)) unitGraph.set(from, new Set())
       unitGraph.get(from).add(to)

@@ -35,7 +35,6 @@ import {
   Either,
   ExecutionStrategy,
   Exit,
-  FiberId,
   Scope,
   Stream,
   SubscriptionRef
@@ -72,6 +71,7 @@ import { compareArrays } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
 import { raceNextFault } from "./internal/FaultWaiter.js"
+import { Notify } from "./internal/sync.js"
 import {
   collectPendingWhile,
   drainReadyFaults,
@@ -258,23 +258,6 @@ const POOL_UNAVAILABLE: SlotInput = { _tag: "PoolUnavailable" }
 const RETRY: SlotInput = { _tag: "Retry" }
 const STOPPED: SlotInput = { _tag: "Stopped" }
 
-/** A level-triggered wake-up: waiting with the version read before the inputs cannot miss a change. */
-class Wakeup {
-  version = 0
-  private signal = Deferred.unsafeMake<void>(FiberId.none)
-
-  notify(): void {
-    this.version++
-    const signal = this.signal
-    this.signal = Deferred.unsafeMake<void>(FiberId.none)
-    Deferred.unsafeDone(signal, Exit.void)
-  }
-
-  wait(seen: number): Effect.Effect<void> {
-    return Effect.suspend(() => (this.version !== seen ? Effect.void : Deferred.await(this.signal)))
-  }
-}
-
 const faultLogFields = (fault: ActorFault) => ({
   workerId: fault.workerId,
   dpRank: fault.dpRank,
@@ -308,7 +291,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
   return Effect.scoped(
     Effect.gen(function* () {
       const slotScope = yield* Effect.scope
-      const wake = new Wakeup()
+      const wake = new Notify()
       yield* options.membership.changes.pipe(
         Stream.runForEach(() => Effect.sync(() => wake.notify())),
         Effect.forkScoped
@@ -637,7 +620,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
           if (queued !== undefined) return Effect.succeed<SlotInput>({ _tag: "Fault", action: queued })
           const waits: Array<Effect.Effect<SlotInput>> = [
             Effect.as(Deferred.await(options.stop), STOPPED),
-            Effect.as(wake.wait(seen), CHANGED)
+            Effect.as(wake.changedSince(seen), CHANGED)
           ]
           const active = runtime
           if (active !== undefined)
@@ -676,7 +659,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
         for (;;) {
           if (yield* Deferred.isDone(options.stop)) return
           yield* loopStep("relay.endpoint-slot")
-          const seen = wake.version
+          const seen = wake.current
           const membership = yield* SubscriptionRef.get(options.membership)
           status.membership = membership
           status.layoutGeneration = layoutGeneration

@@ -9,20 +9,10 @@
  * publisher never waits for a subscriber.
  */
 
-import {
-  Clock,
-  Data,
-  Deferred,
-  Duration,
-  Effect,
-  Option,
-  Queue,
-  type Scope,
-  Stream,
-  SubscriptionRef
-} from "effect"
+import { Clock, Deferred, Duration, Effect, Option, Queue, type Scope, Stream, SubscriptionRef } from "effect"
 import { loopStep, supervised } from "../observability/Supervised.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
+import { LoadWindowLagged, LoadWindowsClosed } from "./RelayErrors.js"
 
 export const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
 export const DEFAULT_LOAD_FANOUT_CAPACITY = 16
@@ -35,18 +25,6 @@ export interface LoadWindow {
   readonly windowMs: bigint
   /** Sorted by PoolId; an empty list is a valid idle window. */
   readonly pools: ReadonlyArray<PoolLoadSnapshot>
-}
-
-export class LoadWindowLagged extends Data.TaggedError("LoadWindowLagged")<{ readonly capacity: number }> {
-  override get message(): string {
-    return `load subscriber lagged: ${this.capacity} complete windows were already queued; resubscribe`
-  }
-}
-
-export class LoadWindowsClosed extends Data.TaggedError("LoadWindowsClosed")<{}> {
-  override get message(): string {
-    return "load window publisher stopped"
-  }
 }
 
 export type LoadWindowError = LoadWindowLagged | LoadWindowsClosed

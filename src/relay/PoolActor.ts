@@ -47,7 +47,7 @@ import {
   PublisherFailed,
   RelayShuttingDown,
   StaleSourceEpoch
-} from "./errors.js"
+} from "./RelayErrors.js"
 
 export const DEFAULT_MAILBOX_CAPACITY = 256
 export const DEFAULT_PENDING_BLOCK_PERMITS = 65_536

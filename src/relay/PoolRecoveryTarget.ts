@@ -16,8 +16,8 @@ import { Deferred, Duration, Effect, Exit, FiberId, FiberSet, type Scope } from 
 import { type CkfMemberRef, memberKey } from "../ckf/events.js"
 import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 import { type RecoveryTarget, RecoveryTargetError, type SourceEpoch } from "../recovery/RecoveryTarget.js"
-import type { KvDcRelayError } from "./errors.js"
 import { type PoolActor, type RankReplacement, RECOVERY_REBUILD_BATCH_WINDOW_MS } from "./PoolActor.js"
+import type { KvDcRelayError } from "./RelayErrors.js"
 
 import { foldTreeDump } from "./TreeDump.js"
 

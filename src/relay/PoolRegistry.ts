@@ -23,7 +23,6 @@
 
 import {
   Context,
-  Data,
   Deferred,
   Effect,
   Either,
@@ -61,7 +60,13 @@ import {
   validatePoolRoles,
   type WorkerRole
 } from "../protocol/Model.js"
-import { CkfBuildFailed, type KvDcRelayError } from "./errors.js"
+import {
+  type EvictionCandidate,
+  HubCoordinator,
+  type HubStartContext,
+  PoolHubSlot
+} from "./internal/PoolHubSlot.js"
+import { type GenerationSignal, GenerationToken } from "./internal/sync.js"
 import { drainFaultsWhile } from "./PendingActorFaults.js"
 import {
   type ActorFault,
@@ -79,20 +84,21 @@ import {
 } from "./PoolLoad.js"
 import {
   DEFAULT_MAX_INITIALIZED_POOL_HUBS,
-  type EvictionCandidate,
-  type GenerationSignal,
-  GenerationToken,
-  HubCoordinator,
-  type HubStartContext,
   type HubSubscription,
   makePublicationHubConfig,
-  PoolHubSlot,
+  type PublicationHubConfig
+} from "./PublicationHub.js"
+import {
+  CkfBuildFailed,
+  type KvDcRelayError,
+  PoolAttachError,
+  type PoolAttachProblem,
+  PoolGenerationInactive,
   ProducerMismatch,
-  type PublicationHubConfig,
   type PublicationHubError,
   PublicationUnavailable,
   UnknownPool
-} from "./PublicationHub.js"
+} from "./RelayErrors.js"
 
 export const DEFAULT_CKF_ALLOCATION_CONCURRENCY = 2
 
@@ -162,39 +168,6 @@ export interface PoolRegistryOptions {
   readonly makeActor?: MakePoolActor | undefined
   /** Test hook: idle-eviction cleanup waits on this after claiming its victim. */
   readonly evictionGate?: Effect.Effect<void> | undefined
-}
-
-// ---------------------------------------------------------------------------------------------
-// Errors
-
-export type PoolAttachProblem =
-  | "NoRegistrations"
-  | "ShuttingDown"
-  | "PoolOwned"
-  | "EndpointAssigned"
-  | "GenerationSpaceExhausted"
-  | "ReservationRetired"
-
-export class PoolAttachError extends Data.TaggedError("PoolAttachError")<{
-  readonly reason: PoolAttachProblem
-  readonly poolId: PoolId
-  readonly detail: string
-}> {
-  override get message(): string {
-    return this.detail
-  }
-}
-
-export class PoolGenerationInactive extends Data.TaggedError("PoolGenerationInactive")<{
-  readonly poolId: PoolId
-  readonly layoutGeneration: bigint
-  readonly attached: boolean
-}> {
-  override get message(): string {
-    return this.attached
-      ? `pool ${this.poolId} generation ${this.layoutGeneration} is no longer active`
-      : `pool ${this.poolId} is not attached`
-  }
 }
 
 export type PoolAttachFailure =

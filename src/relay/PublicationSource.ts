@@ -15,39 +15,23 @@
  * reading must not hold a slot (PROTOCOL §5). Relay shutdown ends every stream silently.
  */
 
-import { Chunk, Data, Deferred, Duration, Effect, Exit, Option, Runtime, Scope, Stream } from "effect"
+import { Chunk, Deferred, Duration, Effect, Exit, Option, Runtime, Scope, Stream } from "effect"
 import { Cbi1Error, encodeCbi1Snapshot } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
-import type { PoolRegistry } from "./PoolRegistry.js"
 import {
   DEFAULT_ENCODING_CONCURRENCY,
   type EncodingPermits,
   type GenerationSignal,
   GenerationToken,
-  type HubFrame,
   makeEncodingPermits,
-  OwnedPermits,
-  type PublicationHubError,
-  SubscriberLagged
-} from "./PublicationHub.js"
+  OwnedPermits
+} from "./internal/sync.js"
+import type { PoolRegistry } from "./PoolRegistry.js"
+import type { HubFrame } from "./PublicationHub.js"
+import { PublicationError, type PublicationHubError, SubscriberLagged } from "./RelayErrors.js"
 
 export const DEFAULT_MAX_POOL_STREAMS = 64
 export const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration.Duration = Duration.seconds(60)
-
-export type PublicationErrorKind =
-  | "NotFound"
-  | "ProducerMismatch"
-  | "Unavailable"
-  | "ResourceExhausted"
-  | "SubscriberLagged"
-  | "SnapshotProgressTimeout"
-  | "InvalidPublication"
-  | "Internal"
-
-export class PublicationError extends Data.TaggedError("PublicationError")<{
-  readonly kind: PublicationErrorKind
-  readonly message: string
-}> {}
 
 /** The driver-level kind of a hub error (relay-service §3.3). */
 export const publicationErrorOf = (error: PublicationHubError): PublicationError => {

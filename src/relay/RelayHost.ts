@@ -22,7 +22,6 @@
  */
 
 import {
-  Data,
   Deferred,
   Duration,
   Effect,
@@ -61,9 +60,15 @@ import { compareUtf8 } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
 import * as EndpointSlot from "./EndpointSlot.js"
-import { ActorStopped, type KvDcRelayError, RelayShuttingDown, UnknownEndpoint } from "./errors.js"
 import * as PoolRegistry from "./PoolRegistry.js"
 import * as PublicationSource from "./PublicationSource.js"
+import {
+  ActorStopped,
+  InvalidRelayConfig,
+  type KvDcRelayError,
+  RelayShuttingDown,
+  UnknownEndpoint
+} from "./RelayErrors.js"
 import type { ExpectedSourceState } from "./RelayService.js"
 import {
   type DiagnosticSnapshot,
@@ -110,14 +115,6 @@ export interface RelayHostConfig {
   readonly eventTransport: KvEventTransport
   /** How often each rank's load is observed (default 1 s). */
   readonly loadObservationInterval?: Duration.DurationInput | undefined
-}
-
-export class InvalidRelayConfig extends Data.TaggedError("InvalidRelayConfig")<{
-  readonly problems: ReadonlyArray<ConfigProblem>
-}> {
-  override get message(): string {
-    return this.problems.map((p) => `${p.setting}: ${p.message}`).join("\n")
-  }
 }
 
 const positiveInteger = (

@@ -15,10 +15,10 @@ import type { DpRank, MalformedReason, SkipCounts, WorkerId } from "../protocol/
 import type { DcRelayIdentity, EndpointId } from "../protocol/Model.js"
 import type * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
-import type { KvDcRelayError } from "./errors.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { DcPoolCatalog } from "./PoolRegistry.js"
-import type { PoolFeed, PublicationError, PublicationFrame } from "./PublicationSource.js"
+import type { PoolFeed, PublicationFrame } from "./PublicationSource.js"
+import type { KvDcRelayError, PublicationError } from "./RelayErrors.js"
 
 /**
  * The state of an expected source rank (an advertised source of the pool), PROTOCOL §5 ◆3:

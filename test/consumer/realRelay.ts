@@ -17,11 +17,11 @@ import {
   KvQuerySemantics,
   modelAlias
 } from "../../src/protocol/Model.js"
-import { UnknownEndpoint } from "../../src/relay/errors.js"
 import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry, type PoolAttachment, type PoolRegistry } from "../../src/relay/PoolRegistry.js"
 import type { PublicationHubConfig } from "../../src/relay/PublicationHub.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
+import { UnknownEndpoint } from "../../src/relay/RelayErrors.js"
 import type { KvDcRelayService, RelayHealth } from "../../src/relay/RelayService.js"
 
 export const KV_BLOCK_SIZE = 16

@@ -5,9 +5,9 @@ import type { CkfMemberRef } from "../../src/ckf/events.js"
 import { CacheSemanticsId, DcId, IndexerDomainId, PoolId, RoutingScopeId } from "../../src/ckf/identity.js"
 import { DcCkfState } from "../../src/ckf/state.js"
 import { clearedEvent, storedEvent } from "../../src/protocol/Events.js"
-import { RelayShuttingDown } from "../../src/relay/errors.js"
 import { make as makeActor, type StreamScope } from "../../src/relay/PoolActor.js"
 import { make as makeTarget, toRecoveryTargetError } from "../../src/relay/PoolRecoveryTarget.js"
+import { RelayShuttingDown } from "../../src/relay/RelayErrors.js"
 
 const streamScope: StreamScope = {
   relayIncarnation: 1n,

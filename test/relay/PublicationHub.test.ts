@@ -11,12 +11,12 @@ import { type LaneLease, ProducerIdentity } from "../../src/ckf/identity.js"
 import type { DcCkfDelta } from "../../src/ckf/publisher.js"
 import { DcCkfState } from "../../src/ckf/state.js"
 import type { DeltaReceiver, DeltaStreamClosed, DeltaStreamLagged } from "../../src/relay/DeltaBroadcast.js"
+import { makeEncodingPermits } from "../../src/relay/internal/sync.js"
 import type { ActorFault, ActorSubscription, PoolActor } from "../../src/relay/PoolActor.js"
 import {
   DEFAULT_MAX_INITIALIZED_POOL_HUBS,
   FRAME_OVERHEAD_BYTES,
   type HubSubscription,
-  makeEncodingPermits,
   makePublicationHubConfig,
   minQueueBytes,
   type PublicationHub,

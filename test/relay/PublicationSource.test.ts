@@ -5,8 +5,9 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Option, Scope, Stream, TestClock } from "effect"
-import { makeEncodingPermits } from "../../src/relay/PublicationHub.js"
+import { makeEncodingPermits } from "../../src/relay/internal/sync.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
+import type { PublicationError } from "../../src/relay/RelayErrors.js"
 import { config, registry as makeRegistry, pool, request, storedEventN } from "./registryFixtures.js"
 
 describe("PublicationSource", () => {
@@ -92,7 +93,7 @@ describe("PublicationSource", () => {
         const registry = yield* makeRegistry()
         const attachment = yield* registry.attach(request(pool(1), "fast.router.generate", "llama"))
         const source = yield* PublicationSource.make(registry, { maxActiveStreams: 1 })
-        const ended = yield* Deferred.make<PublicationSource.PublicationError>()
+        const ended = yield* Deferred.make<PublicationError>()
         const stream = yield* source.subscribePool(attachment.identity, "stuck", ended)
         expect(source.activeStreams()).toBe(1)
         const refused = yield* Effect.flip(source.subscribePool(attachment.identity, "refused"))
@@ -121,7 +122,7 @@ describe("PublicationSource", () => {
         const registry = yield* makeRegistry()
         const attachment = yield* registry.attach(request(pool(1), "fast.router.generate", "llama"))
         const source = yield* PublicationSource.make(registry)
-        const ended = yield* Deferred.make<PublicationSource.PublicationError>()
+        const ended = yield* Deferred.make<PublicationError>()
         yield* source.subscribePool(attachment.identity, "withdrawn", ended)
         expect(source.activeStreams()).toBe(1)
         yield* registry.fenceGeneration(attachment.poolId, attachment.layoutGeneration, "test fence")
@@ -140,7 +141,7 @@ describe("PublicationSource", () => {
       })
       const attachment = yield* registry.attach(request(pool(1), "fast.router.generate", "llama"))
       const source = yield* PublicationSource.make(registry, { snapshotProgressTimeout: "60 seconds" })
-      const ended = yield* Deferred.make<PublicationSource.PublicationError>()
+      const ended = yield* Deferred.make<PublicationError>()
       yield* source.subscribePool(attachment.identity, "stalled", ended)
       for (let i = 0; i < 10; i++) yield* Effect.yieldNow()
       expect(yield* Deferred.isDone(ended)).toBe(false)

@@ -18,6 +18,7 @@ import {
   withTarget
 } from "../../src/protocol/Model.js"
 import { CatalogSnapshotJson } from "../../src/protocol/RelayApi.js"
+import { makeEncodingPermits } from "../../src/relay/internal/sync.js"
 import { drainFaultsWhile } from "../../src/relay/PendingActorFaults.js"
 import { hasDegradedCoverage } from "../../src/relay/PoolLoad.js"
 import type {
@@ -26,7 +27,6 @@ import type {
   PoolRegistry,
   PoolRetirementMode
 } from "../../src/relay/PoolRegistry.js"
-import { makeEncodingPermits } from "../../src/relay/PublicationHub.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
 import {
   config,

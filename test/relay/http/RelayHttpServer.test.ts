@@ -32,8 +32,8 @@ import {
   relayOpenApi
 } from "../../../src/protocol/RelayApi.js"
 import * as RelayHttpServer from "../../../src/relay/http/RelayHttpServer.js"
-import * as LoadWindows from "../../../src/relay/LoadWindows.js"
-import { PublicationError } from "../../../src/relay/PublicationSource.js"
+import type * as LoadWindows from "../../../src/relay/LoadWindows.js"
+import { LoadWindowLagged, PublicationError } from "../../../src/relay/RelayErrors.js"
 import { VERSION } from "../../../src/version.js"
 import { card } from "../../discovery/fixtures.js"
 import {
@@ -1050,7 +1050,7 @@ describe("RelayHttpServer: load watch", () => {
       }
       let delivered = false
       const next = Effect.suspend(() => {
-        if (delivered) return Effect.fail(new LoadWindows.LoadWindowLagged({ capacity: 16 }))
+        if (delivered) return Effect.fail(new LoadWindowLagged({ capacity: 16 }))
         delivered = true
         return Effect.succeed(window)
       })

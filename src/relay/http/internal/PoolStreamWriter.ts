@@ -32,7 +32,8 @@ import {
   writePoolFrameAt
 } from "../../../protocol/PoolStream.js"
 import type { ErrorReason } from "../../../protocol/RelayApi.js"
-import type { PoolFeed, PublicationErrorKind, PublicationFrame } from "../../PublicationSource.js"
+import type { PoolFeed, PublicationFrame } from "../../PublicationSource.js"
+import type { PublicationErrorKind } from "../../RelayErrors.js"
 
 /** The terminal frame's reason for each way a feed can end. */
 export const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {
