@@ -1,11 +1,14 @@
 /**
  * The relay's HTTP API (PROTOCOL.md §5), served with `NodeHttpServer`.
  *
- * Routing is a small table rather than `HttpRouter` because the contract fixes the error bodies
- * of unknown paths (404 `NOT_FOUND`) and wrong methods (405 with `Allow`), which the router does
- * not distinguish. Every error body's message is bounded and worded by `ErrorText`.
+ * The routes are those `RelayHttpApi` declares (`protocol/RelayApi.ts`), one handler each, matched
+ * by a small table rather than `HttpRouter` because the contract fixes the error bodies of unknown
+ * paths (404 `NOT_FOUND`) and wrong methods (405 with `Allow`), which the router does not
+ * distinguish. Every error body's message is bounded and worded by `ErrorText`. Settings are in
+ * `RelayHttpOptions.ts`; the server's shared state and body reading in `internal/ServerContext.ts`.
  *
- * Streaming responses (the pool stream and the three SSE watches) share three mechanisms:
+ * Streaming responses (the pool stream and the three SSE watches) share three mechanisms
+ * (`internal/Streams.ts`):
  * - each waits for the socket to drain before it takes more, so a client that stops reading
  *   stops the taking and the relay-side bounds apply (the hub's 16 frames / 16 MiB per pool
  *   subscriber, the 16-window load buffer): the SSE watches are pulled element by element by the
@@ -31,10 +34,8 @@ import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
 import {
   Cause,
-  Chunk,
   Clock,
   Context,
-  Data,
   Deferred,
   Duration,
   Effect,
@@ -45,20 +46,12 @@ import {
   type Scope,
   Stream,
   SubscriptionRef,
-  Take
+  type Take
 } from "effect"
 import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
 import type { ProducerIdentity } from "../../ckf/identity.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
-import {
-  bodyTooLargeMessage,
-  boundedMessage,
-  DEFAULT_MAX_REQUEST_BODY_BYTES,
-  invalidJsonMessage,
-  methodNotAllowedMessage,
-  noRouteMessage
-} from "../../http/ErrorText.js"
-import type { ServerTlsOptions } from "../../http/Tls.js"
+import { methodNotAllowedMessage, noRouteMessage } from "../../http/ErrorText.js"
 import * as Prometheus from "../../observability/Prometheus.js"
 import { EMPTY_PUBLISH_DELAY } from "../../observability/PublishDelay.js"
 import * as RelayMetrics from "../../observability/RelayMetrics.js"
@@ -67,7 +60,6 @@ import { EndpointId } from "../../protocol/Model.js"
 import { POOL_STREAM_CONTENT_TYPE } from "../../protocol/PoolStream.js"
 import {
   CatalogSnapshotJson,
-  ErrorBodyJson,
   type ErrorReason,
   HealthJson,
   type LoadWindowDocument,
@@ -86,151 +78,66 @@ import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
 import * as LoadWindows from "../LoadWindows.js"
 import { hasDegradedCoverage } from "../PoolLoad.js"
 import type { DcPoolCatalog } from "../PoolRegistry.js"
-import type { KvDcRelayError, PublicationError } from "../RelayErrors.js"
+import type { PublicationError } from "../RelayErrors.js"
 import { KvDcRelay, type KvDcRelayService } from "../RelayService.js"
 import * as Topology from "../Topology.js"
 import * as PoolStreamWriter from "./internal/PoolStreamWriter.js"
+import {
+  acquireWatch,
+  errorBodyText,
+  failureResponse,
+  HttpFailure,
+  internal,
+  invalidRequest,
+  JSON_CONTENT_TYPE,
+  jsonResponder,
+  parseJsonBody,
+  preStreamFailure,
+  readBody,
+  relayFailure,
+  type ServerContext,
+  subscriberParam,
+  TOTAL_POOL_STREAM_LIMIT,
+  WatchLimit
+} from "./internal/ServerContext.js"
 import {
   InProgressLimit,
   MAX_SNAPSHOTS_IN_PROGRESS,
   snapshotBody,
   yieldToEventLoop
 } from "./internal/SnapshotBody.js"
+import { forward, guardedBody, Handoff, sseResponse, unlessShutdown, watchStep } from "./internal/Streams.js"
 import * as TerminalDelivery from "./internal/TerminalDelivery.js"
+import {
+  DEFAULT_RELAY_HTTP_HOST,
+  DEFAULT_RELAY_HTTP_INTERVALS,
+  DEFAULT_RELAY_HTTP_LIMITS,
+  DEFAULT_RELAY_HTTP_PORT,
+  type RelayHttpAddress,
+  type RelayHttpIntervals,
+  type RelayHttpLimits,
+  type RelayHttpOptions
+} from "./RelayHttpOptions.js"
 import * as RelayStatusPage from "./RelayStatusPage.js"
 
-// ---------------------------------------------------------------------------------------------
-// Options
+export type {
+  RelayHttpAddress,
+  RelayHttpIntervals,
+  RelayHttpLimits,
+  RelayHttpOptions
+} from "./RelayHttpOptions.js"
 
 /** Bytes a response buffers before its writer waits for the socket (one full CBI1 chunk frame). */
 const RESPONSE_HIGH_WATER_MARK = 4 * 1024 * 1024 + 4096
 
-export interface RelayHttpLimits {
-  /** Catalog watchers at once (default 64). Pool streams are limited by the publication source. */
-  readonly maxCatalogWatchers: number
-  readonly maxReadinessWatchers: number
-  readonly maxLoadWatchers: number
-  /**
-   * The query routes' body limit (`--max-request-body-bytes`, default 16 MiB, PROTOCOL §7 ◆3):
-   * the limit the worker-level query routes of §5.1 read their bodies with (`readBody` without a
-   * route). Larger bodies get 413 `BODY_TOO_LARGE` naming the flag.
-   */
-  readonly maxRequestBodyBytes: number
-  /**
-   * The fixed limit of the small control bodies (`POST /v1/pools/subscribe`, default 64 KiB):
-   * no flag, the same 413 shape.
-   */
-  readonly maxControlBodyBytes: number
-}
-
-export interface RelayHttpIntervals {
-  /** Pool-stream heartbeat after this long without a frame, once the snapshot was sent (10 s). */
-  readonly poolHeartbeat: Duration.DurationInput
-  /** Readiness watch re-sends the current snapshot this often (10 s). */
-  readonly readinessResend: Duration.DurationInput
-  /** Catalog watch `: heartbeat` comment this often (10 s). */
-  readonly watchHeartbeat: Duration.DurationInput
-  /** Load windows (1 s). */
-  readonly loadWindow: Duration.DurationInput
-  /** A streamed element not written for this long ends the connection (60 s). */
-  readonly writeStallTimeout: Duration.DurationInput
-  /** On shutdown, streams get this long to end before connections are closed (5 s). */
-  readonly shutdownGrace: Duration.DurationInput
-}
-
-export interface RelayHttpOptions {
-  /** Default `127.0.0.1`. */
-  readonly host?: string | undefined
-  /** Default 8080; 0 picks a free port (see the bound address). */
-  readonly port?: number | undefined
-  readonly limits?: Partial<RelayHttpLimits> | undefined
-  readonly intervals?: Partial<RelayHttpIntervals> | undefined
-  /** Load windows buffered per load watcher (default 16). */
-  readonly loadFanoutCapacity?: number | undefined
-  /** A topology publisher to serve; by default one is started over the relay's refs. */
-  readonly topology?: Topology.TopologyPublisher | undefined
-  /** A load window publisher to serve; by default one is started over the relay's `loadRef`. */
-  readonly loadWindows?: LoadWindows.LoadWindows | undefined
-  /** Serve HTTPS with this material (`Tls.loadServerTls`); mutual TLS when it has a client CA. */
-  readonly tls?: ServerTlsOptions | undefined
-  /** Require a bearer token of this file on every route but `GET /healthz`. */
-  readonly auth?: BearerAuth.TokenFile | undefined
-}
-
-export const DEFAULT_RELAY_HTTP_HOST = "127.0.0.1"
-export const DEFAULT_RELAY_HTTP_PORT = 8080
-
-export const DEFAULT_RELAY_HTTP_LIMITS: RelayHttpLimits = {
-  maxCatalogWatchers: 64,
-  maxReadinessWatchers: 64,
-  maxLoadWatchers: 64,
-  maxRequestBodyBytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
-  maxControlBodyBytes: 64 * 1024
-}
-
-export const DEFAULT_RELAY_HTTP_INTERVALS: RelayHttpIntervals = {
-  poolHeartbeat: Duration.seconds(10),
-  readinessResend: Duration.seconds(10),
-  watchHeartbeat: Duration.seconds(10),
-  loadWindow: Duration.seconds(1),
-  writeStallTimeout: Duration.seconds(60),
-  shutdownGrace: Duration.seconds(5)
-}
-
-/** Where the server listens. */
-export interface RelayHttpAddress {
-  readonly host: string
-  readonly port: number
-  /** `http://host:port` (`https://` with TLS), as printed in the CLI's `listening` line. */
-  readonly url: string
-}
-
+/** The relay's HTTP server, as the address it listens on. */
 export class RelayHttpServer extends Context.Tag("kvrelay/RelayHttpServer")<
   RelayHttpServer,
   RelayHttpAddress
 >() {}
 
 // ---------------------------------------------------------------------------------------------
-// Errors and responses
-
-class HttpFailure extends Data.TaggedError("HttpFailure")<{
-  readonly status: number
-  readonly reason: ErrorReason
-  readonly message: string
-  readonly headers?: Readonly<Record<string, string>> | undefined
-}> {}
-
-const invalidRequest = (message: string) =>
-  new HttpFailure({ status: 400, reason: "INVALID_REQUEST", message })
-const internal = (message: string) => new HttpFailure({ status: 500, reason: "INTERNAL", message })
-
-const JSON_CONTENT_TYPE = "application/json"
-const SSE_HEADERS = { "cache-control": "no-cache", "x-accel-buffering": "no" } as const
-
-const encodeErrorBody = encodeJsonText(ErrorBodyJson)
-
-const errorBodyText = (reason: ErrorReason, message: string): string =>
-  Either.getOrElse(encodeErrorBody({ reason, message: boundedMessage(message) }), () =>
-    JSON.stringify({ reason: "INTERNAL", message: "error body could not be encoded" })
-  )
-
-const failureResponse = (failure: HttpFailure): HttpServerResponse.HttpServerResponse =>
-  HttpServerResponse.text(errorBodyText(failure.reason, failure.message), {
-    status: failure.status,
-    contentType: JSON_CONTENT_TYPE,
-    headers: failure.headers
-  })
-
-/** A JSON response through `schema`; an encoding failure is a 500. */
-const jsonResponder = <A, I>(schema: Schema.Schema<A, I, never>) => {
-  const encode = encodeJsonText(schema)
-  return (value: A, status = 200): Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure> =>
-    Either.match(encode(value), {
-      onLeft: (error) => Effect.fail(internal(`response could not be encoded: ${error.message}`)),
-      onRight: (text) =>
-        Effect.succeed(HttpServerResponse.text(text, { status, contentType: JSON_CONTENT_TYPE }))
-    })
-}
+// Responses
 
 const respondHealth = jsonResponder(HealthJson)
 const respondRelayInfo = jsonResponder(RelayInfoJson)
@@ -241,120 +148,6 @@ const respondStats = jsonResponder(RelayStatsJson)
 const encodeCatalogText = encodeJsonText(CatalogSnapshotJson)
 const encodeReadinessText = encodeJsonText(ReadinessJson)
 const encodeLoadWindowText = encodeJsonText(LoadWindowJson)
-
-const relayFailure = (error: KvDcRelayError): HttpFailure =>
-  error._tag === "RelayShuttingDown"
-    ? new HttpFailure({ status: 503, reason: "PUBLICATION_UNAVAILABLE", message: error.message })
-    : error._tag === "UnknownEndpoint"
-      ? new HttpFailure({ status: 404, reason: "POOL_NOT_FOUND", message: error.message })
-      : internal(error.message)
-
-// ---------------------------------------------------------------------------------------------
-// Pool-stream error mapping
-
-/**
- * Before the stream starts only the statuses of PROTOCOL §5 are used. A producer found invalid
- * while opening has just been fenced (withdrawn), so it is reported as unavailable.
- */
-const preStreamFailure = (error: PublicationError): HttpFailure => {
-  switch (error.kind) {
-    case "NotFound":
-      return new HttpFailure({ status: 404, reason: "POOL_NOT_FOUND", message: error.message })
-    case "ProducerMismatch":
-      return new HttpFailure({ status: 409, reason: "PRODUCER_CHANGED", message: error.message })
-    case "ResourceExhausted":
-    case "SubscriberLagged":
-      return new HttpFailure({ status: 429, reason: "RESOURCE_LIMIT", message: error.message })
-    case "Unavailable":
-    case "SnapshotProgressTimeout":
-      return new HttpFailure({ status: 503, reason: "PUBLICATION_UNAVAILABLE", message: error.message })
-    case "InvalidPublication":
-      return new HttpFailure({
-        status: 503,
-        reason: "PUBLICATION_UNAVAILABLE",
-        message: `invalid publication: ${error.message}`
-      })
-    case "Internal":
-      return internal(error.message)
-  }
-}
-
-// The publication source reports its own total limit with this text; hub limits are counted by
-// the hub itself (`per_pool`, `initialized_hub`).
-const TOTAL_POOL_STREAM_LIMIT = "Relay total pool stream limit"
-
-// ---------------------------------------------------------------------------------------------
-// Request bodies
-
-const utf8 = new TextDecoder("utf-8", { fatal: true })
-
-/**
- * The request body, at most `limit` bytes: the query routes' `maxRequestBodyBytes`, or a control
- * route's fixed limit (`route` names it in the 413). An oversized body is not read further (Node
- * discards the rest) and the connection is closed after the 413, so the limit bounds memory, not
- * I/O.
- */
-const readBody = (
-  request: HttpServerRequest.HttpServerRequest,
-  limit: number,
-  route?: string
-): Effect.Effect<string, HttpFailure> =>
-  Effect.suspend(() => {
-    const tooLarge = new HttpFailure({
-      status: 413,
-      reason: "BODY_TOO_LARGE",
-      message: bodyTooLargeMessage(limit, route),
-      headers: { connection: "close" }
-    })
-    const declared = request.headers["content-length"]
-    if (declared !== undefined && Number(declared) > limit) return Effect.fail(tooLarge)
-    const incoming = NodeHttpServerRequest.toIncomingMessage(request)
-    return Effect.async<Uint8Array, HttpFailure>((resume) => {
-      const chunks: Array<Buffer> = []
-      let size = 0
-      const cleanup = () => {
-        incoming.off("data", onData)
-        incoming.off("end", onEnd)
-        incoming.off("error", onError)
-      }
-      const onData = (chunk: Buffer) => {
-        size += chunk.length
-        if (size <= limit) {
-          chunks.push(chunk)
-          return
-        }
-        cleanup()
-        // Flowing without listeners discards the rest instead of destroying the socket.
-        incoming.resume()
-        resume(Effect.fail(tooLarge))
-      }
-      const onEnd = () => {
-        cleanup()
-        resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
-      }
-      const onError = (cause: Error) => {
-        cleanup()
-        resume(Effect.fail(invalidRequest(`request body could not be read: ${cause.message}`)))
-      }
-      incoming.on("data", onData)
-      incoming.on("end", onEnd)
-      incoming.on("error", onError)
-      return Effect.sync(cleanup)
-    }).pipe(
-      Effect.flatMap((bytes) =>
-        Effect.try({
-          try: () => utf8.decode(bytes),
-          catch: () => invalidRequest("request body is not valid UTF-8")
-        })
-      )
-    )
-  })
-
-const parseJsonBody = (text: string): Effect.Effect<unknown, HttpFailure> =>
-  Effect.try({
-    try: (): unknown => JSON.parse(text),
-    catch: (cause) => invalidRequest(invalidJsonMessage(cause))
-  })
 
 /**
  * The request's own fields first (unknown fields, `subscriberId`), so those are reported before
@@ -368,314 +161,6 @@ const decodeSubscribeEnvelope = decodeJson(
   "contract"
 )
 const decodeSubscribeRequest = decodeJson(SubscribeRequestJson, "contract")
-const decodeSubscriberId = decodeJson(SubscriberIdJson, "contract")
-
-// ---------------------------------------------------------------------------------------------
-// Context of one server
-
-class WatchLimit {
-  used = 0
-  constructor(
-    readonly stream: RelayMetrics.SubscriberStream,
-    readonly label: string,
-    readonly max: number
-  ) {}
-}
-
-interface ServerContext {
-  readonly relay: KvDcRelayService
-  readonly topology: Topology.TopologyPublisher
-  readonly loadWindows: LoadWindows.LoadWindows
-  readonly limits: RelayHttpLimits
-  readonly poolHeartbeat: Duration.Duration
-  readonly readinessResend: Duration.Duration
-  readonly watchHeartbeat: Duration.Duration
-  readonly writeStallTimeout: Duration.Duration
-  readonly catalogWatchers: WatchLimit
-  readonly readinessWatchers: WatchLimit
-  readonly loadWatchers: WatchLimit
-  /** Snapshot responses being written (at most 2). */
-  readonly snapshots: InProgressLimit
-  /** The server's scope: work that must outlive a request (a terminal frame's delivery). */
-  readonly scope: Scope.Scope
-  /** Completed when the server begins to shut down. */
-  readonly shutdown: Deferred.Deferred<void>
-  /** The `/metrics` registry; its per-endpoint collect callbacks read `endpointSamples`. */
-  readonly exposition: Prometheus.PrometheusExposition
-  /** The endpoints of the latest scrape's stats (kept when a scrape could not get them). */
-  endpointSamples: ReadonlyArray<RelayMetrics.EndpointSample>
-  /** Requests whose response is not completely written yet (streams included). */
-  inFlight: number
-}
-
-/** Takes a watcher slot for the rest of the request, or fails with 429. */
-const acquireWatch = (limit: WatchLimit): Effect.Effect<void, HttpFailure, Scope.Scope> =>
-  Effect.uninterruptible(
-    Effect.gen(function* () {
-      if (limit.used >= limit.max) {
-        yield* RelayMetrics.limitRejected(limit.stream, "total")
-        return yield* Effect.fail(
-          new HttpFailure({
-            status: 429,
-            reason: "RESOURCE_LIMIT",
-            message: `Relay ${limit.label} limit ${limit.max} reached`
-          })
-        )
-      }
-      limit.used++
-      yield* RelayMetrics.subscriberOpened(limit.stream)
-      yield* Effect.addFinalizer(() =>
-        Effect.zipRight(
-          Effect.sync(() => {
-            limit.used--
-          }),
-          RelayMetrics.subscriberClosed(limit.stream)
-        )
-      )
-    })
-  )
-
-/** `?subscriber=ID`; required for the catalog watch, optional (but validated) elsewhere. */
-const subscriberParam = (
-  query: URLSearchParams,
-  required: boolean
-): Effect.Effect<string | undefined, HttpFailure> => {
-  const value = query.get("subscriber")
-  if (value === null) {
-    return required
-      ? Effect.fail(invalidRequest("missing query parameter subscriber"))
-      : Effect.succeed(undefined)
-  }
-  return Either.match(decodeSubscriberId(value), {
-    onLeft: (error) => Effect.fail(invalidRequest(`subscriber: ${error.message}`)),
-    onRight: (id) => Effect.succeed(id)
-  })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Streaming machinery
-
-/** `Some(a)` unless the server began shutting down first. */
-const unlessShutdown = <A, E>(
-  ctx: ServerContext,
-  effect: Effect.Effect<A, E>
-): Effect.Effect<Option.Option<A>, E> =>
-  Effect.raceFirst(Effect.map(effect, Option.some), Effect.as(Deferred.await(ctx.shutdown), Option.none<A>()))
-
-/** Ends the underlying connection at once (the request fiber is then interrupted as a client abort). */
-const abortConnection = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<void> =>
-  Effect.sync(() => {
-    NodeHttpServerRequest.toServerResponse(request).destroy()
-  })
-
-/**
- * A response body pulled one element per `step` (`None` ends it), guarded by the write-stall
- * watchdog: the platform writer pulls again as soon as the socket accepted the previous element,
- * so an element that stays "emitted but not followed by a pull" is stuck in a full socket.
- */
-const guardedBody = (
-  ctx: ServerContext,
-  request: HttpServerRequest.HttpServerRequest,
-  what: string,
-  step: Effect.Effect<Option.Option<Uint8Array>>
-): Effect.Effect<Stream.Stream<Uint8Array>, never, Scope.Scope> =>
-  Effect.gen(function* () {
-    const stallMs = Duration.toMillis(ctx.writeStallTimeout)
-    let emittedAt: number | undefined
-    const guarded = Effect.gen(function* () {
-      emittedAt = undefined
-      const next = yield* step
-      if (Option.isSome(next)) emittedAt = yield* Clock.currentTimeMillis
-      return next
-    })
-    yield* Effect.gen(function* () {
-      const period = Duration.millis(Math.max(5, Math.min(1_000, stallMs / 4)))
-      for (;;) {
-        yield* Effect.sleep(period)
-        const now = yield* Clock.currentTimeMillis
-        if (emittedAt !== undefined && now - emittedAt >= stallMs) {
-          yield* Effect.logWarning(`KV DC Relay ${what} client stopped reading; closing its connection`)
-          yield* abortConnection(request)
-          return
-        }
-      }
-    }).pipe(Effect.forkScoped)
-    return Stream.repeatEffectOption(
-      Effect.flatMap(guarded, (next) =>
-        Option.isSome(next) ? Effect.succeed(next.value) : Effect.fail(Option.none())
-      )
-    )
-  })
-
-/**
- * A small buffer between a forwarder fiber and the response writer. Waiting for an element never
- * consumes one, so a heartbeat timeout or the shutdown race cannot lose an element (a `Queue.take`
- * interrupted just after an offer completed it would). `sliding` keeps the newest elements
- * instead of making the forwarder wait.
- */
-class Handoff<A> {
-  private readonly items: Array<A> = []
-  private readonly nonEmpty = Effect.unsafeMakeLatch(false)
-  private readonly notFull = Effect.unsafeMakeLatch(true)
-  /** The waiting `next` (one reader per handoff); resolving it deregisters it. */
-  private waiter: ((outcome: HandoffWait<A>) => void) | undefined = undefined
-  /** When the waiting `next` began, if it asked for a heartbeat (Clock milliseconds). */
-  private heartbeatFrom: number | undefined = undefined
-  private closed = false
-
-  constructor(
-    private readonly capacity: number,
-    private readonly sliding: boolean
-  ) {}
-
-  readonly offer = (item: A): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      if (this.items.length >= this.capacity && !this.sliding)
-        return Effect.zipRight(this.notFull.await, this.offer(item))
-      if (this.items.length >= this.capacity) this.items.shift()
-      this.items.push(item)
-      this.nonEmpty.unsafeOpen()
-      if (this.items.length >= this.capacity) this.notFull.unsafeClose()
-      const waiter = this.waiter
-      if (waiter !== undefined) waiter({ _tag: "Item", item: Option.getOrThrow(this.poll()) })
-      return Effect.void
-    })
-
-  /** Ends the waiting `next` and every later one with `Closed` (server shutdown). */
-  close(): void {
-    this.closed = true
-    this.waiter?.(HANDOFF_CLOSED)
-  }
-
-  /** Ends the waiting `next` with `Heartbeat` if it asked for one and has waited `ms` by `now`. */
-  heartbeatDue(now: number, ms: number): number | undefined {
-    const from = this.heartbeatFrom
-    if (from === undefined) return undefined
-    const left = from + ms - now
-    if (left > 0) return left
-    this.waiter?.(HANDOFF_HEARTBEAT)
-    return undefined
-  }
-
-  /**
-   * The next element, `Closed` once `close` ran, or `Heartbeat` when `heartbeatFrom` is given and
-   * the caller's heartbeat driver finds the wait long enough. Unlike `take`, waiting costs no
-   * fiber: it is a callback that `offer`, `close` and the driver resolve, once.
-   */
-  next(heartbeatFrom: number | undefined): Effect.Effect<HandoffWait<A>> {
-    return Effect.async<HandoffWait<A>>((resume) => {
-      const ready = this.poll()
-      if (Option.isSome(ready)) return resume(Effect.succeed({ _tag: "Item", item: ready.value }))
-      if (this.closed) return resume(Effect.succeed(HANDOFF_CLOSED))
-      const waiter = (outcome: HandoffWait<A>) => {
-        this.waiter = undefined
-        this.heartbeatFrom = undefined
-        resume(Effect.succeed(outcome))
-      }
-      this.waiter = waiter
-      this.heartbeatFrom = heartbeatFrom
-      return Effect.sync(() => {
-        if (this.waiter !== waiter) return
-        this.waiter = undefined
-        this.heartbeatFrom = undefined
-      })
-    })
-  }
-
-  private poll(): Option.Option<A> {
-    if (this.items.length === 0) return Option.none()
-    const item = this.items.shift()!
-    if (this.items.length === 0) this.nonEmpty.unsafeClose()
-    this.notFull.unsafeOpen()
-    return Option.some(item)
-  }
-
-  /** The next element; `None` when `wait` ran out first (`undefined` waits without limit). */
-  take(wait: Duration.Duration | undefined): Effect.Effect<Option.Option<A>> {
-    return Effect.suspend(() => {
-      const ready = this.poll()
-      if (Option.isSome(ready)) return Effect.succeed(ready)
-      const available =
-        wait === undefined ? this.nonEmpty.await : this.nonEmpty.await.pipe(Effect.timeout(wait))
-      return Effect.matchEffect(available, {
-        onFailure: () => Effect.succeed(Option.none()),
-        onSuccess: () => this.take(wait)
-      })
-    })
-  }
-}
-
-type HandoffWait<A> =
-  | { readonly _tag: "Item"; readonly item: A }
-  | { readonly _tag: "Heartbeat" }
-  | { readonly _tag: "Closed" }
-const HANDOFF_HEARTBEAT = { _tag: "Heartbeat" } as const
-const HANDOFF_CLOSED = { _tag: "Closed" } as const
-
-/** Runs `stream` into `handoff` as `Take`s (its end and failure included) in a scoped fiber. */
-const forward = <A, E>(
-  stream: Stream.Stream<A, E>,
-  handoff: Handoff<Take.Take<A, E>>
-): Effect.Effect<void, never, Scope.Scope> =>
-  stream.pipe(
-    // Whole chunks: a backlog the source delivers at once goes out in one write.
-    Stream.runForEachChunk((chunk) => handoff.offer(Take.chunk(chunk))),
-    Effect.matchCauseEffect({
-      onSuccess: () => handoff.offer(Take.end),
-      onFailure: (cause) => handoff.offer(Take.failCause(cause))
-    }),
-    Effect.interruptible,
-    Effect.forkScoped,
-    Effect.asVoid
-  )
-
-/**
- * A watch over a sliding handoff of values: each new value is sent, and `onTick` runs
- * on a fixed schedule of `interval` from the start (a heartbeat or a re-send).
- */
-const watchStep = <A>(
-  ctx: ServerContext,
-  values: Handoff<Take.Take<A>>,
-  interval: Duration.Duration,
-  onValue: (value: A) => Effect.Effect<Uint8Array>,
-  onTick: Effect.Effect<Uint8Array>
-): Effect.Effect<Effect.Effect<Option.Option<Uint8Array>>> =>
-  Effect.gen(function* () {
-    const intervalMs = Math.max(1, Duration.toMillis(interval))
-    let nextTick = (yield* Clock.currentTimeMillis) + intervalMs
-    let done = false
-    const tick = Effect.gen(function* () {
-      const now = yield* Clock.currentTimeMillis
-      nextTick = Math.max(nextTick + intervalMs, now + 1)
-      return Option.some(yield* onTick)
-    })
-    return Effect.gen(function* () {
-      if (done) return Option.none()
-      for (;;) {
-        const wait = nextTick - (yield* Clock.currentTimeMillis)
-        if (wait <= 0) return yield* tick
-        const got = yield* unlessShutdown(ctx, values.take(Duration.millis(wait)))
-        if (Option.isNone(got)) {
-          done = true
-          return Option.none()
-        }
-        if (Option.isNone(got.value)) return yield* tick
-        const latest = Take.match(got.value.value, {
-          onEnd: () => undefined,
-          onFailure: () => undefined,
-          onSuccess: (chunk) => Chunk.last(chunk)
-        })
-        if (latest === undefined) {
-          done = true
-          return Option.none()
-        }
-        if (Option.isSome(latest)) return Option.some(yield* onValue(latest.value))
-      }
-    })
-  })
-
-const sseResponse = (body: Stream.Stream<Uint8Array>) =>
-  HttpServerResponse.stream(body, { contentType: "text/event-stream", headers: SSE_HEADERS })
 
 // ---------------------------------------------------------------------------------------------
 // Route handlers
