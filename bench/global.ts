@@ -26,7 +26,7 @@ import {
 } from "../src/consumer/GlobalConsumer.js"
 import { GlobalView, make as makeView, type OverlapResult } from "../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../src/consumer/http/GlobalHttpServer.js"
-import { emptyMembershipView } from "../src/discovery/MembershipProjection.js"
+import { emptyMembershipView } from "../src/discovery/Membership.js"
 import type { RouterEvent } from "../src/protocol/Events.js"
 import { stableDcId } from "../src/protocol/Identity.js"
 import {

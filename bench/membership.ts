@@ -11,11 +11,8 @@ import { Either } from "effect"
 import type { DiscoverySnapshot } from "../src/discovery/Discovery.js"
 import { WATCH_ALL } from "../src/discovery/DiscoveryConfig.js"
 import { KvSourceCoordinatorState } from "../src/discovery/KvSourceCoordinator.js"
-import {
-  type DcMembershipView,
-  MembershipProjector,
-  projectMembership
-} from "../src/discovery/MembershipProjection.js"
+import type { DcMembershipView } from "../src/discovery/Membership.js"
+import { MembershipProjector, projectMembership } from "../src/discovery/MembershipProjection.js"
 import type { KvEventSource } from "../src/protocol/Discovery.js"
 import {
   KvEventSourceJson,

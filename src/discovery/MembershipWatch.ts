@@ -9,7 +9,8 @@ import { Context, Effect, Layer, type Scope, Stream, SubscriptionRef } from "eff
 import { loopStep, supervised } from "../observability/Supervised.js"
 import { Discovery, type DiscoverySnapshot } from "./Discovery.js"
 import type { DiscoveryScope } from "./DiscoveryConfig.js"
-import { type DcMembershipView, MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"
+import type { DcMembershipView } from "./Membership.js"
+import { MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"
 
 export interface MembershipWatchShape {
   readonly current: Effect.Effect<DcMembershipView>

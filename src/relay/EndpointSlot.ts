@@ -53,9 +53,9 @@ import {
 import {
   type EndpointMembership,
   hasPoolMaterializationConflict,
-  isMaterializable,
-  membershipEquals
-} from "../discovery/MembershipProjection.js"
+  isMaterializable
+} from "../discovery/Membership.js"
+import { membershipEquals } from "../discovery/MembershipProjection.js"
 import { loopStep } from "../observability/Supervised.js"
 import type { RuntimeConfig } from "../protocol/Discovery.js"
 import { activeSource, isRecoverableSource } from "../protocol/Discovery.js"
@@ -77,9 +77,9 @@ import {
   drainReadyFaults,
   type PendingActorAction,
   PendingActorFaults,
-  type ProducerFenceTrigger
+  reportActorFault,
+  reportProducerFenceTrigger
 } from "./PendingActorFaults.js"
-import type { ActorFault } from "./PoolActor.js"
 import * as PoolRecoveryTarget from "./PoolRecoveryTarget.js"
 import type {
   PoolAttachFailure,
@@ -257,28 +257,6 @@ const CHANGED: SlotInput = { _tag: "Changed" }
 const POOL_UNAVAILABLE: SlotInput = { _tag: "PoolUnavailable" }
 const RETRY: SlotInput = { _tag: "Retry" }
 const STOPPED: SlotInput = { _tag: "Stopped" }
-
-const faultLogFields = (fault: ActorFault) => ({
-  workerId: fault.workerId,
-  dpRank: fault.dpRank,
-  sourceEpoch: fault.sourceEpoch,
-  eventId: fault.eventId ?? "none",
-  category: fault.category,
-  action: fault.disposition.action,
-  error: fault.message
-})
-
-const reportActorFault = (fault: ActorFault) =>
-  Effect.logError("KV DC Relay actor failed an admitted mutation").pipe(
-    Effect.annotateLogs(faultLogFields(fault))
-  )
-
-const reportProducerFenceTrigger = (trigger: ProducerFenceTrigger) =>
-  trigger._tag === "Fault"
-    ? reportActorFault(trigger.fault)
-    : Effect.logError("KV DC Relay pending source faults exceeded their bound; fencing producer").pipe(
-        Effect.annotateLogs(faultLogFields(trigger.fault))
-      )
 
 /**
  * Runs the slot until `stop` completes (or the fiber is interrupted), then drains its generation

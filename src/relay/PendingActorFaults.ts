@@ -232,3 +232,25 @@ export const drainFaultsWhile = <A, E, R>(
     })
     return yield* drain.pipe(Effect.onInterrupt(() => Effect.zipRight(Fiber.interrupt(fiber), closeAndLog)))
   })
+
+export const faultLogFields = (fault: ActorFault) => ({
+  workerId: fault.workerId,
+  dpRank: fault.dpRank,
+  sourceEpoch: fault.sourceEpoch,
+  eventId: fault.eventId ?? "none",
+  category: fault.category,
+  action: fault.disposition.action,
+  error: fault.message
+})
+
+export const reportActorFault = (fault: ActorFault) =>
+  Effect.logError("KV DC Relay actor failed an admitted mutation").pipe(
+    Effect.annotateLogs(faultLogFields(fault))
+  )
+
+export const reportProducerFenceTrigger = (trigger: ProducerFenceTrigger) =>
+  trigger._tag === "Fault"
+    ? reportActorFault(trigger.fault)
+    : Effect.logError("KV DC Relay pending source faults exceeded their bound; fencing producer").pipe(
+        Effect.annotateLogs(faultLogFields(trigger.fault))
+      )

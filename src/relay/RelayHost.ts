@@ -49,9 +49,9 @@ import {
   type DcMembershipView,
   type EndpointMembership,
   emptyMembershipView,
-  makeConflict,
-  membershipEquals
-} from "../discovery/MembershipProjection.js"
+  makeConflict
+} from "../discovery/Membership.js"
+import { membershipEquals } from "../discovery/MembershipProjection.js"
 import { makeMembershipWatch } from "../discovery/MembershipWatch.js"
 import { loopStep, supervised } from "../observability/Supervised.js"
 import { deriveStableDcId } from "../protocol/Identity.js"

@@ -9,7 +9,7 @@
 import { Context, type Deferred, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
 import type { DiscoveryStatus } from "../discovery/Discovery.js"
-import type { DcMembershipView } from "../discovery/MembershipProjection.js"
+import type { DcMembershipView } from "../discovery/Membership.js"
 import type { PublishDelaySnapshot } from "../observability/PublishDelay.js"
 import type { DpRank, MalformedReason, SkipCounts, WorkerId } from "../protocol/Events.js"
 import type { DcRelayIdentity, EndpointId } from "../protocol/Model.js"

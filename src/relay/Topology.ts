@@ -19,7 +19,7 @@ import {
   hasServingTopologyConflict,
   isMaterializable,
   type WorkerTopology
-} from "../discovery/MembershipProjection.js"
+} from "../discovery/Membership.js"
 import { loopStep, supervised } from "../observability/Supervised.js"
 import type { WorkerId } from "../protocol/Events.js"
 import {

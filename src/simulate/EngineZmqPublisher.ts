@@ -16,7 +16,7 @@ import { hashPairs } from "../ckf/u64.js"
 import type { KvEventSource } from "../protocol/Discovery.js"
 import type { DpRank, WorkerId } from "../protocol/Events.js"
 import type { EndpointId } from "../protocol/Model.js"
-import { REPLAY_END_SEQ } from "../transport/EngineZmq.js"
+import { REPLAY_END_SEQ } from "../transport/EngineReplay.js"
 import {
   acquireSocket,
   bindSocket,

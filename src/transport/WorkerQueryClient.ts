@@ -31,7 +31,7 @@ import {
   WorkerQueryError,
   type WorkerQueryTransport
 } from "../recovery/WorkerQuery.js"
-import { type ReplayedBatch, replayEngine } from "./EngineZmq.js"
+import { type ReplayedBatch, replayEngine } from "./EngineReplay.js"
 import { decodeWorkerQueryResponse, encodeWorkerQueryRequest } from "./msgpack.js"
 import { acquireSocket, connectSocket, receiveFrames, sendFrames, type ZmqError } from "./ZmqSocket.js"
 

@@ -6,7 +6,7 @@
 
 import { Effect, Either, Exit, Random, Ref, Scope, SubscriptionRef } from "effect"
 import { type DcId, type IndexerDomainId, PoolId } from "../../src/ckf/identity.js"
-import { type DcMembershipView, emptyMembershipView } from "../../src/discovery/MembershipProjection.js"
+import { type DcMembershipView, emptyMembershipView } from "../../src/discovery/Membership.js"
 import { clearedEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
 import { stableDcId } from "../../src/protocol/Identity.js"
 import {

@@ -15,7 +15,9 @@ import {
   hasPoolMaterializationConflict,
   hasServingTopologyConflict,
   isMaterializable,
-  type MaterializationConflict,
+  type MaterializationConflict
+} from "../../src/discovery/Membership.js"
+import {
   MembershipProjector,
   membershipEquals,
   projectMembership

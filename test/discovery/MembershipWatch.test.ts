@@ -7,7 +7,7 @@ import {
   makeStaticDiscovery
 } from "../../src/discovery/Discovery.js"
 import { WATCH_ALL } from "../../src/discovery/DiscoveryConfig.js"
-import type { DcMembershipView } from "../../src/discovery/MembershipProjection.js"
+import type { DcMembershipView } from "../../src/discovery/Membership.js"
 import { makeMembershipWatch } from "../../src/discovery/MembershipWatch.js"
 import { LoopFaults, makeLoopFaults, supervisedRestarts } from "../../src/observability/Supervised.js"
 import type { ModelCardInstance } from "../../src/protocol/Discovery.js"

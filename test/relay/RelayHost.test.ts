@@ -15,7 +15,7 @@ import {
   type EndpointMembership,
   isMaterializable,
   makeConflict
-} from "../../src/discovery/MembershipProjection.js"
+} from "../../src/discovery/Membership.js"
 import type { KvEventSource, ModelCardInstance } from "../../src/protocol/Discovery.js"
 import { type RouterEvent, storedEvent } from "../../src/protocol/Events.js"
 import type { ResolvedIndexerDomain } from "../../src/protocol/Identity.js"

@@ -11,9 +11,9 @@ import {
   type DcMembershipView,
   type EndpointMembership,
   emptyMembershipView,
-  projectMembership,
   type WorkerTopology
-} from "../../src/discovery/MembershipProjection.js"
+} from "../../src/discovery/Membership.js"
+import { projectMembership } from "../../src/discovery/MembershipProjection.js"
 import { decodeJson, encodeJson } from "../../src/protocol/Json.js"
 import { type DcPoolDescriptor, modelAlias, withTarget } from "../../src/protocol/Model.js"
 import { ReadinessJson } from "../../src/protocol/RelayApi.js"

@@ -18,9 +18,9 @@ import {
   type DcMembershipView,
   type EndpointMembership,
   emptyMembershipView,
-  isMaterializable,
-  projectMembership
-} from "../../src/discovery/MembershipProjection.js"
+  isMaterializable
+} from "../../src/discovery/Membership.js"
+import { projectMembership } from "../../src/discovery/MembershipProjection.js"
 import type { KvEventSource, ModelCardInstance } from "../../src/protocol/Discovery.js"
 import type { ResolvedIndexerDomain } from "../../src/protocol/Identity.js"
 import {

@@ -6,7 +6,7 @@
 
 import { Effect, Either, Ref, SubscriptionRef } from "effect"
 import { DcId } from "../../../src/ckf/identity.js"
-import { type DcMembershipView, emptyMembershipView } from "../../../src/discovery/MembershipProjection.js"
+import { type DcMembershipView, emptyMembershipView } from "../../../src/discovery/Membership.js"
 import { ProducerIdentityJson } from "../../../src/protocol/Identity.js"
 import { encodeJson } from "../../../src/protocol/Json.js"
 import { compareEndpointIds, type EndpointId } from "../../../src/protocol/Model.js"

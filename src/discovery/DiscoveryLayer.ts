@@ -1,7 +1,7 @@
 /**
- * Discovery: the record backends (file, etcd), the membership projection (model cards →
- * `EndpointMembership`) and the KV source coordinator (sources → per-rank statuses and lifecycle
- * generations).
+ * The `Discovery` service a relay's configuration selects: file or etcd. The rest of discovery is
+ * the membership projection (model cards → `EndpointMembership`) and the KV source coordinator
+ * (sources → per-rank statuses and lifecycle generations).
  */
 
 import type * as FileSystem from "@effect/platform/FileSystem"
@@ -10,16 +10,6 @@ import type { Discovery, DiscoveryStartupError } from "./Discovery.js"
 import type { DiscoveryConfig } from "./DiscoveryConfig.js"
 import { etcdDiscoveryLayer } from "./EtcdDiscovery.js"
 import { fileDiscoveryLayer } from "./FileDiscovery.js"
-
-export * from "./Discovery.js"
-export * from "./DiscoveryConfig.js"
-export * from "./DiscoveryFileWriter.js"
-export * from "./DiscoveryRecords.js"
-export * from "./EtcdDiscovery.js"
-export * from "./FileDiscovery.js"
-export * from "./KvSourceCoordinator.js"
-export * from "./MembershipProjection.js"
-export * from "./MembershipWatch.js"
 
 /** The `Discovery` layer the configuration selects. */
 export const discoveryLayer = (
