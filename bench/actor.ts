@@ -25,7 +25,8 @@ import {
 import { type DcCkfDelta, DcCkfPublisher } from "../src/ckf/publisher.js"
 import { DcCkfState } from "../src/ckf/state.js"
 import type { RouterEvent } from "../src/protocol/Events.js"
-import { make, type StreamScope } from "../src/relay/PoolActor.js"
+import { make } from "../src/relay/internal/PoolActorLoop.js"
+import type { StreamScope } from "../src/relay/PoolActor.js"
 import { type BenchContext, gc, HashStream, record } from "./harness.js"
 
 const BLOCKS_PER_EVENT = 8

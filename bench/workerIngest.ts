@@ -41,7 +41,8 @@ import {
   RoutingScopeId
 } from "../src/ckf/identity.js"
 import type { RouterEvent } from "../src/protocol/Events.js"
-import { make, type PoolActor } from "../src/relay/PoolActor.js"
+import { make } from "../src/relay/internal/PoolActorLoop.js"
+import type { PoolActor } from "../src/relay/PoolActor.js"
 import { DEFAULT_EXPECTED_UNIQUE_BLOCKS, DEFAULT_PUBLICATION_THRESHOLD } from "../src/relay/RelayHost.js"
 import { randomPublisherId } from "../src/simulate/DynamoZmqPublisher.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC, subscribeDynamo } from "../src/transport/DynamoZmq.js"

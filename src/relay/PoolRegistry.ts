@@ -60,6 +60,7 @@ import {
   validatePoolRoles,
   type WorkerRole
 } from "../protocol/Model.js"
+import { make as makePoolActor } from "./internal/PoolActorLoop.js"
 import {
   type EvictionCandidate,
   HubCoordinator,
@@ -68,13 +69,7 @@ import {
 } from "./internal/PoolHubSlot.js"
 import { type GenerationSignal, GenerationToken } from "./internal/sync.js"
 import { drainFaultsWhile } from "./PendingActorFaults.js"
-import {
-  type ActorFault,
-  type MakePoolActor,
-  make as makePoolActor,
-  type PoolActor,
-  type PoolActorOptions
-} from "./PoolActor.js"
+import type { ActorFault, MakePoolActor, PoolActor, PoolActorOptions } from "./PoolActor.js"
 import {
   type ActiveLoad,
   type LoadCapacityError,

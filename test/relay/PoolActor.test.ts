@@ -11,7 +11,8 @@ import {
 } from "../../src/ckf/identity.js"
 import { DcCkfState } from "../../src/ckf/state.js"
 import { storedEvent } from "../../src/protocol/Events.js"
-import { make, type PoolActorOptions, type StreamScope } from "../../src/relay/PoolActor.js"
+import { make } from "../../src/relay/internal/PoolActorLoop.js"
+import type { PoolActorOptions, StreamScope } from "../../src/relay/PoolActor.js"
 
 const streamScope: StreamScope = {
   relayIncarnation: 1n,

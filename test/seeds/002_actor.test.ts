@@ -19,11 +19,11 @@ import {
 } from "../../src/ckf/identity.js"
 import { DcCkfState } from "../../src/ckf/state.js"
 import { type RouterEvent, storedEvent } from "../../src/protocol/Events.js"
+import { make } from "../../src/relay/internal/PoolActorLoop.js"
 import {
   type ActorFault,
   DEFAULT_FAULT_CAPACITY,
   DEFAULT_MAILBOX_CAPACITY,
-  make,
   type PoolActorOptions,
   type StreamScope
 } from "../../src/relay/PoolActor.js"
