@@ -199,6 +199,16 @@ export const compareRegistrations = (a: CanonicalModelRegistration, b: Canonical
 export const registrationEquals = (a: CanonicalModelRegistration, b: CanonicalModelRegistration): boolean =>
   compareRegistrations(a, b) === 0
 
+/** Two registration lists (each in `compareRegistrations` order) hold the same registrations. */
+export const registrationListsEqual = (
+  a: ReadonlyArray<CanonicalModelRegistration>,
+  b: ReadonlyArray<CanonicalModelRegistration>
+): boolean => a === b || compareArrays(a, b, compareRegistrations) === 0
+
+/** Two role lists (each in `compareWorkerRoles` order) hold the same roles. */
+export const roleListsEqual = (a: ReadonlyArray<WorkerRole>, b: ReadonlyArray<WorkerRole>): boolean =>
+  a.length === b.length && a.every((role, i) => role === b[i])
+
 /**
  * The registry's rules for one pool's registration list, checked in the reference's order: each
  * canonical model once, then no alias naming a model of the pool, then no alias with two owners.

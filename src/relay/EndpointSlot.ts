@@ -63,11 +63,11 @@ import type { WorkerId } from "../protocol/Events.js"
 import { type ResolvedIndexerDomain, resolvedIndexerDomainEquals } from "../protocol/Identity.js"
 import {
   type CanonicalModelRegistration,
-  compareRegistrations,
   type EndpointId,
+  registrationListsEqual,
+  roleListsEqual,
   type WorkerRole
 } from "../protocol/Model.js"
-import { compareArrays } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
 import { raceNextFault } from "./internal/FaultWaiter.js"
@@ -153,14 +153,6 @@ export const desiredBinding = (
   }
   return undefined
 }
-
-const registrationsEqual = (
-  a: ReadonlyArray<CanonicalModelRegistration>,
-  b: ReadonlyArray<CanonicalModelRegistration>
-): boolean => a === b || compareArrays(a, b, compareRegistrations) === 0
-
-const rolesEqual = (a: ReadonlyArray<WorkerRole>, b: ReadonlyArray<WorkerRole>): boolean =>
-  a.length === b.length && a.every((role, i) => role === b[i])
 
 const sameMembership = (a: EndpointMembership | undefined, b: EndpointMembership | undefined): boolean =>
   a === b || (a !== undefined && b !== undefined && a.generation === b.generation && membershipEquals(a, b))
@@ -476,7 +468,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
       ) =>
         Effect.gen(function* () {
           const attachment = active.attachment
-          if (!registrationsEqual(active.registrations, membership.registrations)) {
+          if (!registrationListsEqual(active.registrations, membership.registrations)) {
             const refreshed = yield* Effect.either(
               refreshPoolRegistrations(
                 registry,
@@ -501,7 +493,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
             }
           }
           const current = !sourceBindingPending && bindingEquals(active.binding, desired)
-          if (current && !rolesEqual(active.roles, membership.roles)) {
+          if (current && !roleListsEqual(active.roles, membership.roles)) {
             const replaced = yield* Effect.either(registry.replaceRoles(attachment, membership.roles))
             if (Either.isRight(replaced)) active.roles = membership.roles
             else {
@@ -683,8 +675,8 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
             runtime !== undefined &&
             membership !== undefined &&
             isMaterializable(membership) &&
-            (!registrationsEqual(runtime.registrations, membership.registrations) ||
-              !rolesEqual(runtime.roles, membership.roles) ||
+            (!registrationListsEqual(runtime.registrations, membership.registrations) ||
+              !roleListsEqual(runtime.roles, membership.roles) ||
               runtime.loadConfigs !== membership.runtimeConfigs)
           ) {
             yield* refreshActive(runtime, membership, desired, sourceBindingPending)

@@ -60,7 +60,8 @@ import { compareUtf8 } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
 import * as EndpointSlot from "./EndpointSlot.js"
-import * as PoolRegistry from "./PoolRegistry.js"
+import * as PoolRegistryLive from "./internal/PoolRegistryLive.js"
+import type * as PoolRegistry from "./PoolRegistry.js"
 import * as PublicationSource from "./PublicationSource.js"
 import {
   ActorStopped,
@@ -335,7 +336,7 @@ export const make = (
     )
     const eventTransport = config.eventTransport
 
-    const registry = yield* PoolRegistry.make({
+    const registry = yield* PoolRegistryLive.make({
       ...config.registry,
       relayIdentity: identity,
       actorConfig: {

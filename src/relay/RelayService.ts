@@ -15,8 +15,8 @@ import type { DpRank, MalformedReason, SkipCounts, WorkerId } from "../protocol/
 import type { DcRelayIdentity, EndpointId } from "../protocol/Model.js"
 import type * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
+import type { DcPoolCatalog } from "./PoolCatalog.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
-import type { DcPoolCatalog } from "./PoolRegistry.js"
 import type { PoolFeed, PublicationFrame } from "./PublicationSource.js"
 import type { KvDcRelayError, PublicationError } from "./RelayErrors.js"
 

@@ -34,7 +34,7 @@ import {
   type WorkerType
 } from "../protocol/Model.js"
 import { compareUtf8 } from "../protocol/Text.js"
-import type { DcPoolCatalog } from "./PoolRegistry.js"
+import type { DcPoolCatalog } from "./PoolCatalog.js"
 
 // ---------------------------------------------------------------------------------------------
 // Evaluator (§6.1)

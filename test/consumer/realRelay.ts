@@ -18,7 +18,8 @@ import {
   modelAlias
 } from "../../src/protocol/Model.js"
 import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
-import { make as makeRegistry, type PoolAttachment, type PoolRegistry } from "../../src/relay/PoolRegistry.js"
+import { make as makeRegistry } from "../../src/relay/internal/PoolRegistryLive.js"
+import type { PoolAttachment, PoolRegistry } from "../../src/relay/PoolRegistry.js"
 import type { PublicationHubConfig } from "../../src/relay/PublicationHub.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
 import { UnknownEndpoint } from "../../src/relay/RelayErrors.js"

@@ -17,7 +17,7 @@ import { projectMembership } from "../../src/discovery/MembershipProjection.js"
 import { decodeJson, encodeJson } from "../../src/protocol/Json.js"
 import { type DcPoolDescriptor, modelAlias, withTarget } from "../../src/protocol/Model.js"
 import { ReadinessJson } from "../../src/protocol/RelayApi.js"
-import { DcPoolCatalog } from "../../src/relay/PoolRegistry.js"
+import { DcPoolCatalog } from "../../src/relay/PoolCatalog.js"
 import {
   availabilityFromMembership,
   type EndpointAvailability,

@@ -14,7 +14,7 @@ import {
   ModelCardInstanceJson
 } from "../../src/protocol/Discovery.js"
 import { encodeJson } from "../../src/protocol/Json.js"
-import type { DcPoolCatalog } from "../../src/relay/PoolRegistry.js"
+import type { DcPoolCatalog } from "../../src/relay/PoolCatalog.js"
 
 const encodeCard = encodeJson(ModelCardInstanceJson)
 const encodeSource = encodeJson(KvEventSourceJson)

@@ -17,10 +17,10 @@ import {
   KvQuerySemantics,
   modelAlias
 } from "../../src/protocol/Model.js"
+import { make as makeRegistry } from "../../src/relay/internal/PoolRegistryLive.js"
 import {
   type CkfBuilder,
   externalCkfBuilder,
-  make as makeRegistry,
   type PoolActorConfig,
   type PoolAttachRequest,
   type PoolRegistryOptions

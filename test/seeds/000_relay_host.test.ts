@@ -30,7 +30,7 @@ import {
   KvQuerySemantics
 } from "../../src/protocol/Model.js"
 import * as EndpointSlot from "../../src/relay/EndpointSlot.js"
-import type { DcPoolCatalog } from "../../src/relay/PoolRegistry.js"
+import type { DcPoolCatalog } from "../../src/relay/PoolCatalog.js"
 import * as RelayHost from "../../src/relay/RelayHost.js"
 import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
 import { makeZmqEventTransport } from "../../src/transport/ZmqEventTransport.js"

@@ -20,13 +20,9 @@ import {
 import { CatalogSnapshotJson } from "../../src/protocol/RelayApi.js"
 import { makeEncodingPermits } from "../../src/relay/internal/sync.js"
 import { drainFaultsWhile } from "../../src/relay/PendingActorFaults.js"
+import type { DcPoolCatalog } from "../../src/relay/PoolCatalog.js"
 import { hasDegradedCoverage } from "../../src/relay/PoolLoad.js"
-import type {
-  DcPoolCatalog,
-  PoolAttachment,
-  PoolRegistry,
-  PoolRetirementMode
-} from "../../src/relay/PoolRegistry.js"
+import type { PoolAttachment, PoolRegistry, PoolRetirementMode } from "../../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
 import {
   config,
