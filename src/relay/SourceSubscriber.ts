@@ -35,6 +35,7 @@ import type { EndpointId } from "../protocol/Model.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../recovery/SourceSupervisor.js"
+import * as SourceSupervisorLive from "../recovery/SourceSupervisorLive.js"
 import type { WorkerQueryTransport } from "../recovery/WorkerQuery.js"
 import type { EndpointIngestStats, ExpectedSourceState } from "./RelayService.js"
 
@@ -177,7 +178,7 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
       kvBlockSize === undefined
         ? baseQuery
         : { queryWorker: (source, request) => baseQuery.queryWorker(source, request, { kvBlockSize }) }
-    const supervisor = yield* SourceSupervisor.make({
+    const supervisor = yield* SourceSupervisorLive.make({
       target: options.target,
       transport: query,
       membership: options.sources.current,

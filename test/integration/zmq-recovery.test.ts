@@ -34,8 +34,13 @@ import {
   type WorkerId
 } from "../../src/protocol/Events.js"
 import { EndpointId } from "../../src/protocol/Model.js"
+import {
+  internalsOf,
+  type SourceSlotSnapshot
+} from "../../src/recovery/internal/SourceSupervisorInternals.js"
 import type { RecoveryResetReason, RecoveryTarget, SourceEpoch } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../../src/recovery/SourceSupervisor.js"
+import * as SourceSupervisorLive from "../../src/recovery/SourceSupervisorLive.js"
 import type { WorkerKvQueryResponse } from "../../src/recovery/WorkerQuery.js"
 import * as SourceSubscriber from "../../src/relay/SourceSubscriber.js"
 import { type DynamoZmqPublisher, makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
@@ -199,7 +204,7 @@ interface Harness {
   readonly pool: EventSubscriberPool
   /** Publishes a membership view built from these advertisements and syncs as the subscriber does. */
   readonly advertise: (ads: ReadonlyArray<KvEventSource>) => Effect.Effect<void>
-  readonly slot: (workerId: WorkerId, dpRank: DpRank) => SourceSupervisor.SourceSlotSnapshot | undefined
+  readonly slot: (workerId: WorkerId, dpRank: DpRank) => SourceSlotSnapshot | undefined
 }
 
 const makeHarness = (options: {
@@ -211,7 +216,7 @@ const makeHarness = (options: {
     const target = new RecordingTarget()
     const model = new MembershipModel()
     const membership = yield* SubscriptionRef.make(model.view(options.expected, []))
-    const supervisor = yield* SourceSupervisor.make({
+    const supervisor = yield* SourceSupervisorLive.make({
       target,
       transport: makeWorkerQueryClient(),
       membership: SubscriptionRef.get(membership),
@@ -249,7 +254,7 @@ const makeHarness = (options: {
       supervisor,
       pool,
       advertise,
-      slot: (workerId, dpRank) => supervisor.internals.slot(workerId, dpRank)
+      slot: (workerId, dpRank) => internalsOf(supervisor).slot(workerId, dpRank)
     } satisfies Harness
   })
 

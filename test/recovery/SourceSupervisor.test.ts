@@ -20,13 +20,15 @@ import {
   type WorkerId
 } from "../../src/protocol/Events.js"
 import { EndpointId } from "../../src/protocol/Model.js"
+import { internalsOf } from "../../src/recovery/internal/SourceSupervisorInternals.js"
 import {
   type RecoveryResetReason,
   type RecoveryTarget,
   RecoveryTargetError,
   type SourceEpoch
 } from "../../src/recovery/RecoveryTarget.js"
-import * as SourceSupervisor from "../../src/recovery/SourceSupervisor.js"
+import type * as SourceSupervisor from "../../src/recovery/SourceSupervisor.js"
+import * as SourceSupervisorLive from "../../src/recovery/SourceSupervisorLive.js"
 import {
   type WorkerKvQueryRequest,
   type WorkerKvQueryResponse,
@@ -135,13 +137,13 @@ const setup = (
 ) =>
   Effect.gen(function* () {
     const membership = yield* SubscriptionRef.make(initial)
-    const supervisor = yield* SourceSupervisor.make({ target, transport, membership, ...options })
+    const supervisor = yield* SourceSupervisorLive.make({ target, transport, membership, ...options })
     yield* supervisor.syncMembership
     return { supervisor, membership }
   })
 
 const slotOf = (supervisor: SourceSupervisor.SourceSupervisor, worker: Rank = WORKER) => {
-  const slot = supervisor.internals.slot(worker.workerId, worker.dpRank)
+  const slot = internalsOf(supervisor).slot(worker.workerId, worker.dpRank)
   if (slot === undefined) throw new Error("no slot")
   return slot
 }
@@ -159,7 +161,7 @@ describe("SourceSupervisor recovery queries", () => {
         recoverySemaphore: semaphore
       })
       const fetch = yield* Effect.fork(
-        supervisor.internals.fetchRecoveryResponse(sourceFor(WORKER, 1n, true), 5, undefined)
+        internalsOf(supervisor).fetchRecoveryResponse(sourceFor(WORKER, 1n, true), 5, undefined)
       )
       yield* TestClock.adjust("100 millis")
       expect(requests.length).toBe(1)
@@ -181,14 +183,14 @@ describe("SourceSupervisor recovery queries", () => {
         respond({ _tag: "TreeDump", events: [], lastEventId: 0 })
       ])
       const membership = yield* SubscriptionRef.make(view([]))
-      const supervisor = yield* SourceSupervisor.make({
+      const supervisor = yield* SourceSupervisorLive.make({
         target: recordingTarget().target,
         transport,
         membership,
         recoveryAttemptTimeout: "1 second"
       })
       const fetch = yield* Effect.fork(
-        supervisor.internals.fetchRecoveryResponse(sourceFor(WORKER, 1n, true), undefined, undefined)
+        internalsOf(supervisor).fetchRecoveryResponse(sourceFor(WORKER, 1n, true), undefined, undefined)
       )
       yield* TestClock.adjust("1200 millis")
       expect((yield* Fiber.join(fetch))._tag).toBe("TreeDump")
@@ -264,14 +266,14 @@ describe("SourceSupervisor spans", () => {
         respond({ _tag: "TreeDump", events: [], lastEventId: 0 })
       ])
       const membership = yield* SubscriptionRef.make(view([]))
-      const supervisor = yield* SourceSupervisor.make({
+      const supervisor = yield* SourceSupervisorLive.make({
         target: recordingTarget().target,
         transport,
         membership,
         recoveryAttemptTimeout: "1 second"
       })
       const fetch = yield* Effect.fork(
-        supervisor.internals
+        internalsOf(supervisor)
           .fetchRecoveryResponse(sourceFor(WORKER, 1n, true), undefined, undefined)
           .pipe(Effect.withTracer(tracer))
       )
@@ -385,7 +387,7 @@ describe("SourceSupervisor recovery completion", () => {
       yield* Deferred.succeed(release, undefined)
       yield* TestClock.adjust("1 second")
       expect(calls).toEqual([["Admit", 0, 1]])
-      expect(supervisor.internals.runningRecoveryCount()).toBe(0)
+      expect(internalsOf(supervisor).runningRecoveryCount()).toBe(0)
       expect(slotOf(supervisor).lastAdmittedId).toBe(1)
     })
   )
@@ -743,11 +745,11 @@ describe("SourceSupervisor faults, health and shutdown", () => {
       calls.length = 0
       expect(yield* supervisor.rejectSource("42", 0, 4)).toBe("Stale")
       expect(calls).toEqual([])
-      expect(supervisor.internals.publisherBinding(2n)?.epoch).toBe(5)
-      expect(supervisor.internals.slot("42", 0)?.rejectedGeneration).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(2n)?.epoch).toBe(5)
+      expect(internalsOf(supervisor).slot("42", 0)?.rejectedGeneration).toBeUndefined()
       // The current epoch's fault does reject it.
       expect(yield* supervisor.rejectSource("42", 0, 5)).toBe("Fenced")
-      expect(supervisor.internals.publisherBinding(2n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(2n)).toBeUndefined()
     })
   )
 

@@ -14,6 +14,7 @@ import {
   rankKey
 } from "../../src/protocol/Discovery.js"
 import type { DpRank, RouterEvent, WorkerId } from "../../src/protocol/Events.js"
+import { internalsOf } from "../../src/recovery/internal/SourceSupervisorInternals.js"
 import type { RecoveryResetReason, RecoveryTarget, SourceEpoch } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSubscriber from "../../src/relay/SourceSubscriber.js"
 import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
@@ -106,7 +107,7 @@ describe("SourceSubscriber", () => {
       }
       const { subscriber } = yield* start(view("prod.backend.kv", [deaf]), target)
       // Not connected: the supervisor keeps the rank inactive (no recovery, no admission).
-      expect(subscriber.supervisor.internals.publisherBinding(5n)).toBeUndefined()
+      expect(internalsOf(subscriber.supervisor).publisherBinding(5n)).toBeUndefined()
       yield* TestClock.adjust("1999 millis")
       expect(calls.filter((c) => c.op === "initial")).toEqual([])
       yield* TestClock.adjust("1 millis")
@@ -127,7 +128,7 @@ describe("SourceSubscriber", () => {
       const { subscriber } = yield* start(view("prod.backend.kv", [live]), target)
       const publisherId = yield* publisher.publisherId
       yield* eventually(
-        Effect.sync(() => subscriber.supervisor.internals.publisherBinding(publisherId) !== undefined),
+        Effect.sync(() => internalsOf(subscriber.supervisor).publisherBinding(publisherId) !== undefined),
         "the source to activate"
       )
       yield* eventually(
@@ -145,7 +146,7 @@ describe("SourceSubscriber", () => {
         "the transport fence",
         5000
       )
-      expect(subscriber.supervisor.internals.publisherBinding(publisherId)).toBeUndefined()
+      expect(internalsOf(subscriber.supervisor).publisherBinding(publisherId)).toBeUndefined()
     })
   )
 
@@ -159,7 +160,7 @@ describe("SourceSubscriber", () => {
       const { ref, subscriber } = yield* start(view("prod.backend.kv-old", [oldSource]), target)
       yield* eventually(
         Effect.sync(
-          () => subscriber.supervisor.internals.publisherBinding(oldSource.publisherId) !== undefined
+          () => internalsOf(subscriber.supervisor).publisherBinding(oldSource.publisherId) !== undefined
         ),
         "the old source"
       )
@@ -168,14 +169,14 @@ describe("SourceSubscriber", () => {
       yield* eventually(
         Effect.sync(
           () =>
-            subscriber.supervisor.internals.publisherBinding(newSource.publisherId) !== undefined &&
-            subscriber.supervisor.internals.publisherBinding(oldSource.publisherId) === undefined
+            internalsOf(subscriber.supervisor).publisherBinding(newSource.publisherId) !== undefined &&
+            internalsOf(subscriber.supervisor).publisherBinding(oldSource.publisherId) === undefined
         ),
         "the rebind"
       )
       yield* subscriber.shutdown
       yield* subscriber.shutdown
-      expect(subscriber.supervisor.internals.publisherBinding(newSource.publisherId)).toBeUndefined()
+      expect(internalsOf(subscriber.supervisor).publisherBinding(newSource.publisherId)).toBeUndefined()
     })
   )
 })

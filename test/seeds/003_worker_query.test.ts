@@ -24,6 +24,7 @@ import {
   type WorkerId
 } from "../../src/protocol/Events.js"
 import { EndpointId } from "../../src/protocol/Model.js"
+import { internalsOf } from "../../src/recovery/internal/SourceSupervisorInternals.js"
 import {
   type RecoveryResetReason,
   type RecoveryTarget,
@@ -31,6 +32,7 @@ import {
   type SourceEpoch
 } from "../../src/recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../../src/recovery/SourceSupervisor.js"
+import * as SourceSupervisorLive from "../../src/recovery/SourceSupervisorLive.js"
 import {
   type WorkerKvQueryRequest,
   type WorkerKvQueryResponse,
@@ -251,18 +253,18 @@ const makeSupervisor = (
 ) =>
   Effect.gen(function* () {
     const membership = yield* SubscriptionRef.make(view)
-    const supervisor = yield* SourceSupervisor.make({ target, transport, membership, ...options })
+    const supervisor = yield* SourceSupervisorLive.make({ target, transport, membership, ...options })
     return { supervisor, membership }
   })
 
 const slotOf = (supervisor: SourceSupervisor.SourceSupervisor, worker: Rank) => {
-  const slot = supervisor.internals.slot(worker.workerId, worker.dpRank)
+  const slot = internalsOf(supervisor).slot(worker.workerId, worker.dpRank)
   if (slot === undefined) throw new Error(`no slot for ${worker.workerId}/${worker.dpRank}`)
   return slot
 }
 
 const bindingOf = (supervisor: SourceSupervisor.SourceSupervisor, publisherId: bigint) => {
-  const binding = supervisor.internals.publisherBinding(publisherId)
+  const binding = internalsOf(supervisor).publisherBinding(publisherId)
   if (binding === undefined) throw new Error(`publisher ${publisherId} is not active`)
   return binding
 }
@@ -277,13 +279,13 @@ describe("seed 003: worker_query.rs", () => {
       const { supervisor } = yield* makeSupervisor(recordingTarget().target, view, mockTransport())
 
       yield* supervisor.syncMembershipWithReadySources(new Set())
-      expect(supervisor.internals.publisherBinding(src.publisherId)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(src.publisherId)).toBeUndefined()
 
       yield* supervisor.syncMembershipWithReadySources(new Set([readySource(src, 6)]))
-      expect(supervisor.internals.publisherBinding(src.publisherId)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(src.publisherId)).toBeUndefined()
 
       yield* supervisor.syncMembershipWithReadySources(new Set([readySource(src, 7)]))
-      expect(supervisor.internals.publisherBinding(src.publisherId)).toBeDefined()
+      expect(internalsOf(supervisor).publisherBinding(src.publisherId)).toBeDefined()
     })
   )
 
@@ -299,12 +301,12 @@ describe("seed 003: worker_query.rs", () => {
       calls.length = 0
 
       expect(yield* supervisor.fenceTransport(100n)).toBe(true)
-      expect(supervisor.internals.publisherBinding(100n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(100n)).toBeUndefined()
       yield* supervisor.handleLiveBatch(100n, [store(2)])
       expect(calls).toEqual([["Reset", 7, "Lifecycle"]])
 
       yield* supervisor.syncMembershipWithReadySources(ready)
-      expect(supervisor.internals.publisherBinding(100n)).toBeDefined()
+      expect(internalsOf(supervisor).publisherBinding(100n)).toBeDefined()
       yield* supervisor.handleLiveBatch(100n, [store(3)])
       expect(calls).toEqual([
         ["Reset", 7, "Lifecycle"],
@@ -379,21 +381,21 @@ describe("seed 003: worker_query.rs", () => {
       const initial = membershipView([[WORKER, recoverable(old), 0]])
       const { supervisor } = yield* makeSupervisor(indexer, initial, transport)
 
-      yield* supervisor.internals.reconcileView(initial)
+      yield* internalsOf(supervisor).reconcileView(initial)
       const oldBinding = bindingOf(supervisor, 100n)
-      yield* supervisor.internals.reconcileView(
+      yield* internalsOf(supervisor).reconcileView(
         membershipView([
           [WORKER, { _tag: "Ambiguous", reason: { _tag: "Incarnations", publisherIds: [100n, 205n] } }, 1]
         ])
       )
-      expect(supervisor.internals.publisherBinding(100n)).toBeUndefined()
-      expect(supervisor.internals.publisherBinding(205n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(100n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeUndefined()
 
-      yield* supervisor.internals.reconcileView(membershipView([[WORKER, liveOnly(replacement), 2]]))
-      expect(supervisor.internals.publisherBinding(100n)).toBeUndefined()
-      expect(supervisor.internals.publisherBinding(205n)).toBeDefined()
+      yield* internalsOf(supervisor).reconcileView(membershipView([[WORKER, liveOnly(replacement), 2]]))
+      expect(internalsOf(supervisor).publisherBinding(100n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeDefined()
 
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         oldBinding,
         Either.right({ _tag: "TreeDump", events: [store(100)], lastEventId: 100 })
       )
@@ -414,15 +416,15 @@ describe("seed 003: worker_query.rs", () => {
       const indexer = new FakeIndexer()
       const { supervisor } = yield* makeSupervisor(indexer, initial, mockTransport())
 
-      yield* supervisor.internals.reconcileView(initial)
+      yield* internalsOf(supervisor).reconcileView(initial)
       yield* supervisor.handleLiveBatch(100n, [storeFor(WORKER, 1)])
       expect(indexer.containsBlock(1)).toBe(true)
 
       // The watch may coalesce A -> ambiguous(A, B) -> A. The cumulative lifecycle generation
       // still requires the consumer to fence and cold-reset A.
-      yield* supervisor.internals.reconcileView(membershipView([[WORKER, liveOnly(src), 2]]))
+      yield* internalsOf(supervisor).reconcileView(membershipView([[WORKER, liveOnly(src), 2]]))
       expect(indexer.isEmpty()).toBe(true)
-      expect(supervisor.internals.publisherBinding(100n)).toBeDefined()
+      expect(internalsOf(supervisor).publisherBinding(100n)).toBeDefined()
     })
   )
 
@@ -432,17 +434,17 @@ describe("seed 003: worker_query.rs", () => {
       const { calls, target } = recordingTarget()
       const { supervisor } = yield* makeSupervisor(target, initial, mockTransport())
 
-      yield* supervisor.internals.reconcileView(initial)
+      yield* internalsOf(supervisor).reconcileView(initial)
       calls.length = 0
-      yield* supervisor.internals.reconcileView(EMPTY_VIEW)
+      yield* internalsOf(supervisor).reconcileView(EMPTY_VIEW)
       expect(calls).toEqual([["Reset", 3, "Lifecycle"]])
 
       calls.length = 0
-      yield* supervisor.internals.reconcileView(
+      yield* internalsOf(supervisor).reconcileView(
         membershipView([[WORKER, liveOnly(sourceFor(WORKER, 205n, null)), 4]])
       )
       expect(calls).toEqual([["Reset", 4, "Lifecycle"]])
-      expect(supervisor.internals.publisherBinding(205n)).toBeDefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeDefined()
     })
   )
 
@@ -463,17 +465,19 @@ describe("seed 003: worker_query.rs", () => {
       const slowSource = sourceFor(rank(1, 0), 1n, "tcp://127.0.0.1:9000/query-1")
       const healthySource = sourceFor(rank(2, 0), 2n, "tcp://127.0.0.1:9000/query-2")
       const slow = yield* Effect.fork(
-        supervisor.internals.fetchRecoveryResponse(slowSource, undefined, undefined)
+        internalsOf(supervisor).fetchRecoveryResponse(slowSource, undefined, undefined)
       )
       yield* Deferred.await(slowStarted)
 
       const healthy = yield* Effect.fork(
-        supervisor.internals.fetchRecoveryResponse(healthySource, undefined, undefined).pipe(
-          Effect.timeoutFail({
-            duration: "100 millis",
-            onTimeout: () => "healthy recovery remained blocked behind another target's retry backoff"
-          })
-        )
+        internalsOf(supervisor)
+          .fetchRecoveryResponse(healthySource, undefined, undefined)
+          .pipe(
+            Effect.timeoutFail({
+              duration: "100 millis",
+              onTimeout: () => "healthy recovery remained blocked behind another target's retry backoff"
+            })
+          )
       )
       yield* TestClock.adjust("100 millis")
       const response = yield* Fiber.join(healthy)
@@ -487,11 +491,11 @@ describe("seed 003: worker_query.rs", () => {
       const view = membershipView([[WORKER, liveOnly(sourceFor(WORKER, 205n, null)), 3]])
       const { calls, target } = recordingTarget()
       const { supervisor } = yield* makeSupervisor(target, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
 
       expect(yield* supervisor.handleTargetFault(WORKER.workerId, WORKER.dpRank, 2, true)).toBe("Stale")
       expect(calls).toEqual([])
-      expect(supervisor.internals.publisherBinding(205n)).toBeDefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeDefined()
     })
   )
 
@@ -500,15 +504,15 @@ describe("seed 003: worker_query.rs", () => {
       const src = sourceFor(WORKER, 205n, null)
       const view = membershipView([[WORKER, liveOnly(src), 3]])
       const { supervisor } = yield* makeSupervisor(recordingTarget().target, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
 
       expect(yield* supervisor.rejectSource(WORKER.workerId, WORKER.dpRank, 3)).toBe("Fenced")
-      expect(supervisor.internals.publisherBinding(205n)).toBeUndefined()
-      yield* supervisor.internals.reconcileView(view)
-      expect(supervisor.internals.publisherBinding(205n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeUndefined()
+      yield* internalsOf(supervisor).reconcileView(view)
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeUndefined()
 
-      yield* supervisor.internals.reconcileView(membershipView([[WORKER, liveOnly(src), 4]]))
-      expect(supervisor.internals.publisherBinding(205n)).toBeDefined()
+      yield* internalsOf(supervisor).reconcileView(membershipView([[WORKER, liveOnly(src), 4]]))
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeDefined()
     })
   )
 
@@ -517,7 +521,7 @@ describe("seed 003: worker_query.rs", () => {
       const view = membershipView([[WORKER, liveOnly(sourceFor(WORKER, 205n, null)), 7]])
       const { calls, target } = recordingTarget()
       const { supervisor } = yield* makeSupervisor(target, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
 
       yield* supervisor.handleLiveBatch(205n, [storeFor(WORKER, 1)])
       expect(calls).toEqual([["Admit", 7, 1]])
@@ -529,21 +533,21 @@ describe("seed 003: worker_query.rs", () => {
       const initial = membershipView([[WORKER, liveOnly(sourceFor(WORKER, 100n, null)), 0]])
       const indexer = new FakeIndexer()
       const { supervisor } = yield* makeSupervisor(indexer, initial, mockTransport())
-      yield* supervisor.internals.reconcileView(initial)
+      yield* internalsOf(supervisor).reconcileView(initial)
 
       indexer.shutdown()
       const replacement = membershipView([[WORKER, liveOnly(sourceFor(WORKER, 205n, null)), 1]])
-      yield* supervisor.internals.reconcileView(replacement)
-      yield* supervisor.internals.reconcileView(replacement)
+      yield* internalsOf(supervisor).reconcileView(replacement)
+      yield* internalsOf(supervisor).reconcileView(replacement)
 
       const slot = slotOf(supervisor, WORKER)
       expect(slot.active).toBeUndefined()
       expect(slot.resetPending).toBe(true)
       expect(slot.lifecycleGeneration).toBe(0)
-      expect(supervisor.internals.publisherBinding(205n)).toBeUndefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeUndefined()
 
-      yield* supervisor.internals.reconcileView(EMPTY_VIEW)
-      expect(supervisor.internals.slot(WORKER.workerId, WORKER.dpRank)).toBeDefined()
+      yield* internalsOf(supervisor).reconcileView(EMPTY_VIEW)
+      expect(internalsOf(supervisor).slot(WORKER.workerId, WORKER.dpRank)).toBeDefined()
       expect(slotOf(supervisor, WORKER).resetPending).toBe(true)
     })
   )
@@ -553,7 +557,7 @@ describe("seed 003: worker_query.rs", () => {
       const view = membershipView([[WORKER, liveOnly(sourceFor(WORKER, 100n, null)), 0]])
       const indexer = new FakeIndexer()
       const { supervisor } = yield* makeSupervisor(indexer, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
       indexer.shutdown()
 
       yield* supervisor.handleLiveBatch(100n, [clearFor(WORKER, 1)])
@@ -579,13 +583,13 @@ describe("seed 003: worker_query.rs", () => {
           )
       }
       const { supervisor } = yield* makeSupervisor(new FakeIndexer(), initial, transport)
-      yield* supervisor.internals.reconcileView(initial)
+      yield* internalsOf(supervisor).reconcileView(initial)
       yield* awaitAdvancing(queryStarted)
 
       const replacement = membershipView([[WORKER, recoverable(sourceFor(WORKER, 205n, sharedTarget)), 1]])
-      yield* supervisor.internals.reconcileView(replacement)
+      yield* internalsOf(supervisor).reconcileView(replacement)
       expect(queryDropped).toBe(true)
-      expect(supervisor.internals.publisherBinding(205n)).toBeDefined()
+      expect(internalsOf(supervisor).publisherBinding(205n)).toBeDefined()
     })
   )
 
@@ -595,11 +599,11 @@ describe("seed 003: worker_query.rs", () => {
       const indexer = new FakeIndexer()
       const transport = mockTransport([], yield* Deferred.make<void>())
       const { supervisor } = yield* makeSupervisor(indexer, view, transport)
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
       yield* supervisor.handleLiveBatch(100n, [store(1)])
       const binding = bindingOf(supervisor, 100n)
 
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         binding,
         Either.right({ _tag: "Events", events: [clearFor(rank(99, 4), 2)], lastEventId: 2 })
       )
@@ -617,12 +621,12 @@ describe("seed 003: worker_query.rs", () => {
       const indexer = new FakeIndexer()
       const transport = mockTransport([], yield* Deferred.make<void>())
       const { supervisor } = yield* makeSupervisor(indexer, view, transport)
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
       yield* supervisor.handleLiveBatch(100n, [store(1)])
       const binding = bindingOf(supervisor, 100n)
       indexer.shutdown()
 
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         binding,
         Either.right({ _tag: "TreeDump", events: [clearFor(WORKER, 2)], lastEventId: 2 })
       )
@@ -640,11 +644,11 @@ describe("seed 003: worker_query.rs", () => {
       const transport = mockTransport([], yield* Deferred.make<void>())
       const { calls, target } = recordingTarget()
       const { supervisor } = yield* makeSupervisor(target, view, transport)
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
       yield* supervisor.handleLiveBatch(100n, [store(2)])
       const binding = bindingOf(supervisor, 100n)
 
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         binding,
         Either.right({ _tag: "TreeDumpFailed", lastEventId: 1, message: "snapshot unavailable" })
       )
@@ -667,11 +671,11 @@ describe("seed 003: worker_query.rs", () => {
       const indexer = new FakeIndexer()
       const transport = mockTransport([], yield* Deferred.make<void>())
       const { supervisor } = yield* makeSupervisor(indexer, view, transport)
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
       const binding = bindingOf(supervisor, 100n)
 
       yield* supervisor.handleLiveBatch(100n, [store(1)])
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         binding,
         Either.right({ _tag: "TreeDump", events: [store(1)], lastEventId: 1 })
       )
@@ -682,7 +686,7 @@ describe("seed 003: worker_query.rs", () => {
       expect(slotOf(supervisor, WORKER).lastAdmittedId).toBe(1)
       expect(indexer.isEmpty()).toBe(true)
 
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         binding,
         Either.right({ _tag: "TreeDump", events: [store(1), store(2)], lastEventId: 2 })
       )
@@ -700,7 +704,7 @@ describe("seed 003: worker_query.rs", () => {
       const view = membershipView([[WORKER, liveOnly(sourceFor(WORKER, 100n, null)), 0]])
       const indexer = new FakeIndexer()
       const { supervisor } = yield* makeSupervisor(indexer, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
 
       const foreign = storeFor(rank(99, 4), 2)
       yield* supervisor.handleLiveBatch(100n, [storeFor(WORKER, 1), foreign])
@@ -719,7 +723,7 @@ describe("seed 003: worker_query.rs", () => {
         [rank5, liveOnly(sourceFor(rank5, 205n, null)), 0]
       ])
       const { supervisor } = yield* makeSupervisor(indexer, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
 
       yield* supervisor.handleLiveBatch(100n, [storeFor(rank4, 1)])
       yield* supervisor.handleLiveBatch(205n, [storeFor(rank5, 1)])
@@ -741,12 +745,12 @@ describe("seed 003: worker_query.rs", () => {
         [rank5, liveOnly(sourceFor(rank5, 205n, null)), 0]
       ])
       const { supervisor } = yield* makeSupervisor(indexer, view, mockTransport())
-      yield* supervisor.internals.reconcileView(view)
+      yield* internalsOf(supervisor).reconcileView(view)
       yield* supervisor.handleLiveBatch(100n, [storeFor(rank4, 1)])
       yield* supervisor.handleLiveBatch(205n, [storeFor(rank5, 1)])
 
       const binding = bindingOf(supervisor, 100n)
-      yield* supervisor.internals.finishRecovery(
+      yield* internalsOf(supervisor).finishRecovery(
         binding,
         Either.right({ _tag: "Events", events: [clearFor(rank4, 2)], lastEventId: 2 })
       )
@@ -906,7 +910,7 @@ describe("seed 003: worker_query.rs", () => {
 
         yield* supervisor.shutdown
         expect(indexer.isEmpty()).toBe(true)
-        expect(supervisor.internals.slotCount()).toBe(0)
+        expect(internalsOf(supervisor).slotCount()).toBe(0)
       })
   )
 })
