@@ -38,10 +38,10 @@ import {
 } from "../src/protocol/Model.js"
 import * as RelayHttpServer from "../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry } from "../src/relay/internal/PoolRegistryLive.js"
+import type { KvDcRelayService } from "../src/relay/KvDcRelay.js"
 import type { PoolAttachment } from "../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../src/relay/PublicationSource.js"
 import { UnknownEndpoint } from "../src/relay/RelayErrors.js"
-import type { KvDcRelayService } from "../src/relay/RelayService.js"
 import { type BenchContext, gc, HashStream, percentile, record } from "./harness.js"
 
 export const LANES = 16

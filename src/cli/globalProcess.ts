@@ -6,10 +6,10 @@
 import type * as HttpServer from "@effect/platform/HttpServer"
 import type * as HttpServerError from "@effect/platform/HttpServerError"
 import { Layer } from "effect"
+import type { GlobalConsumerConfigError } from "../consumer/ConsumerErrors.js"
 import {
   type GlobalConsumer,
   type GlobalConsumerConfig,
-  type GlobalConsumerConfigError,
   layer as globalConsumerLayer,
   RelayConnector
 } from "../consumer/GlobalConsumer.js"

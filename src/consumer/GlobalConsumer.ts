@@ -56,19 +56,22 @@ import type { CatalogSnapshot, DcPoolDescriptor, KvQuerySemantics, RelayInfo } f
 import { poolDescriptorEquals } from "../protocol/Model.js"
 import { utf8Length } from "../protocol/Text.js"
 import {
-  defaultGlobalCkfIngestionPoolConfig,
   type GlobalCkfIngestionError,
+  GlobalConsumerConfigError,
+  type RelayClientError
+} from "./ConsumerErrors.js"
+import {
+  defaultGlobalCkfIngestionPoolConfig,
   type GlobalCkfIngestionFault,
   type GlobalCkfIngestionPool,
-  type GlobalCkfIngestionPoolConfig,
-  make as makeIngestionPool
-} from "./IngestionPool.js"
+  type GlobalCkfIngestionPoolConfig
+} from "./GlobalCkfIngestionPool.js"
+import { make as makeIngestionPool } from "./internal/IngestionPoolLive.js"
 import { KnownModels, type KnownModelsView } from "./KnownModels.js"
 import {
   make as makeRelayClient,
   type PoolStreamEvent,
   type RelayClient,
-  type RelayClientError,
   type RelayClientOptions,
   relayClientErrorText
 } from "./RelayClient.js"
@@ -120,14 +123,6 @@ export interface GlobalConsumerConfig {
   readonly verificationWindow?: number | undefined
   /** Names no current catalog lists that are still remembered (`KnownModels`, default 4096). */
   readonly retainedNames?: number | undefined
-}
-
-export class GlobalConsumerConfigError extends Data.TaggedError("GlobalConsumerConfigError")<{
-  readonly problems: ReadonlyArray<string>
-}> {
-  override get message(): string {
-    return this.problems.join("; ")
-  }
 }
 
 /** Subscriber ids are ≤ 128 bytes; the per-stream suffixes take at most 32. */

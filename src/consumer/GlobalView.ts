@@ -11,7 +11,7 @@
  * entry per ready lane of every matching domain, deepest prefix first.
  */
 
-import { Context, Data, Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import type { IndexerDomainId, PoolId, ProducerIdentity } from "../ckf/identity.js"
 import {
   blockHashSeed,
@@ -22,6 +22,13 @@ import {
 } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
 import type { EndpointId, KvQuerySemantics } from "../protocol/Model.js"
+import {
+  AdapterNotFound,
+  ModelNotFound,
+  NoMatchingDomain,
+  NoReadyLane,
+  type OverlapError
+} from "./ConsumerErrors.js"
 import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from "./GlobalConsumer.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -58,20 +65,6 @@ export interface OverlapResult {
   /** `prefixDepth × kvBlockSize`. */
   readonly matchedTokens: number
 }
-
-/** No relay's catalog has registered the model (or alias) in the namespace since the consumer started. */
-export class ModelNotFound extends Data.TaggedError("ModelNotFound")<{ readonly message: string }> {}
-
-/** The model (or pool domain) is known, but no adapter registration of `loraName` on it has been seen. */
-export class AdapterNotFound extends Data.TaggedError("AdapterNotFound")<{ readonly message: string }> {}
-
-/** No relay's catalog has listed a pool of the pool domain since the consumer started. */
-export class NoMatchingDomain extends Data.TaggedError("NoMatchingDomain")<{ readonly message: string }> {}
-
-/** The model or pool domain is known, but no lane of it is ready now (relay down, lane resubscribing). */
-export class NoReadyLane extends Data.TaggedError("NoReadyLane")<{ readonly message: string }> {}
-
-export type OverlapError = ModelNotFound | AdapterNotFound | NoMatchingDomain | NoReadyLane
 
 export interface DomainLaneView {
   readonly lane: number

@@ -11,7 +11,7 @@
 import * as HttpClient from "@effect/platform/HttpClient"
 import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
 import type * as HttpClientResponse from "@effect/platform/HttpClientResponse"
-import { Data, Duration, Effect, Either, Schema, Stream } from "effect"
+import { Duration, Effect, Either, Schema, Stream } from "effect"
 import { Cbi1Error, Cbi1SnapshotAssembler, decodeCbi1 } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
 import { U64_MAX } from "../ckf/u64.js"
@@ -30,74 +30,16 @@ import {
 } from "../protocol/PoolStream.js"
 import { CatalogSnapshotJson, RelayInfoJson } from "../protocol/RelayApi.js"
 import { SseParser } from "../protocol/Sse.js"
-
-// ---------------------------------------------------------------------------------------------
-// Errors
-
-/** The request never produced a response (connection refused, reset, timeout). */
-export class RelayTransportError extends Data.TaggedError("RelayTransportError")<{
-  readonly url: string
-  readonly message: string
-}> {}
-
-/**
- * The relay answered with an error status. `reason` is the relay's `{reason}` when the body was
- * an error document (one of PROTOCOL §5's reasons; kept as text so a newer relay's reason is not
- * mistaken for a malformed answer).
- */
-export class RelayHttpError extends Data.TaggedError("RelayHttpError")<{
-  readonly url: string
-  readonly status: number
-  readonly reason: string | undefined
-  readonly message: string
-}> {}
-
-/** A response that does not follow the protocol (content type, JSON shape, SSE event). */
-export class RelayProtocolError extends Data.TaggedError("RelayProtocolError")<{
-  readonly url: string
-  readonly message: string
-}> {}
-
-/** A pool stream ended with a terminal error frame (kind 4), e.g. `SUBSCRIBER_LAGGED`. */
-export class PoolStreamTerminated extends Data.TaggedError("PoolStreamTerminated")<{
-  readonly reason: string
-  readonly message: string
-}> {}
-
-export type PoolStreamFaultKind =
-  /** The frame layer itself is broken (length or kind). */
-  | "FrameDecode"
-  /** A CBI1 payload was rejected: checksum, format or DC of another producer, chunk order. */
-  | "Cbi1"
-  /** Sequences that are not a snapshot followed by contiguous deltas. */
-  | "Sequence"
-  /** A frame kind where the protocol does not allow it. */
-  | "Order"
-  /** A heartbeat that does not restate the last sequence or carries a payload. */
-  | "Heartbeat"
-  /** The body ended without a terminal frame. */
-  | "Closed"
-  /** No bytes for longer than the idle timeout (heartbeats come every 10 s). */
-  | "IdleTimeout"
-
-/** The stream broke the protocol; the lane must be retired and subscribed again. */
-export class PoolStreamFault extends Data.TaggedError("PoolStreamFault")<{
-  readonly kind: PoolStreamFaultKind
-  readonly message: string
-}> {}
-
-/** The catalog watch ended or broke the protocol; the relay's connection epoch ends. */
-export class CatalogWatchEnded extends Data.TaggedError("CatalogWatchEnded")<{
-  readonly message: string
-}> {}
-
-export type RelayClientError =
-  | RelayTransportError
-  | RelayHttpError
-  | RelayProtocolError
-  | PoolStreamTerminated
-  | PoolStreamFault
-  | CatalogWatchEnded
+import {
+  CatalogWatchEnded,
+  PoolStreamFault,
+  type PoolStreamFaultKind,
+  PoolStreamTerminated,
+  type RelayClientError,
+  RelayHttpError,
+  RelayProtocolError,
+  RelayTransportError
+} from "./ConsumerErrors.js"
 
 /** One line for logs and diagnostics. */
 export const relayClientErrorText = (error: RelayClientError): string => {

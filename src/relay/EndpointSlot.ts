@@ -72,6 +72,7 @@ import type { KvEventTransport } from "../recovery/EventTransport.js"
 import type { TargetFaultDisposition } from "../recovery/SourceSupervisor.js"
 import { raceNextFault } from "./internal/FaultWaiter.js"
 import { Notify } from "./internal/sync.js"
+import type { EndpointIngestStats, SlotLifecycle } from "./KvDcRelay.js"
 import {
   collectPendingWhile,
   drainReadyFaults,
@@ -88,7 +89,6 @@ import type {
   PoolRetirementMode,
   PoolUpdateFailure
 } from "./PoolRegistry.js"
-import type { EndpointIngestStats, SlotLifecycle } from "./RelayService.js"
 import * as SourceSubscriber from "./SourceSubscriber.js"
 
 /**

@@ -61,6 +61,16 @@ import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
 import * as EndpointSlot from "./EndpointSlot.js"
 import * as PoolRegistryLive from "./internal/PoolRegistryLive.js"
+import type { ExpectedSourceState } from "./KvDcRelay.js"
+import {
+  type DiagnosticSnapshot,
+  type EndpointStats,
+  KvDcRelay,
+  type KvDcRelayService,
+  type RelayHealth,
+  type RelayStats,
+  type SourceCounts
+} from "./KvDcRelay.js"
 import type * as PoolRegistry from "./PoolRegistry.js"
 import * as PublicationSource from "./PublicationSource.js"
 import {
@@ -70,16 +80,6 @@ import {
   RelayShuttingDown,
   UnknownEndpoint
 } from "./RelayErrors.js"
-import type { ExpectedSourceState } from "./RelayService.js"
-import {
-  type DiagnosticSnapshot,
-  type EndpointStats,
-  KvDcRelay,
-  type KvDcRelayService,
-  type RelayHealth,
-  type RelayStats,
-  type SourceCounts
-} from "./RelayService.js"
 
 export const DEFAULT_EXPECTED_UNIQUE_BLOCKS = 1_048_576
 export const DEFAULT_PUBLICATION_THRESHOLD = 16

@@ -37,7 +37,7 @@ import type { RecoveryTarget } from "../recovery/RecoveryTarget.js"
 import * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import * as SourceSupervisorLive from "../recovery/SourceSupervisorLive.js"
 import type { WorkerQueryTransport } from "../recovery/WorkerQuery.js"
-import type { EndpointIngestStats, ExpectedSourceState } from "./RelayService.js"
+import type { EndpointIngestStats, ExpectedSourceState } from "./KvDcRelay.js"
 
 /** Readiness poll while some source's socket is still connecting. */
 export const CONNECTING_POLL: Duration.Duration = Duration.millis(20)

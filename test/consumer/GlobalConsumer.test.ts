@@ -7,6 +7,12 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Exit, Scope, SubscriptionRef, TestClock } from "effect"
 import {
+  ModelNotFound,
+  NoMatchingDomain,
+  NoReadyLane,
+  RelayTransportError
+} from "../../src/consumer/ConsumerErrors.js"
+import {
   backoffCeiling,
   equalJitter,
   type GlobalConsumerService,
@@ -14,14 +20,7 @@ import {
   parseRelaySpec,
   validateConfig
 } from "../../src/consumer/GlobalConsumer.js"
-import {
-  ModelNotFound,
-  make as makeView,
-  NoMatchingDomain,
-  NoReadyLane,
-  type OverlapResult
-} from "../../src/consumer/GlobalView.js"
-import { RelayTransportError } from "../../src/consumer/RelayClient.js"
+import { make as makeView, type OverlapResult } from "../../src/consumer/GlobalView.js"
 import { DcRelayIdentity } from "../../src/protocol/Model.js"
 import { waitUntil } from "../relay/registryFixtures.js"
 import { domainOf, FakeRelay, fakeConnector } from "./fakeRelay.js"

@@ -19,12 +19,10 @@ import {
 } from "../../src/ckf/identity.js"
 import {
   CatalogWatchEnded,
-  CatalogWatchReader,
-  type PoolStreamEvent,
   PoolStreamFault,
-  PoolStreamReader,
   PoolStreamTerminated
-} from "../../src/consumer/RelayClient.js"
+} from "../../src/consumer/ConsumerErrors.js"
+import { CatalogWatchReader, type PoolStreamEvent, PoolStreamReader } from "../../src/consumer/RelayClient.js"
 import { encodeJsonText } from "../../src/protocol/Json.js"
 import { type CatalogSnapshot, DcRelayIdentity } from "../../src/protocol/Model.js"
 import {

@@ -15,15 +15,14 @@ import {
   RoutingScopeId
 } from "../../src/ckf/identity.js"
 import { DcCkfState } from "../../src/ckf/state.js"
-import { RelayConnector, type RelaySpec } from "../../src/consumer/GlobalConsumer.js"
 import {
-  type PoolStreamEvent,
   PoolStreamTerminated,
-  type RelayClient,
   type RelayClientError,
   RelayHttpError,
   RelayTransportError
-} from "../../src/consumer/RelayClient.js"
+} from "../../src/consumer/ConsumerErrors.js"
+import { RelayConnector, type RelaySpec } from "../../src/consumer/GlobalConsumer.js"
+import type { PoolStreamEvent, RelayClient } from "../../src/consumer/RelayClient.js"
 import {
   baseRegistration,
   type CatalogSnapshot,

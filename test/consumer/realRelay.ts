@@ -19,11 +19,11 @@ import {
 } from "../../src/protocol/Model.js"
 import * as RelayHttpServer from "../../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry } from "../../src/relay/internal/PoolRegistryLive.js"
+import type { KvDcRelayService, RelayHealth } from "../../src/relay/KvDcRelay.js"
 import type { PoolAttachment, PoolRegistry } from "../../src/relay/PoolRegistry.js"
 import type { PublicationHubConfig } from "../../src/relay/PublicationHub.js"
 import * as PublicationSource from "../../src/relay/PublicationSource.js"
 import { UnknownEndpoint } from "../../src/relay/RelayErrors.js"
-import type { KvDcRelayService, RelayHealth } from "../../src/relay/RelayService.js"
 
 export const KV_BLOCK_SIZE = 16
 

@@ -22,15 +22,17 @@ import { stickyWorker } from "../../src/ckf/splitmix.js"
 import { DcCkfState } from "../../src/ckf/state.js"
 import {
   AdmissionEpochExhausted,
-  type GlobalCkfIngestionFault,
-  ingestionFaultDisposition,
   LaneRetired,
-  make,
   OutstandingImageLimit,
   Saturated,
-  WorkerFailed,
+  WorkerFailed
+} from "../../src/consumer/ConsumerErrors.js"
+import {
+  type GlobalCkfIngestionFault,
+  ingestionFaultDisposition,
   WorkerHealth
-} from "../../src/consumer/IngestionPool.js"
+} from "../../src/consumer/GlobalCkfIngestionPool.js"
+import { makeWithTestHooks } from "../../src/consumer/internal/IngestionPoolLive.js"
 
 const digest = (byte: number) => new Uint8Array(16).fill(byte)
 
@@ -56,17 +58,13 @@ const fixture = (
     const lanes: Array<PoolId | undefined> = new Array(16).fill(undefined)
     lanes[lane] = poolId
     const indexer = new GlobalCkfIndexer(new GlobalCkfManifest(consumer, domain, format, lanes))
-    const pool = yield* make(
-      indexer,
-      {
-        workerCount: 1,
-        queueCapacity,
-        controlTimeout: "1 second",
-        maxOutstandingImagesPerLane,
-        maxDirtyToAppliedAge
-      },
-      { testHooks: true }
-    )
+    const pool = yield* makeWithTestHooks(indexer, {
+      workerCount: 1,
+      queueCapacity,
+      controlTimeout: "1 second",
+      maxOutstandingImagesPerLane,
+      maxDirtyToAppliedAge
+    })
     const identity = new ProducerIdentity(poolId, 13n, 1n, format)
     const lease = new LaneLease(consumer, lane, 1n)
     const bucketCount = format.bucketCount

@@ -37,7 +37,8 @@ import {
 } from "../../protocol/GlobalApi.js"
 import { decodeJson, encodeJson, MAX_JSON_DEPTH, nestedDeeperThan } from "../../protocol/Json.js"
 import type { ErrorReason } from "../../protocol/RelayApi.js"
-import type { GlobalViewService, OverlapError, OverlapRequest, OverlapResult } from "../GlobalView.js"
+import type { OverlapError } from "../ConsumerErrors.js"
+import type { GlobalViewService, OverlapRequest, OverlapResult } from "../GlobalView.js"
 import type { QueryStats } from "./GlobalDiagnostics.js"
 
 // ---------------------------------------------------------------------------------------------

@@ -75,11 +75,11 @@ import {
 } from "../../protocol/RelayApi.js"
 import { type RouteName, routesOf } from "../../protocol/Routes.js"
 import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
+import { KvDcRelay, type KvDcRelayService } from "../KvDcRelay.js"
 import * as LoadWindows from "../LoadWindows.js"
 import type { DcPoolCatalog } from "../PoolCatalog.js"
 import { hasDegradedCoverage } from "../PoolLoad.js"
 import type { PublicationError } from "../RelayErrors.js"
-import { KvDcRelay, type KvDcRelayService } from "../RelayService.js"
 import * as Topology from "../Topology.js"
 import * as PoolStreamWriter from "./internal/PoolStreamWriter.js"
 import {

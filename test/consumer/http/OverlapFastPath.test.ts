@@ -14,17 +14,15 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Layer, Logger, LogLevel, type Scope, Tracer } from "effect"
 import * as fc from "fast-check"
 import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
-import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
 import {
   AdapterNotFound,
-  GlobalView,
   ModelNotFound,
-  make as makeView,
   NoMatchingDomain,
   NoReadyLane,
-  type OverlapError,
-  type OverlapResult
-} from "../../../src/consumer/GlobalView.js"
+  type OverlapError
+} from "../../../src/consumer/ConsumerErrors.js"
+import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
+import { GlobalView, make as makeView, type OverlapResult } from "../../../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../../../src/consumer/http/GlobalHttpServer.js"
 import { batchReply, overlapReply } from "../../../src/consumer/http/OverlapQuery.js"
 import { type TokenFile, watchTokenFile } from "../../../src/http/BearerAuth.js"

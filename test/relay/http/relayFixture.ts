@@ -10,10 +10,10 @@ import { type DcMembershipView, emptyMembershipView } from "../../../src/discove
 import { ProducerIdentityJson } from "../../../src/protocol/Identity.js"
 import { encodeJson } from "../../../src/protocol/Json.js"
 import { compareEndpointIds, type EndpointId } from "../../../src/protocol/Model.js"
+import type { EndpointStats, KvDcRelayService, RelayHealth } from "../../../src/relay/KvDcRelay.js"
 import type { PoolAttachment, PoolRegistryOptions } from "../../../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../../../src/relay/PublicationSource.js"
 import { UnknownEndpoint } from "../../../src/relay/RelayErrors.js"
-import type { EndpointStats, KvDcRelayService, RelayHealth } from "../../../src/relay/RelayService.js"
 import { emptyIngest } from "../../../src/relay/SourceSubscriber.js"
 import { config, registry as makeRegistry, pool, request } from "../registryFixtures.js"
 

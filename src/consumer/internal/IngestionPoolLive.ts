@@ -1,24 +1,17 @@
 /**
- * Bounded lane-sticky dispatch for indexer-domain-scoped global CKF ingestion (seed 004,
- * `ingestion_pool.rs`).
+ * The global CKF ingestion pool's implementation (seed 004, `global_ckf/ingestion.rs`): one fiber
+ * per sticky worker with its own bounded FIFO, lane admission with epochs and outstanding-image
+ * bounds, and the lag watchdog. The contract is `../GlobalCkfIngestionPool.ts`; the lanes' and
+ * workers' state is `IngestionLanes.ts`; the seed's test hooks are `IngestionPoolTestHooks.ts`.
  *
- * A physical lane has exactly one ingestion-worker owner. Deltas are admitted without waiting,
- * while assignment, snapshot installation and exact-drain markers await the same FIFO. Queue
- * placement preserves lane order only; queries keep reading just the ready mask and the packed
- * buckets owned by `GlobalCkfIndexer`.
- *
- * Concurrency model. JavaScript runs one fiber at a time, so the seed's per-lane admission mutex
- * becomes a rule: every read-modify-write of a lane's admission state is a synchronous block
- * with no `yield*` inside it. The seed's per-lane transition mutex, which serialises the awaited
- * control operations of one lane, is a one-permit semaphore held across the send and the reply.
- * The seed's `published_epoch` atomic mirrors the admission epoch for lock-free worker reads; with
- * one fiber running at a time the admission epoch itself is that value.
+ * Length: `build` is one closure over the pool's routes, lane controls and workers; admission
+ * (`submitDelta`, never suspending), the workers' FIFO loops and the watchdog change them in
+ * synchronous blocks whose invariants (one epoch per lane, permits matched to outstanding images)
+ * are read in one place.
  */
 
 import {
   Cause,
-  Context,
-  Data,
   Deferred,
   Duration,
   Effect,
@@ -29,534 +22,72 @@ import {
   Queue,
   Scope
 } from "effect"
-import { CKF_LANE_COUNT } from "../ckf/config.js"
-import { type CkfFailureDisposition, failureDisposition } from "../ckf/failure.js"
+import { CKF_LANE_COUNT } from "../../ckf/config.js"
+import type { CkfFailureDisposition } from "../../ckf/failure.js"
 import {
   type GlobalCkfAssignmentError,
   GlobalCkfBuildError,
   type GlobalCkfIndexer,
   type GlobalCkfIngestOutcome,
-  type GlobalCkfLaneFault,
   type GlobalCkfLaneIngestor,
   validateAssignment
-} from "../ckf/global.js"
-import type { ConsumerDrainMarker, LaneLease, ProducerIdentity } from "../ckf/identity.js"
-import type { DcCkfDelta, DcCkfSnapshot } from "../ckf/publisher.js"
-import { stickyWorker } from "../ckf/splitmix.js"
-import { U64_MAX } from "../ckf/u64.js"
-
-// ---------------------------------------------------------------------------------------------
-// Configuration
-
-export const DEFAULT_GLOBAL_INGESTION_WORKERS = 4
-export const DEFAULT_GLOBAL_INGESTION_QUEUE_CAPACITY = 256
-export const DEFAULT_GLOBAL_INGESTION_CONTROL_TIMEOUT: Duration.Duration = Duration.seconds(10)
-export const DEFAULT_GLOBAL_MAX_DIRTY_TO_APPLIED_AGE: Duration.Duration = Duration.millis(10)
-
-export interface GlobalCkfIngestionPoolConfig {
-  /** Sticky ingestion workers (fibers), each with its own bounded queue. */
-  readonly workerCount: number
-  /** Capacity of each worker's queue, shared by every lane sticky to that worker. */
-  readonly queueCapacity: number
-  /** Bound on each of the send and the reply of an awaited control operation. */
-  readonly controlTimeout: Duration.DurationInput
-  /** `undefined` uses one complete physical lane (the bucket count), the production safety bound. */
-  readonly maxOutstandingImagesPerLane: number | undefined
-  readonly maxDirtyToAppliedAge: Duration.DurationInput
-}
-
-export const defaultGlobalCkfIngestionPoolConfig: GlobalCkfIngestionPoolConfig = Object.freeze({
-  workerCount: DEFAULT_GLOBAL_INGESTION_WORKERS,
-  queueCapacity: DEFAULT_GLOBAL_INGESTION_QUEUE_CAPACITY,
-  controlTimeout: DEFAULT_GLOBAL_INGESTION_CONTROL_TIMEOUT,
-  maxOutstandingImagesPerLane: undefined,
-  maxDirtyToAppliedAge: DEFAULT_GLOBAL_MAX_DIRTY_TO_APPLIED_AGE
-})
-
-/** The watchdog's poll period: `clamp(age / 4, 100 µs, 10 ms)`. */
-export const lagPollInterval = (maxDirtyToAppliedAge: Duration.DurationInput): Duration.Duration =>
-  Duration.clamp(Duration.unsafeDivide(Duration.decode(maxDirtyToAppliedAge), 4), {
-    minimum: Duration.micros(100n),
-    maximum: Duration.millis(10)
-  })
-
-// ---------------------------------------------------------------------------------------------
-// Build errors
-
-export type GlobalCkfIngestionPoolConfigErrorKind =
-  | "InvalidWorkerCount"
-  | "InvalidQueueCapacity"
-  | "InvalidControlTimeout"
-  | "InvalidOutstandingImageBound"
-  | "InvalidDirtyToAppliedAge"
-
-const configErrorText: Record<GlobalCkfIngestionPoolConfigErrorKind, string> = {
-  InvalidWorkerCount: "global CKF ingestion worker count must be greater than zero",
-  InvalidQueueCapacity: "global CKF ingestion queue capacity must be greater than zero",
-  InvalidControlTimeout: "global CKF ingestion control timeout must be greater than zero",
-  InvalidOutstandingImageBound: "global CKF outstanding-image bound must be greater than zero",
-  InvalidDirtyToAppliedAge: "global CKF dirty-to-applied age bound must be greater than zero"
-}
-
-/** A configuration value is zero (or not a usable count or duration). */
-export class GlobalCkfIngestionPoolConfigError extends Data.TaggedError("GlobalCkfIngestionPoolConfigError")<{
-  readonly kind: GlobalCkfIngestionPoolConfigErrorKind
-  readonly value: unknown
-}> {
-  override get message(): string {
-    return `${configErrorText[this.kind]} (got ${String(this.value)})`
-  }
-}
-
-/** The indexer refused a lane claim (e.g. another ingestion owner already holds the lane). */
-export class GlobalCkfIngestionPoolClaimError extends Data.TaggedError("GlobalCkfIngestionPoolClaimError")<{
-  readonly lane: number
-  readonly error: GlobalCkfBuildError
-}> {
-  override get message(): string {
-    return this.error.message
-  }
-}
-
-export type GlobalCkfIngestionPoolBuildError =
-  | GlobalCkfIngestionPoolConfigError
-  | GlobalCkfIngestionPoolClaimError
-
-// ---------------------------------------------------------------------------------------------
-// Ingestion errors
-
-export class UnconfiguredLane extends Data.TaggedError("UnconfiguredLane")<{ readonly lane: number }> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} is not configured`
-  }
-}
-
-export class LaneUnassigned extends Data.TaggedError("LaneUnassigned")<{ readonly lane: number }> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} has no current assignment`
-  }
-}
-
-export class LaneRetired extends Data.TaggedError("LaneRetired")<{ readonly lane: number }> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} is retired and requires a new lease and snapshot`
-  }
-}
-
-export class AwaitingSnapshot extends Data.TaggedError("AwaitingSnapshot")<{ readonly lane: number }> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} is awaiting a snapshot`
-  }
-}
-
-export class Saturated extends Data.TaggedError("Saturated")<{ readonly lane: number }> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} ingestion queue saturated; its lease was retired`
-  }
-}
-
-export class OutstandingImageLimit extends Data.TaggedError("OutstandingImageLimit")<{
-  readonly lane: number
-  readonly requested: number
-  readonly limit: number
-}> {
-  override get message(): string {
-    return (
-      `global CKF lane ${this.lane} exceeded its outstanding-image bound ` +
-      `(${this.requested} requested, ${this.limit} allowed); its lease was retired`
-    )
-  }
-}
-
-export class DirtyToAppliedAgeExceeded extends Data.TaggedError("DirtyToAppliedAgeExceeded")<{
-  readonly lane: number
-}> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} exceeded its dirty-to-applied age; its lease was retired`
-  }
-}
-
-export class ControlTimeout extends Data.TaggedError("ControlTimeout")<{ readonly lane: number }> {
-  override get message(): string {
-    return `global CKF lane ${this.lane} control operation timed out; its lease was retired`
-  }
-}
-
-export class WorkerFailed extends Data.TaggedError("WorkerFailed")<{ readonly worker: number }> {
-  override get message(): string {
-    return `global CKF ingestion worker ${this.worker} failed`
-  }
-}
-
-/** The seed's `Assignment(GlobalCkfAssignmentError)`: the lease or identity was refused. */
-export class AssignmentRejected extends Data.TaggedError("AssignmentRejected")<{
-  readonly lane: number
-  readonly error: GlobalCkfAssignmentError
-}> {
-  override get message(): string {
-    return `global CKF assignment failed: ${this.error.message}`
-  }
-}
-
-export class AdmissionEpochExhausted extends Data.TaggedError("AdmissionEpochExhausted")<{
-  readonly lane: number
-}> {
-  override get message(): string {
-    return `global CKF lane admission epoch exhausted for lane ${this.lane}`
-  }
-}
-
-export type GlobalCkfIngestionError =
-  | UnconfiguredLane
-  | LaneUnassigned
-  | LaneRetired
-  | AwaitingSnapshot
-  | Saturated
-  | OutstandingImageLimit
-  | DirtyToAppliedAgeExceeded
-  | ControlTimeout
-  | WorkerFailed
-  | AssignmentRejected
-  | AdmissionEpochExhausted
-
-/**
- * Recovery disposition of an ingestion error. Admission and assignment rejections return
- * `undefined`: they made no consumer write, and stale or superseded traffic must not fence the
- * current assignment.
- */
-export const ingestionErrorDisposition = (
-  error: GlobalCkfIngestionError
-): CkfFailureDisposition | undefined => {
-  switch (error._tag) {
-    case "Saturated":
-    case "OutstandingImageLimit":
-      return failureDisposition("ConsumerGapOrMalformedBeforeWrite")
-    case "DirtyToAppliedAgeExceeded":
-    case "ControlTimeout":
-    case "WorkerFailed":
-      return failureDisposition("ConsumerWorkerFailureMidApply")
-    case "UnconfiguredLane":
-    case "LaneUnassigned":
-    case "LaneRetired":
-    case "AwaitingSnapshot":
-    case "AssignmentRejected":
-    case "AdmissionEpochExhausted":
-      return undefined
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Faults
-
-export type GlobalCkfIngestionFault = Data.TaggedEnum<{
-  Saturated: { readonly lane: number; readonly lease: LaneLease | undefined }
-  OutstandingImageLimit: {
-    readonly lane: number
-    readonly lease: LaneLease | undefined
-    readonly requested: number
-    readonly limit: number
-  }
-  DirtyToAppliedAgeExceeded: { readonly lane: number; readonly lease: LaneLease | undefined }
-  LaneDeactivated: {
-    readonly lane: number
-    readonly lease: LaneLease | undefined
-    readonly fault: GlobalCkfLaneFault
-    readonly disposition: CkfFailureDisposition
-  }
-  WorkerFailed: { readonly worker: number }
-}>
-
-export const GlobalCkfIngestionFault = Data.taggedEnum<GlobalCkfIngestionFault>()
-
-/** Recovery from the consumer state whose commit is known or uncertain. */
-export const ingestionFaultDisposition = (fault: GlobalCkfIngestionFault): CkfFailureDisposition => {
-  switch (fault._tag) {
-    case "LaneDeactivated":
-      return fault.disposition
-    case "WorkerFailed":
-    case "DirtyToAppliedAgeExceeded":
-      return failureDisposition("ConsumerWorkerFailureMidApply")
-    case "Saturated":
-    case "OutstandingImageLimit":
-      return failureDisposition("ConsumerGapOrMalformedBeforeWrite")
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Worker health
-
-/** Which workers have failed; a failure is permanent for the pool's lifetime. */
-export class WorkerHealth {
-  private readonly failed: Uint8Array
-
-  constructor(workerCount: number) {
-    this.failed = new Uint8Array(workerCount)
-  }
-
-  recordFailure(worker: number): void {
-    this.failed[worker] = 1
-  }
-
-  isFailed(worker: number): boolean {
-    return this.failed[worker] === 1
-  }
-
-  /** The lowest failed worker. */
-  failedWorker(): number | undefined {
-    const index = this.failed.indexOf(1)
-    return index < 0 ? undefined : index
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Public surface
-
-/** A worker held at a test pause point: `entered` completes once it is there, `release` frees it. */
-export interface PauseHandle {
-  readonly entered: Effect.Effect<void>
-  readonly release: Effect.Effect<void>
-}
-
-/** Hooks the seed's tests use; present only when `make` is called with `{ testHooks: true }`. */
-export interface GlobalCkfIngestionPoolTestHooks {
-  /** The seed's `Pause` command: the lane's worker stops at this point of its FIFO. */
-  readonly pauseLaneWorker: (lane: number) => Effect.Effect<PauseHandle, UnconfiguredLane>
-  /** The seed's `Crash` command: the lane's worker dies with a defect when it reaches it. */
-  readonly crashLaneWorker: (lane: number) => Effect.Effect<void, UnconfiguredLane>
-  /** The next snapshot of the lane stops after its bucket writes, before the activation check. */
-  readonly pauseNextSnapshotActivation: (lane: number) => Effect.Effect<PauseHandle, UnconfiguredLane>
-  /** Retire the lane's admission exactly as saturation or a timeout would. */
-  readonly retireLane: (lane: number) => Effect.Effect<void, UnconfiguredLane | AdmissionEpochExhausted>
-  /** Force the lane's admission epoch to u64::MAX. */
-  readonly exhaustLaneEpoch: (lane: number) => Effect.Effect<void, UnconfiguredLane>
-}
-
-export interface GlobalCkfIngestionPoolOptions {
-  readonly testHooks?: boolean
-}
-
-export interface GlobalCkfIngestionPool {
-  readonly indexer: GlobalCkfIndexer
-  readonly workerCount: number
-  /** The sticky worker of a configured lane. */
-  readonly workerForLane: (lane: number) => number | undefined
-  /** The lowest failed worker, if any. */
-  readonly failedWorker: Effect.Effect<Option.Option<number>>
-  readonly isWorkerFailed: (worker: number) => Effect.Effect<boolean>
-  /**
-   * Diagnostic faults (bounded; when full, later faults are dropped). Readiness is the
-   * authoritative failure signal.
-   */
-  readonly faults: Queue.Dequeue<GlobalCkfIngestionFault>
-  /** The next fault if one is queued (`try_recv_fault`). */
-  readonly tryRecvFault: Effect.Effect<Option.Option<GlobalCkfIngestionFault>>
-  /** Assign a lease; awaited through the lane's FIFO. */
-  readonly assign: (
-    identity: ProducerIdentity,
-    lease: LaneLease
-  ) => Effect.Effect<void, GlobalCkfIngestionError>
-  /** Install a snapshot for the current lease; awaited through the lane's FIFO. */
-  readonly installSnapshot: (
-    snapshot: DcCkfSnapshot
-  ) => Effect.Effect<GlobalCkfIngestOutcome, GlobalCkfIngestionError>
-  /** Admit one delta without waiting for its application (never suspends). */
-  readonly submitDelta: (delta: DcCkfDelta) => Effect.Effect<void, GlobalCkfIngestionError>
-  /** Exact drain: queued behind the lane's deltas, awaited. */
-  readonly completeDrain: (
-    marker: ConsumerDrainMarker
-  ) => Effect.Effect<GlobalCkfIngestOutcome, GlobalCkfIngestionError>
-  readonly testHooks: GlobalCkfIngestionPoolTestHooks | undefined
-}
-
-export interface GlobalCkfIngestionPoolWithTestHooks extends GlobalCkfIngestionPool {
-  readonly testHooks: GlobalCkfIngestionPoolTestHooks
-}
-
-/** One pool per indexer domain; the tag is for the process-wide default domain. */
-export const GlobalCkfIngestionPool = Context.GenericTag<GlobalCkfIngestionPool>(
-  "kvrelay/consumer/GlobalCkfIngestionPool"
-)
-
-// ---------------------------------------------------------------------------------------------
-// Internal state
-
-type LaneAdmissionState = "Unassigned" | "Transitioning" | "AwaitingSnapshot" | "Active" | "Retired"
-
-interface OutstandingDelta {
-  readonly id: number
-  readonly images: number
-  /** Clock milliseconds (fractional). */
-  readonly submittedAt: number
-}
-
-interface PauseGate {
-  readonly entered: Deferred.Deferred<void>
-  readonly release: Deferred.Deferred<void>
-}
-
-class LaneControl {
-  epoch = 0n
-  permanentlyFenced = false
-  state: LaneAdmissionState = "Unassigned"
-  lease: LaneLease | undefined = undefined
-  lastAssignmentEpoch: bigint | undefined = undefined
-  nextDeltaId = 0
-  outstandingImages = 0
-  /** Admission order; the worker completes them in the same order on the normal path. */
-  readonly outstanding: Array<OutstandingDelta> = []
-  snapshotActivationPause: PauseGate | undefined = undefined
-
-  constructor(
-    readonly lane: number,
-    readonly worker: number,
-    readonly maxOutstandingImages: number,
-    readonly maxDirtyToAppliedAgeMs: number,
-    readonly transition: Effect.Semaphore
-  ) {}
-}
-
-/** The delta's share of its lane's outstanding-image and age accounting, released exactly once. */
-interface DeltaPermit {
-  readonly control: LaneControl
-  readonly id: number
-}
-
-// Internal marker: the worker dropped the reply (the seed's disconnected oneshot).
-class ResponseDropped {
-  readonly _tag = "ResponseDropped"
-}
-const RESPONSE_DROPPED = new ResponseDropped()
-
-interface ProcessedIngestOutcome {
-  readonly outcome: GlobalCkfIngestOutcome
-  readonly failureDisposition: CkfFailureDisposition | undefined
-}
-
-type AssignCommand = {
-  readonly _tag: "Assign"
-  readonly lane: number
-  readonly epoch: bigint
-  readonly identity: ProducerIdentity
-  readonly lease: LaneLease
-  readonly response: Deferred.Deferred<GlobalCkfAssignmentError | undefined, ResponseDropped>
-}
-type SnapshotCommand = {
-  readonly _tag: "Snapshot"
-  readonly lane: number
-  readonly epoch: bigint
-  readonly snapshot: DcCkfSnapshot
-  readonly response: Deferred.Deferred<ProcessedIngestOutcome, LaneRetired | ResponseDropped>
-}
-type DeltaCommand = {
-  readonly _tag: "Delta"
-  readonly lane: number
-  readonly epoch: bigint
-  readonly delta: DcCkfDelta
-  readonly permit: DeltaPermit
-}
-type DrainCommand = {
-  readonly _tag: "Drain"
-  readonly lane: number
-  readonly epoch: bigint
-  readonly marker: ConsumerDrainMarker
-  readonly response: Deferred.Deferred<GlobalCkfIngestOutcome, LaneRetired | ResponseDropped>
-}
-type LaneCommand = AssignCommand | SnapshotCommand | DeltaCommand | DrainCommand
-type IngestionCommand =
-  | LaneCommand
-  | { readonly _tag: "Pause"; readonly gate: PauseGate }
-  | { readonly _tag: "Crash" }
-
-interface WorkerLane {
-  readonly ingestor: GlobalCkfLaneIngestor
-  readonly control: LaneControl
-  observedEpoch: bigint
-}
-
-interface Worker {
-  readonly index: number
-  readonly queue: Queue.Queue<IngestionCommand>
-  readonly lanes: Array<WorkerLane | undefined>
-  /** Completed when the worker fiber is gone (failure or pool close): the seed's dropped receiver. */
-  readonly exited: Deferred.Deferred<void>
-  running: boolean
-}
-
-interface ResolvedConfig {
-  readonly workerCount: number
-  readonly queueCapacity: number
-  readonly controlTimeout: Duration.Duration
-  readonly maxOutstandingImages: number
-  readonly maxDirtyToAppliedAge: Duration.Duration
-}
-
-const isPositiveCount = (value: unknown): value is number =>
-  typeof value === "number" && Number.isSafeInteger(value) && value > 0
-
-const positiveDuration = (value: unknown): Duration.Duration | undefined => {
-  const decoded = Duration.decodeUnknown(value)
-  if (Option.isNone(decoded) || Duration.isZero(decoded.value)) return undefined
-  return decoded.value
-}
-
-const resolveConfig = (
-  indexer: GlobalCkfIndexer,
-  input: Partial<GlobalCkfIngestionPoolConfig>
-): ResolvedConfig | GlobalCkfIngestionPoolConfigError => {
-  const config = { ...defaultGlobalCkfIngestionPoolConfig, ...input }
-  const invalid = (kind: GlobalCkfIngestionPoolConfigErrorKind, value: unknown) =>
-    new GlobalCkfIngestionPoolConfigError({ kind, value })
-  // Validation order of the seed: workers, queue, control timeout, image bound, age.
-  if (!isPositiveCount(config.workerCount)) return invalid("InvalidWorkerCount", config.workerCount)
-  if (!isPositiveCount(config.queueCapacity)) return invalid("InvalidQueueCapacity", config.queueCapacity)
-  const controlTimeout = positiveDuration(config.controlTimeout)
-  if (controlTimeout === undefined) return invalid("InvalidControlTimeout", config.controlTimeout)
-  const bound = config.maxOutstandingImagesPerLane
-  if (bound !== undefined && !isPositiveCount(bound)) return invalid("InvalidOutstandingImageBound", bound)
-  const maxDirtyToAppliedAge = positiveDuration(config.maxDirtyToAppliedAge)
-  if (maxDirtyToAppliedAge === undefined)
-    return invalid("InvalidDirtyToAppliedAge", config.maxDirtyToAppliedAge)
-  return {
-    workerCount: config.workerCount,
-    queueCapacity: config.queueCapacity,
-    controlTimeout,
-    maxOutstandingImages: bound ?? indexer.manifest.format.bucketCount,
-    maxDirtyToAppliedAge
-  }
-}
-
-const imageCount = (delta: DcCkfDelta): number => Math.ceil(delta.images.length / 3)
-
-const releasePermit = (permit: DeltaPermit): void => {
-  const control = permit.control
-  const queue = control.outstanding
-  let released: OutstandingDelta | undefined
-  if (queue.length > 0 && queue[0]!.id === permit.id) {
-    released = queue.shift()
-  } else if (queue.length > 0 && queue[queue.length - 1]!.id === permit.id) {
-    // A failed offer drops the just-admitted delta before older queued work.
-    released = queue.pop()
-  } else {
-    // Exceptional worker teardown need not preserve permit-release order. Keep that cold path
-    // correct without making ordinary FIFO completion scan the backlog.
-    const position = queue.findIndex((delta) => delta.id === permit.id)
-    if (position >= 0) released = queue.splice(position, 1)[0]
-  }
-  if (released === undefined) return
-  const remaining = control.outstandingImages - released.images
-  if (remaining < 0) throw new Error(`global CKF lane ${control.lane} delta permit accounting underflowed`)
-  control.outstandingImages = remaining
-}
-
-const oldestOutstandingAge = (control: LaneControl, now: number): number | undefined => {
-  const oldest = control.outstanding[0]
-  return oldest === undefined ? undefined : Math.max(0, now - oldest.submittedAt)
-}
-
-const laneAnnotations = (lane: number, lease: LaneLease | undefined) => ({
-  lane,
-  assignmentEpoch: lease === undefined ? "none" : String(lease.assignmentEpoch)
-})
+} from "../../ckf/global.js"
+import type { ConsumerDrainMarker, LaneLease, ProducerIdentity } from "../../ckf/identity.js"
+import type { DcCkfDelta, DcCkfSnapshot } from "../../ckf/publisher.js"
+import { stickyWorker } from "../../ckf/splitmix.js"
+import { U64_MAX } from "../../ckf/u64.js"
+import {
+  AdmissionEpochExhausted,
+  AssignmentRejected,
+  AwaitingSnapshot,
+  ControlTimeout,
+  DirtyToAppliedAgeExceeded,
+  type GlobalCkfIngestionError,
+  type GlobalCkfIngestionPoolBuildError,
+  GlobalCkfIngestionPoolClaimError,
+  GlobalCkfIngestionPoolConfigError,
+  LaneRetired,
+  LaneUnassigned,
+  OutstandingImageLimit,
+  Saturated,
+  UnconfiguredLane,
+  WorkerFailed
+} from "../ConsumerErrors.js"
+import {
+  GlobalCkfIngestionFault,
+  GlobalCkfIngestionPool,
+  type GlobalCkfIngestionPoolConfig,
+  ingestionErrorDisposition,
+  lagPollInterval,
+  WorkerHealth
+} from "../GlobalCkfIngestionPool.js"
+import {
+  type AssignCommand,
+  type DeltaCommand,
+  type DeltaPermit,
+  type DrainCommand,
+  type IngestionCommand,
+  imageCount,
+  type LaneCommand,
+  LaneControl,
+  laneAnnotations,
+  oldestOutstandingAge,
+  type PauseGate,
+  type ProcessedIngestOutcome,
+  RESPONSE_DROPPED,
+  ResponseDropped,
+  releasePermit,
+  resolveConfig,
+  type SnapshotCommand,
+  type Worker,
+  type WorkerLane
+} from "./IngestionLanes.js"
+import type {
+  GlobalCkfIngestionPoolOptions,
+  GlobalCkfIngestionPoolTestHooks,
+  GlobalCkfIngestionPoolWithTestHooks,
+  PauseHandle
+} from "./IngestionPoolTestHooks.js"
 
 // ---------------------------------------------------------------------------------------------
 // Constructor
@@ -566,37 +97,46 @@ const laneAnnotations = (lane: number, lease: LaneLease | undefined) => ({
  * fiber per sticky worker and the lag watchdog. Closing the scope stops the watchdog, retires
  * every lane's admission (fail closed), then stops the workers and gives the lanes back.
  */
-export function make(
+export const make = (
   indexer: GlobalCkfIndexer,
-  config: Partial<GlobalCkfIngestionPoolConfig> | undefined,
-  options: GlobalCkfIngestionPoolOptions & { readonly testHooks: true }
-): Effect.Effect<GlobalCkfIngestionPoolWithTestHooks, GlobalCkfIngestionPoolBuildError, Scope.Scope>
-export function make(
+  config: Partial<GlobalCkfIngestionPoolConfig> = {}
+): Effect.Effect<GlobalCkfIngestionPool, GlobalCkfIngestionPoolBuildError, Scope.Scope> =>
+  Effect.map(buildScoped(indexer, config, {}), ({ pool }) => pool)
+
+/** `make` for the seed's tests: the pool with its test hooks. */
+export const makeWithTestHooks = (
   indexer: GlobalCkfIndexer,
-  config?: Partial<GlobalCkfIngestionPoolConfig>,
-  options?: GlobalCkfIngestionPoolOptions
-): Effect.Effect<GlobalCkfIngestionPool, GlobalCkfIngestionPoolBuildError, Scope.Scope>
-export function make(
+  config: Partial<GlobalCkfIngestionPoolConfig> = {}
+): Effect.Effect<GlobalCkfIngestionPoolWithTestHooks, GlobalCkfIngestionPoolBuildError, Scope.Scope> =>
+  Effect.map(buildScoped(indexer, config, { testHooks: true }), ({ pool, testHooks }) => ({
+    ...pool,
+    testHooks: testHooks!
+  }))
+
+const buildScoped = (
   indexer: GlobalCkfIndexer,
-  config: Partial<GlobalCkfIngestionPoolConfig> = {},
-  options: GlobalCkfIngestionPoolOptions = {}
-): Effect.Effect<GlobalCkfIngestionPool, GlobalCkfIngestionPoolBuildError, Scope.Scope> {
+  config: Partial<GlobalCkfIngestionPoolConfig>,
+  options: GlobalCkfIngestionPoolOptions
+) =>
   // A failed construction gives back what it acquired at once (the seed drops its partial
   // workers), instead of holding lane claims until the caller's scope closes.
-  return Effect.gen(function* () {
+  Effect.gen(function* () {
     const scope = yield* Scope.fork(yield* Scope.Scope, ExecutionStrategy.sequential)
     return yield* build(indexer, config, options).pipe(
       Scope.extend(scope),
       Effect.onExit((exit) => (Exit.isFailure(exit) ? Scope.close(scope, exit) : Effect.void))
     )
   })
-}
 
 const build = (
   indexer: GlobalCkfIndexer,
   config: Partial<GlobalCkfIngestionPoolConfig>,
   options: GlobalCkfIngestionPoolOptions
-): Effect.Effect<GlobalCkfIngestionPool, GlobalCkfIngestionPoolBuildError, Scope.Scope> =>
+): Effect.Effect<
+  { readonly pool: GlobalCkfIngestionPool; readonly testHooks: GlobalCkfIngestionPoolTestHooks | undefined },
+  GlobalCkfIngestionPoolBuildError,
+  Scope.Scope
+> =>
   Effect.gen(function* () {
     const resolved = resolveConfig(indexer, config)
     if (resolved instanceof GlobalCkfIngestionPoolConfigError) return yield* Effect.fail(resolved)
@@ -1432,10 +972,9 @@ const build = (
       assign,
       installSnapshot,
       submitDelta,
-      completeDrain,
-      testHooks
+      completeDrain
     }
-    return pool
+    return { pool, testHooks }
   })
 
 /** The pool of the process-wide default indexer domain as a scoped layer. */

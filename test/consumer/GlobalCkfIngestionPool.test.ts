@@ -22,26 +22,28 @@ import {
   AssignmentRejected,
   AwaitingSnapshot,
   ControlTimeout,
-  DEFAULT_GLOBAL_INGESTION_CONTROL_TIMEOUT,
-  DEFAULT_GLOBAL_INGESTION_QUEUE_CAPACITY,
-  DEFAULT_GLOBAL_INGESTION_WORKERS,
-  DEFAULT_GLOBAL_MAX_DIRTY_TO_APPLIED_AGE,
   DirtyToAppliedAgeExceeded,
-  defaultGlobalCkfIngestionPoolConfig,
-  GlobalCkfIngestionFault,
-  type GlobalCkfIngestionPoolConfig,
   GlobalCkfIngestionPoolConfigError,
-  ingestionErrorDisposition,
-  ingestionFaultDisposition,
   LaneRetired,
   LaneUnassigned,
-  lagPollInterval,
-  make,
   OutstandingImageLimit,
   Saturated,
   UnconfiguredLane,
   WorkerFailed
-} from "../../src/consumer/IngestionPool.js"
+} from "../../src/consumer/ConsumerErrors.js"
+import {
+  DEFAULT_GLOBAL_INGESTION_CONTROL_TIMEOUT,
+  DEFAULT_GLOBAL_INGESTION_QUEUE_CAPACITY,
+  DEFAULT_GLOBAL_INGESTION_WORKERS,
+  DEFAULT_GLOBAL_MAX_DIRTY_TO_APPLIED_AGE,
+  defaultGlobalCkfIngestionPoolConfig,
+  GlobalCkfIngestionFault,
+  type GlobalCkfIngestionPoolConfig,
+  ingestionErrorDisposition,
+  ingestionFaultDisposition,
+  lagPollInterval
+} from "../../src/consumer/GlobalCkfIngestionPool.js"
+import { make, makeWithTestHooks } from "../../src/consumer/internal/IngestionPoolLive.js"
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
@@ -68,11 +70,12 @@ const singleLane = (config: Partial<GlobalCkfIngestionPoolConfig> = {}) =>
   Effect.gen(function* () {
     const lane = 3
     const { indexer, pools } = indexerWith(11n, [lane])
-    const pool = yield* make(
-      indexer,
-      { workerCount: 1, queueCapacity: 8, controlTimeout: "1 second", ...config },
-      { testHooks: true }
-    )
+    const pool = yield* makeWithTestHooks(indexer, {
+      workerCount: 1,
+      queueCapacity: 8,
+      controlTimeout: "1 second",
+      ...config
+    })
     const identity = new ProducerIdentity(pools[0]!, 13n, 1n, FORMAT)
     const lease = new LaneLease(11n, lane, 1n)
     const zeros = () => new Uint32Array(FORMAT.bucketCount * 2)
@@ -503,11 +506,11 @@ const runInterleaving = (
 ) =>
   Effect.gen(function* () {
     const { indexer, pools } = indexerWith(consumer, LANES)
-    const pool = yield* make(
-      indexer,
-      { workerCount, queueCapacity, maxOutstandingImagesPerLane },
-      { testHooks: true }
-    )
+    const pool = yield* makeWithTestHooks(indexer, {
+      workerCount,
+      queueCapacity,
+      maxOutstandingImagesPerLane
+    })
     const hooks = pool.testHooks
     const lanes = LANES.map((physical, i) => {
       const state = new DcCkfState(CONFIG)
