@@ -18,12 +18,8 @@ import { ckfConfig } from "../src/ckf/config.js"
 import { CacheSemanticsId, IndexerDomainId, PoolId, RoutingScopeId } from "../src/ckf/identity.js"
 import { DcCkfState } from "../src/ckf/state.js"
 import { localBlockHashes, sequenceHashes } from "../src/ckf/tokens.js"
-import {
-  GlobalConsumer,
-  type GlobalConsumerService,
-  make as makeConsumer,
-  RelayConnector
-} from "../src/consumer/GlobalConsumer.js"
+import { GlobalConsumer, type GlobalConsumerService, RelayConnector } from "../src/consumer/GlobalConsumer.js"
+import { make as makeConsumer } from "../src/consumer/GlobalConsumerLive.js"
 import { GlobalView, make as makeView, type OverlapResult } from "../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../src/consumer/http/GlobalHttpServer.js"
 import { emptyMembershipView } from "../src/discovery/Membership.js"

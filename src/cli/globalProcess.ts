@@ -7,12 +7,8 @@ import type * as HttpServer from "@effect/platform/HttpServer"
 import type * as HttpServerError from "@effect/platform/HttpServerError"
 import { Layer } from "effect"
 import type { GlobalConsumerConfigError } from "../consumer/ConsumerErrors.js"
-import {
-  type GlobalConsumer,
-  type GlobalConsumerConfig,
-  layer as globalConsumerLayer,
-  RelayConnector
-} from "../consumer/GlobalConsumer.js"
+import { type GlobalConsumer, type GlobalConsumerConfig, RelayConnector } from "../consumer/GlobalConsumer.js"
+import { layer as globalConsumerLayer } from "../consumer/GlobalConsumerLive.js"
 import { type GlobalView, layer as globalViewLayer } from "../consumer/GlobalView.js"
 import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
 import type { RelayClientOptions } from "../consumer/RelayClient.js"

@@ -1,3 +1,9 @@
+/**
+ * The global consumer's errors: those of the ingestion pool (building it, admitting into a lane),
+ * of the relay client (transport, status, protocol, pool-stream and catalog-watch ends), of the
+ * view's overlap answers, and of the consumer's configuration.
+ */
+
 import { Data } from "effect"
 import type { GlobalCkfAssignmentError, GlobalCkfBuildError } from "../ckf/global.js"
 

@@ -1,3 +1,9 @@
+/**
+ * What discovery says about a DC's serving endpoints (relay-service.md §2.3, §2.4): one
+ * `EndpointMembership` per endpoint, the conflicts that fence it, and the diagnostics of a
+ * projection. `MembershipProjection.ts` computes these views from model cards.
+ */
+
 import type { RuntimeConfig } from "../protocol/Discovery.js"
 import type { WorkerId } from "../protocol/Events.js"
 import type { ResolvedIndexerDomain } from "../protocol/Identity.js"

@@ -16,10 +16,10 @@ import {
   backoffCeiling,
   equalJitter,
   type GlobalConsumerService,
-  make as makeConsumer,
   parseRelaySpec,
   validateConfig
 } from "../../src/consumer/GlobalConsumer.js"
+import { make as makeConsumer } from "../../src/consumer/GlobalConsumerLive.js"
 import { make as makeView, type OverlapResult } from "../../src/consumer/GlobalView.js"
 import { DcRelayIdentity } from "../../src/protocol/Model.js"
 import { waitUntil } from "../relay/registryFixtures.js"

@@ -8,7 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, HashMap, Logger, LogLevel, TestClock } from "effect"
 import { RelayTransportError } from "../../src/consumer/ConsumerErrors.js"
-import { make as makeConsumer } from "../../src/consumer/GlobalConsumer.js"
+import { make as makeConsumer } from "../../src/consumer/GlobalConsumerLive.js"
 import { waitUntil } from "../relay/registryFixtures.js"
 import { FakeRelay, fakeConnector } from "./fakeRelay.js"
 

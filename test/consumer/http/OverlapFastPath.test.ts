@@ -21,7 +21,8 @@ import {
   NoReadyLane,
   type OverlapError
 } from "../../../src/consumer/ConsumerErrors.js"
-import { GlobalConsumer, make as makeConsumer } from "../../../src/consumer/GlobalConsumer.js"
+import { GlobalConsumer } from "../../../src/consumer/GlobalConsumer.js"
+import { make as makeConsumer } from "../../../src/consumer/GlobalConsumerLive.js"
 import { GlobalView, make as makeView, type OverlapResult } from "../../../src/consumer/GlobalView.js"
 import * as GlobalHttpServer from "../../../src/consumer/http/GlobalHttpServer.js"
 import { batchReply, overlapReply } from "../../../src/consumer/http/OverlapQuery.js"

@@ -1,3 +1,8 @@
+/**
+ * The Dynamo `EventEnvelope` codec (PROTOCOL.md §3.1), with a fast path for the exact bytes
+ * rmp-serde writes.
+ */
+
 import { fastPaths } from "./fastPaths.js"
 import { be16, be32, fail, i32, type MsgpackReader, typeName } from "./reader.js"
 import { fastHi, fastLo, fastUnsigned, KEY, scratch, u64HalvesOfBigInt } from "./routerEvents.js"

@@ -1,3 +1,9 @@
+/**
+ * The `Vec<RouterEvent>` payload codec (PROTOCOL.md §3.1, rmp-serde named maps): block hashes are
+ * read straight into hash pairs (`[hi, lo]` in a `Uint32Array`), with fast paths for the exact
+ * bytes rmp-serde writes for the common events.
+ */
+
 import type { StorageTier } from "../../../ckf/events.js"
 import { decimalOf } from "../../../ckf/u64.js"
 import type { KvCacheEventData, RouterEvent, WorkerId } from "../../../protocol/Events.js"

@@ -1,3 +1,7 @@
+/**
+ * The worker-query maps (PROTOCOL.md §4): snake_case maps, externally tagged responses.
+ */
+
 import { decimalOf } from "../../../ckf/u64.js"
 import type { RouterEvent, WorkerId } from "../../../protocol/Events.js"
 import type { WorkerKvQueryRequest, WorkerKvQueryResponse } from "../../../recovery/WorkerQuery.js"

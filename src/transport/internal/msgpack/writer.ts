@@ -1,3 +1,8 @@
+/**
+ * The growable msgpack writer, and `fixKey`: a map key as the writer writes it, which the
+ * decoders' fast paths also compare against.
+ */
+
 import { ascii, TWO_32, utf8Encoder } from "./reader.js"
 
 // ---------------------------------------------------------------------------------------------
