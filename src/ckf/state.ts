@@ -12,6 +12,10 @@
  *   added, nothing is marked dirty, and a later removal of the hash is an unknown no-op.
  * - The dirty window keeps each bucket's first pre-image since the last drain, so batches carry
  *   absolute words in first-touch order and net reversions vanish.
+ *
+ * Length: the apply path (ownership, bounded-kick mutator, dirty window) is one class over shared
+ * typed arrays, measured as `producer_apply` / `producer_apply_canonical`; its private fields and
+ * the loops that read them stay together so that V8 keeps them monomorphic and inlined.
  */
 
 import { CkfAddressing } from "./addressing.js"

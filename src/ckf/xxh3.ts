@@ -5,6 +5,9 @@
  * seed-dependent bitflips are computed once. `xxh3Hash` covers every input length; it serves the
  * CBI1 body checksum (unseeded, up to 4 MiB) and the tests. Results are returned through the
  * shared `xxhOut` holder so that no hot call allocates.
+ *
+ * Length: every input length of XXH3-64 has its own unrolled path in 32-bit limbs; they are kept
+ * together so that they can be read against the reference algorithm section by section.
  */
 
 import { mulLow64Into } from "./u64.js"
