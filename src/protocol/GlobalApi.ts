@@ -6,7 +6,6 @@
 import * as HttpApi from "@effect/platform/HttpApi"
 import * as HttpApiEndpoint from "@effect/platform/HttpApiEndpoint"
 import * as HttpApiGroup from "@effect/platform/HttpApiGroup"
-import * as HttpApiSchema from "@effect/platform/HttpApiSchema"
 import * as OpenApi from "@effect/platform/OpenApi"
 import { Schema } from "effect"
 import {
@@ -25,7 +24,16 @@ import {
   endpointPartProblem,
   QuerySemanticsJson
 } from "./Model.js"
-import { Count, ErrorBodyJson, errorWith, nullable } from "./RelayApi.js"
+import {
+  Count,
+  ErrorBodyJson,
+  errorWith,
+  healthzEndpoint,
+  metricsEndpoint,
+  nullable,
+  openApiEndpoint,
+  statusPageEndpoint
+} from "./RelayApi.js"
 import { openApiDocument } from "./Routes.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -246,22 +254,9 @@ export const OverlapRequestJson = Schema.Union(
 export const GlobalHttpApi = HttpApi.make("global")
   .add(
     HttpApiGroup.make("global", { topLevel: true })
-      .add(
-        HttpApiEndpoint.get("statusPage", "/")
-          .addSuccess(HttpApiSchema.Text({ contentType: "text/html" }))
-          .annotate(OpenApi.Summary, "The status page (HTML)")
-      )
-      .add(
-        HttpApiEndpoint.get("healthz", "/healthz")
-          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
-          .annotate(OpenApi.Summary, "Liveness: `ok` while the process serves")
-      )
-      .add(
-        HttpApiEndpoint.get("metrics", "/metrics")
-          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
-          .addError(...errorWith(500))
-          .annotate(OpenApi.Summary, "Prometheus exposition")
-      )
+      .add(statusPageEndpoint)
+      .add(healthzEndpoint)
+      .add(metricsEndpoint)
       .add(
         HttpApiEndpoint.get("domains", "/v1/domains")
           .addSuccess(DomainsResponseJson)
@@ -293,11 +288,7 @@ export const GlobalHttpApi = HttpApi.make("global")
           .annotate(OpenApi.Summary, "Health; 503 with the same document when unhealthy")
       )
       .add(HttpApiEndpoint.get("stats", "/v1/stats").addSuccess(GlobalStatsJson))
-      .add(
-        HttpApiEndpoint.get("openApi", "/v1/openapi.json")
-          .addSuccess(Schema.Unknown)
-          .annotate(OpenApi.Summary, "This document")
-      )
+      .add(openApiEndpoint)
   )
   .addError(...errorWith(401))
   .annotate(OpenApi.Title, "kvrelay global")

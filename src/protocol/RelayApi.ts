@@ -528,6 +528,27 @@ export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type
 /** The `{reason, message}` body of an error sent with `status`, for an endpoint's `addError`. */
 export const errorWith = (status: number) => [ErrorBodyJson, { status }] as const
 
+/** `GET /`: the status page, on both servers. */
+export const statusPageEndpoint = HttpApiEndpoint.get("statusPage", "/")
+  .addSuccess(HttpApiSchema.Text({ contentType: "text/html" }))
+  .annotate(OpenApi.Summary, "The status page (HTML)")
+
+/** `GET /healthz`, on both servers: the one route no bearer token guards. */
+export const healthzEndpoint = HttpApiEndpoint.get("healthz", "/healthz")
+  .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
+  .annotate(OpenApi.Summary, "Liveness: `ok` while the process serves")
+
+/** `GET /metrics`, on both servers. */
+export const metricsEndpoint = HttpApiEndpoint.get("metrics", "/metrics")
+  .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
+  .addError(...errorWith(500))
+  .annotate(OpenApi.Summary, "Prometheus exposition")
+
+/** `GET /v1/openapi.json`, on both servers: the server's routes as an OpenAPI 3.1 document. */
+export const openApiEndpoint = HttpApiEndpoint.get("openApi", "/v1/openapi.json")
+  .addSuccess(Schema.Unknown)
+  .annotate(OpenApi.Summary, "This document")
+
 /** Server-sent events (`text/event-stream`); the events' data are the documents named per route. */
 export const SseBody = HttpApiSchema.Text({ contentType: "text/event-stream" })
 
@@ -545,16 +566,8 @@ const optionalSubscriberParam = Schema.Struct({ subscriber: Schema.optional(Subs
 export const RelayHttpApi = HttpApi.make("relay")
   .add(
     HttpApiGroup.make("relay", { topLevel: true })
-      .add(
-        HttpApiEndpoint.get("statusPage", "/")
-          .addSuccess(HttpApiSchema.Text({ contentType: "text/html" }))
-          .annotate(OpenApi.Summary, "The status page (HTML)")
-      )
-      .add(
-        HttpApiEndpoint.get("healthz", "/healthz")
-          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
-          .annotate(OpenApi.Summary, "Liveness: `ok` while the process serves")
-      )
+      .add(statusPageEndpoint)
+      .add(healthzEndpoint)
       .add(
         HttpApiEndpoint.get("health", "/v1/health")
           .addSuccess(HealthJson)
@@ -627,12 +640,7 @@ export const RelayHttpApi = HttpApi.make("relay")
           .addError(...errorWith(503))
           .annotate(OpenApi.Summary, "Publish every pool's pending changes now")
       )
-      .add(
-        HttpApiEndpoint.get("metrics", "/metrics")
-          .addSuccess(HttpApiSchema.Text({ contentType: "text/plain" }))
-          .addError(...errorWith(500))
-          .annotate(OpenApi.Summary, "Prometheus exposition")
-      )
+      .add(metricsEndpoint)
       .add(
         HttpApiEndpoint.get("openApi", "/v1/openapi.json")
           .addSuccess(Schema.Unknown)
