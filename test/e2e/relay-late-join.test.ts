@@ -15,10 +15,12 @@ import { localBlockHashes, nextSequenceHash } from "../../src/ckf/tokens.js"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
 import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
 import {
+  cardRecord,
   cleanup,
   DiscoveryFile,
   diagnosticWords,
   distinguishable,
+  EngineWorker,
   endpointText,
   eventually,
   type FormatJson,
@@ -42,32 +44,8 @@ afterEach(async () => {
 const run = <A, E>(effect: Effect.Effect<A, E, Scope.Scope>): Promise<A> =>
   Effect.runPromise(Scope.extend(effect, scope))
 
-/** A card of worker 8001 with two data-parallel ranks of 16-token blocks. */
-const card = {
-  namespace: SERVING.namespace,
-  component: SERVING.component,
-  endpoint: SERVING.endpoint,
-  instanceId: WORKER,
-  modelSuffix: null,
-  card: {
-    name: "mistral",
-    sourcePath: "mistral/7b",
-    kvCacheBlockSize: BLOCK,
-    aliases: [],
-    workerType: "aggregated",
-    lora: null,
-    indexerIdentity: null,
-    runtimeConfig: {
-      dataParallelStartRank: 0,
-      dataParallelSize: 2,
-      enableLocalIndexer: true,
-      kvStateEndpoint: null,
-      enableEagle: false,
-      totalKvBlocks: "1000",
-      maxNumBatchedTokens: "8192"
-    }
-  }
-}
+/** Worker 8001's card: two data-parallel ranks of 16-token blocks. */
+const card = cardRecord(SERVING, WORKER, { kvCacheBlockSize: BLOCK, dataParallelSize: 2 })
 
 /** One prompt's blocks: engine hashes, tokens, and canonical addresses chained from its parent. */
 interface Blocks {
@@ -111,21 +89,8 @@ class Engine {
     await run(this.publisher.remove([blocks.external[index]!]))
   }
 
-  async source() {
-    const publisherId = await run(this.publisher.publisherId)
-    return {
-      kvStateEndpoint: ENDPOINT,
-      workerId: WORKER,
-      dpRank: this.publisher.dpRank,
-      publisherId: publisherId.toString(),
-      transport: {
-        kind: "engine-zmq",
-        endpoint: this.publisher.endpoint,
-        topic: this.publisher.topic,
-        replayEndpoint: this.publisher.replayEndpoint
-      },
-      recoveryTarget: null
-    }
+  source() {
+    return new EngineWorker(this.publisher).sourceRecord(ENDPOINT)
   }
 }
 

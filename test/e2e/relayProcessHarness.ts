@@ -224,7 +224,11 @@ export const endpointText = (e: EndpointParts): string => `${e.namespace}.${e.co
  * A model card instance record (PROTOCOL §2): model `llama` from `meta/llama`, 512-token blocks,
  * alias `chat`, an aggregated worker with one rank whose KV state is its serving endpoint.
  */
-export const cardRecord = (serving: EndpointParts, instanceId: string) => ({
+export const cardRecord = (
+  serving: EndpointParts,
+  instanceId: string,
+  options: { readonly kvCacheBlockSize?: number; readonly dataParallelSize?: number } = {}
+) => ({
   namespace: serving.namespace,
   component: serving.component,
   endpoint: serving.endpoint,
@@ -233,14 +237,14 @@ export const cardRecord = (serving: EndpointParts, instanceId: string) => ({
   card: {
     name: "llama",
     sourcePath: "meta/llama",
-    kvCacheBlockSize: 512,
+    kvCacheBlockSize: options.kvCacheBlockSize ?? 512,
     aliases: ["chat"],
     workerType: "aggregated",
     lora: null,
     indexerIdentity: null,
     runtimeConfig: {
       dataParallelStartRank: 0,
-      dataParallelSize: 1,
+      dataParallelSize: options.dataParallelSize ?? 1,
       enableLocalIndexer: true,
       kvStateEndpoint: null,
       enableEagle: false,

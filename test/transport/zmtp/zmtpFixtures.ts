@@ -125,17 +125,22 @@ const isProbe = (frames: Array<Buffer>) => frames.length === 1 && frames[0]!.toS
 
 /**
  * PUB/SUB drops what is sent before the subscription reaches the publisher: send a one-frame
- * probe under `topic` until one arrives. Later probes may still be in flight: read the
- * messages through `withoutProbes`.
+ * probe under `topic` until a new one arrives. Probes that arrived before the call (from an
+ * earlier publisher on the same subscriber) do not count, or a restarted publisher would be
+ * taken as subscribed before it is. Later probes may still be in flight: read the messages
+ * through `withoutProbes`.
  */
 export const prime = (socket: zmq.Writable, collected: Collected, topic: string) =>
-  eventually(
-    Effect.gen(function* () {
-      yield* sendAll(socket, [[topic + PROBE]])
-      return collected.messages.some(isProbe)
-    }),
-    "the subscription to reach the publisher"
-  )
+  Effect.suspend(() => {
+    const before = collected.messages.filter(isProbe).length
+    return eventually(
+      Effect.gen(function* () {
+        yield* sendAll(socket, [[topic + PROBE]])
+        return collected.messages.filter(isProbe).length > before
+      }),
+      "the subscription to reach the publisher"
+    )
+  })
 
 export const withoutProbes = (messages: ReadonlyArray<Array<Buffer>>): Array<Array<Buffer>> =>
   messages.filter((frames) => !isProbe(frames))
