@@ -153,6 +153,8 @@ export class OwnershipTable {
   private readonly free: Array<number> = []
   memberCount = 0
   contributions = 0
+  /** Bumped whenever a member is registered or released (member indices change then). */
+  membershipVersion = 0
 
   /**
    * The table starts at 16 slots and grows as hashes arrive: memory follows use, and a pool
@@ -215,6 +217,7 @@ export class OwnershipTable {
     }
     this.indexByKey.set(key, index)
     this.memberCount++
+    this.membershipVersion++
     return index
   }
 
@@ -224,6 +227,7 @@ export class OwnershipTable {
     this.indexByKey.delete(key)
     this.free.push(index)
     this.memberCount--
+    this.membershipVersion++
   }
 
   blocksOf(index: number): number {
