@@ -212,6 +212,8 @@ export class CanonicalCkfState extends DcCkfState {
   private readonly partial = new Map<string, CkfMemberRef>()
   /** The members a query reads, rebuilt when a table's membership changes (see `directory`). */
   private queryDirectory: ReadonlyArray<QueryMember> = []
+  /** The directory's members as plain references, the list a query without a filter answers. */
+  private queryDirectoryRefs: ReadonlyArray<CkfMemberRef> = []
   private queryDirectoryByKey = new Map<string, QueryMember>()
   private directoryOwners: unknown = undefined
   private directoryOwnersVersion = -1
@@ -669,6 +671,7 @@ export class CanonicalCkfState extends DcCkfState {
       })
       .sort(compareMembers)
     this.queryDirectory = members
+    this.queryDirectoryRefs = members.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))
     this.queryDirectoryByKey = byKey
     this.directoryOwners = owners
     this.directoryOwnersVersion = owners.membershipVersion
@@ -695,9 +698,10 @@ export class CanonicalCkfState extends DcCkfState {
       this.queryKeys = new Uint32Array(Math.max(2 * count, 2 * this.queryKeys.length))
     const keys = this.queryKeys
     this.addressing.mixBatch(hashes, 0, count, keys, 0)
-    const all = this.directory()
-    let members = all
+    let members = this.directory()
+    let refs = this.queryDirectoryRefs
     if (options.members !== undefined) {
+      refs = options.members
       const byKey = this.queryDirectoryByKey
       members = options.members.map(
         (ref) =>
@@ -710,7 +714,7 @@ export class CanonicalCkfState extends DcCkfState {
           }
       )
     }
-    return runWorkerQuery(this.owners, keys, count, members)
+    return runWorkerQuery(this.owners, keys, count, members, refs)
   }
 
   lineageStats(): CanonicalLineageStats {

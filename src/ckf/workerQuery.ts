@@ -18,8 +18,8 @@
  *   one only on the host). Dynamo walks its disk and external tiers one after the other; both
  *   are the disk tier here (§5.1), so a run that alternates disk and external blocks counts whole.
  * - `frequencies[i]`: the number of members holding block i on the device (its exact refcount),
- *   for i below the deepest device depth. A member filter narrows the members listed, not the
- *   frequencies, which always count the whole pool.
+ *   for i below the deepest device depth of the members listed. A member filter narrows the
+ *   members listed (and so how far the frequencies go), not what they count: the whole pool.
  */
 
 import type { CkfMemberRef } from "./events.js"
@@ -69,7 +69,9 @@ export const runWorkerQuery = (
   owners: OwnershipTable,
   keys: Uint32Array,
   n: number,
-  members: ReadonlyArray<QueryMember>
+  members: ReadonlyArray<QueryMember>,
+  /** The members as the answer lists them (plain references, in `members`' order). */
+  refs: ReadonlyArray<CkfMemberRef> = members
 ): WorkerQueryResult => {
   const count = members.length
   const device = new Uint32Array(count)
@@ -169,7 +171,7 @@ export const runWorkerQuery = (
     if (k !== undefined) while (q < n && k.has(keys, 2 * q)) q++
     dynamoDisk[j] = q
   }
-  return { queryBlocks: n, members, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
+  return { queryBlocks: n, members: refs, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
 }
 
 // -----------------------------------------------------------------------------------------------
