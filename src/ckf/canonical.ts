@@ -59,7 +59,13 @@ import {
 } from "./state.js"
 import { DISK_TIER, HOST_TIER, type LowerTierIndex, LowerTiers, lowerTierOf } from "./tiers.js"
 import { sequenceHashesInto } from "./tokens.js"
-import { type QueryMember, runWorkerQuery, type WorkerQueryResult } from "./workerQuery.js"
+import {
+  type QueryMember,
+  type QueryPlan,
+  queryPlan,
+  runWorkerQuery,
+  type WorkerQueryResult
+} from "./workerQuery.js"
 
 /** A rank's replacement as the replay-ordered events of its dump. */
 export interface RankReplacementEvents extends CkfMemberRef {
@@ -115,9 +121,9 @@ export interface TierStats {
   readonly diskEdges: number
   readonly lineageEntries: number
   readonly lineageBytes: number
-  /** Bytes of the members' key sets. */
-  readonly setBytes: number
-  /** `(lineageBytes + setBytes) / (hostEdges + diskEdges)`, 0 without edges. */
+  /** Bytes of the tiers' owner tables (blocks, refcounts and their owners). */
+  readonly ownershipBytes: number
+  /** `(lineageBytes + ownershipBytes) / (hostEdges + diskEdges)`, 0 without edges. */
   readonly bytesPerEdge: number
 }
 
@@ -212,8 +218,8 @@ export class CanonicalCkfState extends DcCkfState {
   private readonly partial = new Map<string, CkfMemberRef>()
   /** The members a query reads, rebuilt when a table's membership changes (see `directory`). */
   private queryDirectory: ReadonlyArray<QueryMember> = []
-  /** The directory's members as plain references, the list a query without a filter answers. */
-  private queryDirectoryRefs: ReadonlyArray<CkfMemberRef> = []
+  /** The plan of a query without a member filter: every member of the directory. */
+  private queryDirectoryPlan: QueryPlan = queryPlan([])
   private queryDirectoryByKey = new Map<string, QueryMember>()
   private directoryOwners: unknown = undefined
   private directoryOwnersVersion = -1
@@ -222,7 +228,7 @@ export class CanonicalCkfState extends DcCkfState {
   constructor(config: CkfConfig) {
     super(config)
     this.lineage = new LineageTable()
-    this.tiers = new LowerTiers(this.addressing)
+    this.tiers = new LowerTiers(this.addressing, config.expectedBlocksPerDc)
   }
 
   /** The member key of the last event's (worker, rank): consecutive events mostly share it. */
@@ -480,7 +486,7 @@ export class CanonicalCkfState extends DcCkfState {
     }> = []
     for (const replacement of replacements) {
       const table = new LineageTable()
-      const tiers = new LowerTiers(this.addressing)
+      const tiers = new LowerTiers(this.addressing, this.config.expectedBlocksPerDc)
       const key = memberKey(replacement.workerId, replacement.dpRank)
       const scratch = new Uint32Array(2)
       let skipped = 0
@@ -587,9 +593,7 @@ export class CanonicalCkfState extends DcCkfState {
    * disk tier for `disk` and `external`), as hash pairs in no particular order.
    */
   memberTierHashes(workerId: string, dpRank: number, tier: "host_pinned" | "disk" | "external"): Uint32Array {
-    const set = this.tiers.setOf(lowerTierOf(tier) as LowerTierIndex, memberKey(workerId, dpRank))
-    if (set === undefined) return new Uint32Array(0)
-    const pairs = set.keys()
+    const pairs = this.tiers.memberKeys(lowerTierOf(tier) as LowerTierIndex, memberKey(workerId, dpRank))
     const v = this.scratch
     for (let i = 0; i < pairs.length; i += 2) {
       v[0] = pairs[i]!
@@ -624,15 +628,15 @@ export class CanonicalCkfState extends DcCkfState {
     const hostEdges = tiers.edgesOn(HOST_TIER)
     const diskEdges = tiers.edgesOn(DISK_TIER)
     const lineageBytes = tiers.lineageBytes
-    const setBytes = tiers.setBytes
+    const ownershipBytes = tiers.ownershipBytes
     const edges = hostEdges + diskEdges
     return {
       hostEdges,
       diskEdges,
       lineageEntries: tiers.lineageEntries,
       lineageBytes,
-      setBytes,
-      bytesPerEdge: edges === 0 ? 0 : (lineageBytes + setBytes) / edges
+      ownershipBytes,
+      bytesPerEdge: edges === 0 ? 0 : (lineageBytes + ownershipBytes) / edges
     }
   }
 
@@ -663,15 +667,15 @@ export class CanonicalCkfState extends DcCkfState {
           workerId: ref.workerId,
           dpRank: ref.dpRank,
           device: owners.memberIndex(key),
-          host: this.tiers.setOf(HOST_TIER, key),
-          disk: this.tiers.setOf(DISK_TIER, key)
+          host: this.tiers.ownersOf(HOST_TIER).memberIndex(key),
+          disk: this.tiers.ownersOf(DISK_TIER).memberIndex(key)
         }
         byKey.set(key, member)
         return member
       })
       .sort(compareMembers)
     this.queryDirectory = members
-    this.queryDirectoryRefs = members.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))
+    this.queryDirectoryPlan = queryPlan(members)
     this.queryDirectoryByKey = byKey
     this.directoryOwners = owners
     this.directoryOwnersVersion = owners.membershipVersion
@@ -698,23 +702,31 @@ export class CanonicalCkfState extends DcCkfState {
       this.queryKeys = new Uint32Array(Math.max(2 * count, 2 * this.queryKeys.length))
     const keys = this.queryKeys
     this.addressing.mixBatch(hashes, 0, count, keys, 0)
-    let members = this.directory()
-    let refs = this.queryDirectoryRefs
-    if (options.members !== undefined) {
-      refs = options.members
+    this.directory()
+    let plan = this.queryDirectoryPlan
+    const filter = options.members
+    if (filter !== undefined) {
       const byKey = this.queryDirectoryByKey
-      members = options.members.map(
+      const members = filter.map(
         (ref) =>
           byKey.get(memberKey(ref.workerId, ref.dpRank)) ?? {
             workerId: ref.workerId,
             dpRank: ref.dpRank,
             device: -1,
-            host: undefined,
-            disk: undefined
+            host: -1,
+            disk: -1
           }
       )
+      plan = queryPlan(members, filter)
     }
-    return runWorkerQuery(this.owners, keys, count, members, refs)
+    return runWorkerQuery(
+      this.owners,
+      this.tiers.ownersOf(HOST_TIER),
+      this.tiers.ownersOf(DISK_TIER),
+      keys,
+      count,
+      plan
+    )
   }
 
   lineageStats(): CanonicalLineageStats {

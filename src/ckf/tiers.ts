@@ -8,13 +8,16 @@
  * counts the external media as disk in its answers, as Dynamo folds them into its `disk` figure).
  * `lowerTierOf` maps a `StorageTier` to its index here.
  *
- * Per tier, per member:
- * - a lineage (`LineageTable`), external → canonical hash, holding exactly the external hashes the
- *   tier holds: a removal with a medium finds its block there and removes that tier's copy only;
- * - a `KeySet` of the mixed keys (`CkfAddressing.mixBatch`) of the canonical hashes it holds, the
- *   set a query probes. External hashes of one member on one tier that resolve to the same
- *   canonical hash (aliases) hold it once, until the last of them goes; a side map counts the
- *   extra aliases, as the device tier's does.
+ * Per tier:
+ * - per member a lineage (`LineageTable`), external → canonical hash, holding exactly the external
+ *   hashes the tier holds: a removal with a medium finds its block there and removes that tier's
+ *   copy only;
+ * - one `OwnershipTable` for the pool, as the device's: each canonical hash (by its CKF mixed key,
+ *   `CkfAddressing.mixBatch`) once, with its refcount and primary owner, and the other owners as
+ *   (key, member) edges. A query looks a block up once and learns whether any member holds it on
+ *   the tier before it probes a member. External hashes of one member on one tier that resolve to
+ *   the same canonical hash (aliases) own it once, until the last of them goes; a side map counts
+ *   the extra aliases, as the device tier's does.
  *
  * The rank's lineage (PROTOCOL §3.3) is the union of the device lineage and these: an external
  * hash stays resolvable while any tier of the rank holds it, which is what a tokens-less store
@@ -22,15 +25,14 @@
  * lookup tries the tier's own lineage, then the device's, then the other tier's.
  *
  * Memory: a tier edge (one member holding one block on one tier) costs a lineage slot (16 bytes,
- * tables 49–80% full) and a key-set slot (8 bytes, 53–80% full), about 37 bytes at the tables'
- * mean fill; a device edge costs an owner-table slot (12 bytes, shared by the block's owners), an
- * edge-table slot for owners beyond the first, a lineage slot and its share of the filter.
+ *   tables 49–80% full) and its share of the owner table (12 bytes a block, plus an edge slot for
+ *   each owner beyond the first): a device edge's cost without the filter's share.
  */
 
 import type { CkfAddressing } from "./addressing.js"
 import type { CkfMemberRef, CkfStoredData, StorageTier } from "./events.js"
-import { KeySet } from "./keySet.js"
 import { LINEAGE_ADDED, LINEAGE_CONFLICT, LINEAGE_PRESENT, LineageTable } from "./lineage.js"
+import { OWNER_DUPLICATE, OWNER_LAST, OwnershipTable } from "./ownership.js"
 import { sequenceHashesInto } from "./tokens.js"
 
 /** Index of the host tier in `LowerTiers`. */
@@ -53,31 +55,57 @@ export interface TierApplyResult {
   unknownRemovals: number
 }
 
-/** One tier's tables: lineage and key sets by lineage member index. */
+/** One tier's tables: the members' lineages and the pool's owner table. */
 class TierStore {
   readonly lineage = new LineageTable()
-  /** Key sets by lineage member index: a member has one exactly while it has lineage entries. */
-  sets: Array<KeySet | undefined> = []
+  readonly owners: OwnershipTable
   /** Extra aliases per (lineage member index, mixed key). */
   readonly aliases = new Map<string, number>()
-  /** Mixed keys held, summed over members. */
-  edges = 0
 
-  setOf(m: number): KeySet | undefined {
-    return m < 0 ? undefined : this.sets[m]
+  constructor(expectedKeys: number) {
+    this.owners = new OwnershipTable(expectedKeys)
   }
 
-  get setBytes(): number {
-    let bytes = 0
-    for (const set of this.sets) if (set !== undefined) bytes += set.byteSize
-    return bytes
+  /** Member `om` (owner-table index) comes to hold the mixed key `keys[k, k + 1]`; false when it held it already (an alias). */
+  hold(om: number, keys: Uint32Array, k: number): boolean {
+    const owners = this.owners
+    const key = owners.key
+    key[0] = keys[k]!
+    key[1] = keys[k + 1]!
+    let slot = owners.find()
+    if (slot >= 0 && owners.ownsAt(slot, om)) return false
+    const capacity = owners.slotCapacity
+    // As the device tier's tables, these grow as blocks arrive; a failed allocation is the
+    // process running out of memory, not bad input.
+    if (!owners.reserve()) throw new RangeError("could not grow a lower tier's owner table")
+    if (owners.slotCapacity !== capacity) slot = owners.find()
+    if (slot < 0) {
+      owners.insertAt(-1 - slot, om)
+      return true
+    }
+    return owners.addOwner(slot, om) !== OWNER_DUPLICATE
+  }
+
+  /** Member `om` gives up the mixed key `keys[k, k + 1]`. */
+  release(om: number, keys: Uint32Array, k: number): void {
+    const owners = this.owners
+    const key = owners.key
+    key[0] = keys[k]!
+    key[1] = keys[k + 1]!
+    const slot = owners.find()
+    if (slot < 0) return
+    if (owners.removeOwner(slot, om) === OWNER_LAST) owners.deleteLast(slot, om)
   }
 
   /** Drops member `key`'s entries, whose lineage index is `m`. */
   clear(key: string, m: number): void {
-    const set = this.sets[m]
-    if (set !== undefined) this.edges -= set.size
-    this.sets[m] = undefined
+    const owners = this.owners
+    const om = owners.memberIndex(key)
+    if (om >= 0) {
+      const held = owners.hashesOf(om)
+      for (let k = 0; k < held.length; k += 2) this.release(om, held, k)
+      owners.releaseIfEmpty(key, om)
+    }
     if (this.aliases.size > 0) {
       const prefix = `${m}:`
       for (const alias of [...this.aliases.keys()]) if (alias.startsWith(prefix)) this.aliases.delete(alias)
@@ -97,11 +125,9 @@ const STORE_SEQUENCE_INVALID = -2
  * producer (`CanonicalCkfState`) owns one, and a rank replacement replays into a fresh one.
  */
 export class LowerTiers {
-  private readonly stores: readonly [TierStore, TierStore] = [new TierStore(), new TierStore()]
+  private readonly stores: readonly [TierStore, TierStore]
   /** Members with any entry on a lower tier, by member key. */
   private readonly members = new Map<string, CkfMemberRef>()
-  /** Bumped whenever a member's key set is created or dropped (queries cache the sets). */
-  version = 0
   private canon = new Uint32Array(64)
   private keys = new Uint32Array(64)
   /** External hashes of a tokens-less batch's resolvable blocks. */
@@ -110,11 +136,22 @@ export class LowerTiers {
   private readonly scratch = new Uint32Array(2)
   private readonly result: TierApplyResult = { error: undefined, unanchored: 0, unknownRemovals: 0 }
 
-  constructor(private readonly addressing: CkfAddressing) {}
+  constructor(
+    private readonly addressing: CkfAddressing,
+    /** The owner tables' sizing hint (the pool's expected blocks): it shapes their growth steps. */
+    expectedKeys = 0
+  ) {
+    this.stores = [new TierStore(expectedKeys), new TierStore(expectedKeys)]
+  }
 
   /** Whether any member holds anything on a lower tier (device-only pools skip every tier step). */
   get isEmpty(): boolean {
     return this.members.size === 0
+  }
+
+  /** Changes whenever a member is registered in or released from a tier's owner table. */
+  get version(): number {
+    return this.stores[0].owners.membershipVersion + this.stores[1].owners.membershipVersion
   }
 
   /** Members holding something on a lower tier. */
@@ -122,20 +159,20 @@ export class LowerTiers {
     return this.members.values()
   }
 
-  /** Member `key`'s key set on tier `t`, if it holds anything there. */
-  setOf(t: LowerTierIndex, key: string): KeySet | undefined {
-    const store = this.stores[t]
-    return store.setOf(store.lineage.memberIndex(key))
+  /** Tier `t`'s owner table (a query reads it). */
+  ownersOf(t: LowerTierIndex): OwnershipTable {
+    return this.stores[t].owners
   }
 
   /** Blocks member `key` holds on tier `t`. */
   blocksOf(t: LowerTierIndex, key: string): number {
-    return this.setOf(t, key)?.size ?? 0
+    const owners = this.stores[t].owners
+    return owners.blocksOf(owners.memberIndex(key))
   }
 
   /** Tier edges (member, block) on tier `t`. */
   edgesOn(t: LowerTierIndex): number {
-    return this.stores[t].edges
+    return this.stores[t].owners.contributions
   }
 
   get lineageEntries(): number {
@@ -146,8 +183,16 @@ export class LowerTiers {
     return this.stores[0].lineage.bytes + this.stores[1].lineage.bytes
   }
 
-  get setBytes(): number {
-    return this.stores[0].setBytes + this.stores[1].setBytes
+  /** Bytes of the tiers' owner tables. */
+  get ownershipBytes(): number {
+    return this.stores[0].owners.byteSize + this.stores[1].owners.byteSize
+  }
+
+  /** The mixed keys of the blocks member `key` holds on tier `t`, as pairs. */
+  memberKeys(t: LowerTierIndex, key: string): Uint32Array {
+    const owners = this.stores[t].owners
+    const om = owners.memberIndex(key)
+    return om < 0 ? new Uint32Array(0) : owners.hashesOf(om)
   }
 
   private grow(n: number): void {
@@ -161,9 +206,9 @@ export class LowerTiers {
   }
 
   /**
-   * Resolves member `key`'s external hash `ext[k, k + 1]` through the rank's lineage (this
-   * store's tiers first, `first` before the other, then `device`), writing the canonical hash to
-   * `out[at, at + 1]`; false when no tier holds it.
+   * Resolves member `key`'s external hash `ext[k, k + 1]` through the rank's lineage (tier `first`
+   * first, then `device`, then the other tier), writing the canonical hash to `out[at, at + 1]`;
+   * false when no tier holds it.
    */
   resolve(
     device: LineageTable,
@@ -189,42 +234,35 @@ export class LowerTiers {
     return false
   }
 
-  private register(key: string, ref: CkfMemberRef): void {
-    if (!this.members.has(key)) this.members.set(key, { workerId: ref.workerId, dpRank: ref.dpRank })
-  }
-
   private unregisterIfEmpty(key: string): void {
     if (this.stores[0].lineage.memberIndex(key) < 0 && this.stores[1].lineage.memberIndex(key) < 0) {
       this.members.delete(key)
     }
   }
 
-  /** The key set of lineage member `m` of `store`, created when it has none. */
-  private setFor(store: TierStore, m: number): KeySet {
-    let set = store.sets[m]
-    if (set === undefined) {
-      set = new KeySet()
-      store.sets[m] = set
-      this.version++
-    }
-    return set
-  }
-
   /**
-   * Adds the canonical hashes `canon` of the blocks whose `added[i]` is 1 (a new lineage mapping)
-   * to member `m`'s key set on `store`; one already held is an alias.
+   * Member `ref` (key `key`, lineage index `m` on `store`) comes to hold the canonical hashes
+   * `canon` of the blocks whose `added[i]` is 1 (a new lineage mapping); one it held already is an
+   * alias.
    */
-  private addToSet(store: TierStore, m: number, canon: Uint32Array, n: number, added: Uint8Array): void {
+  private holdAll(
+    store: TierStore,
+    key: string,
+    ref: CkfMemberRef,
+    m: number,
+    canon: Uint32Array,
+    n: number,
+    added: Uint8Array
+  ): void {
+    if (!this.members.has(key)) this.members.set(key, { workerId: ref.workerId, dpRank: ref.dpRank })
     const keys = this.keys
     this.addressing.mixBatch(canon, 0, n, keys, 0)
-    const set = this.setFor(store, m)
+    const om = store.owners.ensureMember(key, ref.workerId, ref.dpRank)
     for (let i = 0; i < n; i++) {
       if (added[i] === 0) continue
-      if (set.add(keys, 2 * i)) store.edges++
-      else {
-        const alias = aliasKey(m, keys, 2 * i)
-        store.aliases.set(alias, (store.aliases.get(alias) ?? 0) + 1)
-      }
+      if (store.hold(om, keys, 2 * i)) continue
+      const alias = aliasKey(m, keys, 2 * i)
+      store.aliases.set(alias, (store.aliases.get(alias) ?? 0) + 1)
     }
   }
 
@@ -277,13 +315,12 @@ export class LowerTiers {
         count++
       }
       if (count === 0) return result
-      this.register(key, ref)
       const m = own.ensureMember(key)
       for (let i = 0; i < count; i++) {
         // Distinct external hashes of one event may repeat: the second is present, not added.
         added[i] = own.insertChecked(m, pending, 2 * i, canon, 2 * i) === LINEAGE_ADDED ? 1 : 0
       }
-      this.addToSet(store, m, canon, count, added)
+      this.holdAll(store, key, ref, m, canon, count, added)
       return result
     }
     const stored = this.storeChained(t, device, key, data)
@@ -296,10 +333,7 @@ export class LowerTiers {
       result.error = "InvalidBlockSequence"
       return result
     }
-    if (stored > 0) {
-      this.register(key, ref)
-      this.addToSet(store, store.lineage.memberIndex(key), canon, n, added)
-    }
+    if (stored > 0) this.holdAll(store, key, ref, store.lineage.memberIndex(key), canon, n, added)
     return result
   }
 
@@ -355,7 +389,7 @@ export class LowerTiers {
 
   /**
    * Applies a Removed event on lower tier `t`: each external hash the tier holds is forgotten and
-   * its block leaves the member's key set with its last alias; the others are counted in
+   * its block leaves the member's holdings with its last alias; the others are counted in
    * `unknownRemovals`. The result is reused.
    */
   applyRemoved(t: LowerTierIndex, key: string, ext: Uint32Array): TierApplyResult {
@@ -374,7 +408,8 @@ export class LowerTiers {
     this.grow(1)
     const canon = this.canon
     const keys = this.keys
-    const set = store.sets[m]!
+    const owners = store.owners
+    const om = owners.memberIndex(key)
     for (let i = 0; i < n; i++) {
       if (!lineage.delete(key, m, ext, 2 * i, canon, 0)) {
         result.unknownRemovals++
@@ -390,11 +425,10 @@ export class LowerTiers {
           continue
         }
       }
-      if (set.delete(keys, 0)) store.edges--
+      store.release(om, keys, 0)
       if (lineage.memberIndex(key) !== m) {
         // The member's last entry went, and the lineage released it (its index may be reused).
-        store.sets[m] = undefined
-        this.version++
+        owners.releaseIfEmpty(key, om)
         this.unregisterIfEmpty(key)
         result.unknownRemovals += n - i - 1
         break
@@ -411,7 +445,6 @@ export class LowerTiers {
       if (m >= 0) store.clear(key, m)
     }
     this.members.delete(key)
-    this.version++
   }
 
   /** Every `[extHi, extLo, canonHi, canonLo]` lineage entry of member `key` on tier `t`. */
@@ -432,27 +465,19 @@ export class LowerTiers {
       if (sm < 0) continue
       const entries = source.lineage.entries(sm)
       const store = this.stores[t]
-      this.register(key, ref)
       const m = store.lineage.ensureMember(key)
       for (let k = 0; k < entries.length; k += 4) store.lineage.insert(m, entries, k, entries, k + 2)
-      const set = source.sets[sm]!
-      store.sets[m] = set
-      store.edges += set.size
-      this.version++
-      // Several external hashes on one canonical hash: aliases, as on the live path.
-      const keys = new Uint32Array(entries.length / 2)
-      const canon = new Uint32Array(entries.length / 2)
+      // Every entry's block, the aliases (several external hashes on one canonical hash) once.
+      const n = entries.length / 4
+      this.grow(n)
+      const canon = this.canon
+      const added = this.added
       for (let k = 0, c = 0; k < entries.length; k += 4, c += 2) {
         canon[c] = entries[k + 2]!
         canon[c + 1] = entries[k + 3]!
       }
-      this.addressing.mixBatch(canon, 0, canon.length / 2, keys, 0)
-      const seen = new Set<string>()
-      for (let c = 0; c < keys.length; c += 2) {
-        const alias = aliasKey(m, keys, c)
-        if (seen.has(alias)) store.aliases.set(alias, (store.aliases.get(alias) ?? 0) + 1)
-        else seen.add(alias)
-      }
+      added.fill(1, 0, n)
+      this.holdAll(store, key, ref, m, canon, n, added)
     }
   }
 }

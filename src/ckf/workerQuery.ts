@@ -24,15 +24,13 @@
 
 import type { CkfMemberRef } from "./events.js"
 import { compareMembers } from "./events.js"
-import type { KeySet } from "./keySet.js"
 import type { OwnershipTable } from "./ownership.js"
 
-/** What a query reads of one member: its device owner index and its lower-tier key sets. */
+/** What a query reads of one member: its index in each tier's owner table (-1: it holds nothing there). */
 export interface QueryMember extends CkfMemberRef {
-  /** Index in the owner table, or -1 when it holds nothing on the device. */
   readonly device: number
-  readonly host: KeySet | undefined
-  readonly disk: KeySet | undefined
+  readonly host: number
+  readonly disk: number
 }
 
 /** A worker query's answer, one entry per member in `members`' order (see the module comment). */
@@ -49,129 +47,267 @@ export interface WorkerQueryResult {
   readonly frequencies: Uint32Array
 }
 
+/**
+ * The members a query answers for, laid out for its loops: per position, the member's index in
+ * the device's, the host's and the disk tier's owner tables (-1: none). Built once per membership
+ * change (`queryPlan`).
+ */
+export interface QueryPlan {
+  /** The members as the answer lists them. */
+  readonly refs: ReadonlyArray<CkfMemberRef>
+  readonly devices: Int32Array
+  readonly hosts: Int32Array
+  readonly disks: Int32Array
+  /** Whether any member holds something on a lower tier (else the tier pass is skipped). */
+  readonly tiered: boolean
+}
+
+/** The plan of `members`, listed as `refs` (plain references in the same order) in the answer. */
+export const queryPlan = (
+  members: ReadonlyArray<QueryMember>,
+  refs: ReadonlyArray<CkfMemberRef> = members.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))
+): QueryPlan => ({
+  refs,
+  devices: Int32Array.from(members, (m) => m.device),
+  hosts: Int32Array.from(members, (m) => m.host),
+  disks: Int32Array.from(members, (m) => m.disk),
+  tiered: members.some((m) => m.host >= 0 || m.disk >= 0)
+})
+
 let slotScratch = new Int32Array(64)
+let hostSlotScratch = new Int32Array(64)
+let diskSlotScratch = new Int32Array(64)
 let activeScratch = new Int32Array(64)
+/** Where the prefetching loads' values go, so that they are not optimised away. */
+const touchSink = { value: 0 }
+/** A block whose owner-table slot has not been looked up yet in this query. */
+const UNKNOWN_SLOT = -0x7fff_ffff
 
 /**
- * Runs a worker query over a pool's tables: `keys` holds the `n` query blocks' mixed keys
+ * Runs a worker query over a pool's tables: the device's owner table `owners` and the host's and
+ * the disk tier's (`hostOwners`, `diskOwners`); `keys` holds the `n` query blocks' mixed keys
  * (`CkfAddressing.mixBatch` of their canonical sequence hashes) as `[hi, lo]` pairs; the answer
- * lists `members` in their order.
+ * lists `plan.refs` in their order.
  *
  * The device depths come from narrowing, never from enumerating the pool per block: the owners
- * of block 0 among the members (found by probing each member once, and no more once the block's
- * refcount of owners are found), then at each later block only the members still matching are
- * probed, again no more than the block's refcount. The work is the sum of the device depths plus
- * one probe per member. A member's lower-tier walks start where its device match ended and probe
- * its own key sets (and the device, for the cumulative depths); a member with nothing on a lower
- * tier costs nothing more.
+ * of block 0 among the members (probing each member once, and no more once the block's refcount
+ * of owners are found), then at each later block only the members still matching are probed,
+ * again no more than the block's refcount. The work is the sum of the device depths plus one
+ * probe per member. A member's lower-tier walks start where its device match ended: the block
+ * there is looked up once per query in each tier's owner table, so members whose block no member
+ * holds on a lower tier cost nothing more, and the others probe only their own edges.
  */
 export const runWorkerQuery = (
   owners: OwnershipTable,
+  hostOwners: OwnershipTable,
+  diskOwners: OwnershipTable,
   keys: Uint32Array,
   n: number,
-  members: ReadonlyArray<QueryMember>,
-  /** The members as the answer lists them (plain references, in `members`' order). */
-  refs: ReadonlyArray<CkfMemberRef> = members
+  plan: QueryPlan
 ): WorkerQueryResult => {
-  const count = members.length
-  const device = new Uint32Array(count)
-  const host = new Uint32Array(count)
-  const disk = new Uint32Array(count)
-  const dynamoCpu = new Uint32Array(count)
-  const dynamoDisk = new Uint32Array(count)
-  if (slotScratch.length < n) slotScratch = new Int32Array(Math.max(n, 2 * slotScratch.length))
+  const devices = plan.devices
+  const count = devices.length
+  const all = new Uint32Array(5 * count)
+  const device = all.subarray(0, count)
+  const host = all.subarray(count, 2 * count)
+  const disk = all.subarray(2 * count, 3 * count)
+  const dynamoCpu = all.subarray(3 * count, 4 * count)
+  const dynamoDisk = all.subarray(4 * count, 5 * count)
+  if (slotScratch.length < n) {
+    const size = Math.max(n, 2 * slotScratch.length)
+    slotScratch = new Int32Array(size)
+    hostSlotScratch = new Int32Array(size)
+    diskSlotScratch = new Int32Array(size)
+  }
   if (activeScratch.length < count) activeScratch = new Int32Array(Math.max(count, 2 * activeScratch.length))
-  // slots[i]: block i's owner-table slot (negative when no member holds it), computed up to `known`.
+  // slots[i]: block i's device owner-table slot (negative when no member holds it), known below
+  // `known`.
   const slots = slotScratch
   let known = 0
-  const slotAt = (i: number): number => {
-    while (known <= i) {
-      slots[known] = owners.findAt(keys, 2 * known)
-      known++
-    }
-    return slots[i]!
-  }
-  const key = owners.key
-  const ownsAt = (i: number, m: number): boolean => {
-    const slot = slotAt(i)
-    if (slot < 0) return false
-    key[0] = keys[2 * i]!
-    key[1] = keys[2 * i + 1]!
-    return owners.ownsAt(slot, m)
-  }
 
-  // Device: the owners of block 0, then narrowing.
+  // Device: the owners of block 0, then narrowing. The blocks' owner-table homes are loaded first:
+  // the loads are independent, so their cache misses overlap instead of one per block in turn.
   const active = activeScratch
-  let live = 0
   let deepest = 0
+  let touched = 0
+  for (let i = 0; i < n; i++) touched |= owners.touchAt(keys, 2 * i)
+  touchSink.value = touched
   if (n > 0) {
-    const slot = slotAt(0)
-    if (slot >= 0) {
-      key[0] = keys[0]!
-      key[1] = keys[1]!
-      const owning = owners.countAt(slot)
-      for (let j = 0, found = 0; j < count && found < owning; j++) {
-        const m = members[j]!.device
-        if (m >= 0 && owners.ownsAt(slot, m)) {
-          active[live++] = j
-          found++
-        }
-      }
-    }
+    const first = owners.findAt(keys, 0)
+    slots[0] = first
+    known = 1
+    // Every member holding anything on the device is a candidate for block 0.
+    let live = 0
+    if (first >= 0) for (let j = 0; j < count; j++) if (devices[j]! >= 0) active[live++] = j
+    live = owners.narrowAt(first, keys, 0, devices, active, live, device, 0)
     let i = 1
     for (; i < n && live > 0; i++) {
-      const next = slotAt(i)
-      if (next < 0) break
-      key[0] = keys[2 * i]!
-      key[1] = keys[2 * i + 1]!
-      const owning = owners.countAt(next)
-      let kept = 0
-      for (let a = 0; a < live; a++) {
-        const j = active[a]!
-        if (kept < owning && owners.ownsAt(next, members[j]!.device)) active[kept++] = j
-        else device[j] = i
-      }
-      live = kept
+      const slot = owners.findAt(keys, 2 * i)
+      slots[i] = slot
+      known = i + 1
+      live = owners.narrowAt(slot, keys, 2 * i, devices, active, live, device, i)
     }
     for (let a = 0; a < live; a++) device[active[a]!] = i
-    if (live > 0) deepest = i
+    for (let j = 0; j < count; j++) if (device[j]! > deepest) deepest = device[j]!
   }
-  for (let j = 0; j < count; j++) if (device[j]! > deepest) deepest = device[j]!
   const frequencies = new Uint32Array(deepest)
   for (let i = 0; i < deepest; i++) frequencies[i] = owners.countAt(slots[i]!)
 
-  // Lower tiers, per member, from where its device match ended.
+  if (!plan.tiered) {
+    host.set(device)
+    disk.set(device)
+    dynamoCpu.set(device)
+    dynamoDisk.set(device)
+    return { queryBlocks: n, members: plan.refs, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
+  }
+
+  // Lower tiers, per member, from where its device match ended. The block there is looked up
+  // once per query in each tier's owner table; most members hold it on no lower tier and stop.
+  const hostSlots = hostSlotScratch
+  const diskSlots = diskSlotScratch
+  hostSlots.fill(UNKNOWN_SLOT, 0, n)
+  diskSlots.fill(UNKNOWN_SLOT, 0, n)
+  const hosts = plan.hosts
+  const disks = plan.disks
+  let walk: TierWalk | undefined
   for (let j = 0; j < count; j++) {
-    const member = members[j]!
     const d = device[j]!
-    const h = member.host
-    const k = member.disk
-    if (h === undefined && k === undefined) {
+    const hm = hosts[j]!
+    const km = disks[j]!
+    let hostAtD = false
+    let diskAtD = false
+    if (d < n) {
+      if (hm >= 0) {
+        let slot = hostSlots[d]!
+        if (slot === UNKNOWN_SLOT) {
+          slot = hostOwners.findAt(keys, 2 * d)
+          hostSlots[d] = slot
+        }
+        hostAtD = hostOwners.ownsKeyAt(slot, keys, 2 * d, hm)
+      }
+      if (!hostAtD && km >= 0) {
+        let slot = diskSlots[d]!
+        if (slot === UNKNOWN_SLOT) {
+          slot = diskOwners.findAt(keys, 2 * d)
+          diskSlots[d] = slot
+        }
+        diskAtD = diskOwners.ownsKeyAt(slot, keys, 2 * d, km)
+      }
+    }
+    if (!hostAtD && !diskAtD) {
+      // Block d is on no lower tier of this member (or d = n): every walk ends where the device's did.
       host[j] = d
       disk[j] = d
       dynamoCpu[j] = d
       dynamoDisk[j] = d
       continue
     }
-    const m = member.device
-    // Cumulative: block d is not on the device (or d = n), later blocks may be.
-    let p = d
-    while (p < n && (h?.has(keys, 2 * p) === true || (p > d && m >= 0 && ownsAt(p, m)))) p++
-    host[j] = p
-    while (
-      p < n &&
-      (k?.has(keys, 2 * p) === true || h?.has(keys, 2 * p) === true || (m >= 0 && ownsAt(p, m)))
-    )
-      p++
-    disk[j] = p
-    // Dynamo's walk: the host alone, then the disk tier alone.
-    let q = d
-    if (h !== undefined) while (q < n && h.has(keys, 2 * q)) q++
-    dynamoCpu[j] = q
-    if (k !== undefined) while (q < n && k.has(keys, 2 * q)) q++
-    dynamoDisk[j] = q
+    walk ??= {
+      owners,
+      hostOwners,
+      diskOwners,
+      keys,
+      n,
+      slots,
+      known,
+      hostSlots,
+      diskSlots,
+      host: 0,
+      disk: 0,
+      dynamoCpu: 0,
+      dynamoDisk: 0
+    }
+    walkLowerTiers(walk, d, devices[j]!, hm, km, hostAtD)
+    host[j] = walk.host
+    disk[j] = walk.disk
+    dynamoCpu[j] = walk.dynamoCpu
+    dynamoDisk[j] = walk.dynamoDisk
   }
-  return { queryBlocks: n, members: refs, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
+  return { queryBlocks: n, members: plan.refs, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
+}
+
+/** The tables and per-query slot caches of `walkLowerTiers`, and its answers for one member. */
+interface TierWalk {
+  readonly owners: OwnershipTable
+  readonly hostOwners: OwnershipTable
+  readonly diskOwners: OwnershipTable
+  readonly keys: Uint32Array
+  readonly n: number
+  readonly slots: Int32Array
+  /** Device slots known below this. */
+  known: number
+  readonly hostSlots: Int32Array
+  readonly diskSlots: Int32Array
+  host: number
+  disk: number
+  dynamoCpu: number
+  dynamoDisk: number
+}
+
+/** Whether member `m` (device index) holds block p on the device. */
+const walkOnDevice = (w: TierWalk, p: number, m: number): boolean => {
+  if (m < 0) return false
+  for (; w.known <= p; w.known++) w.slots[w.known] = w.owners.findAt(w.keys, 2 * w.known)
+  return w.owners.ownsKeyAt(w.slots[p]!, w.keys, 2 * p, m)
+}
+
+/** Whether member `m` (index in `owners`) holds block p on the tier of `owners` and `slots`. */
+const walkOnTier = (
+  w: TierWalk,
+  owners: OwnershipTable,
+  slots: Int32Array,
+  p: number,
+  m: number
+): boolean => {
+  if (m < 0) return false
+  let slot = slots[p]!
+  if (slot === UNKNOWN_SLOT) {
+    slot = owners.findAt(w.keys, 2 * p)
+    slots[p] = slot
+  }
+  return owners.ownsKeyAt(slot, w.keys, 2 * p, m)
+}
+
+/**
+ * The lower-tier walks of a member whose device match ended at block `d`, which it holds on the
+ * host (`hostAtD`) or on the disk tier: the cumulative host and disk depths, and Dynamo's walk.
+ */
+const walkLowerTiers = (
+  w: TierWalk,
+  d: number,
+  m: number,
+  hm: number,
+  km: number,
+  hostAtD: boolean
+): void => {
+  const n = w.n
+  // This member's blocks from d on are looked up in both tiers: load their homes first.
+  let touched = 0
+  for (let p = d; p < n; p++) {
+    if (hm >= 0) touched |= w.hostOwners.touchAt(w.keys, 2 * p)
+    if (km >= 0) touched |= w.diskOwners.touchAt(w.keys, 2 * p)
+  }
+  touchSink.value = touched
+  const onHost = (p: number): boolean => walkOnTier(w, w.hostOwners, w.hostSlots, p, hm)
+  const onDisk = (p: number): boolean => walkOnTier(w, w.diskOwners, w.diskSlots, p, km)
+  // Cumulative: block d is not on the device, later blocks may be.
+  let p = d
+  if (hostAtD) {
+    p++
+    while (p < n && (onHost(p) || walkOnDevice(w, p, m))) p++
+  }
+  w.host = p
+  while (p < n && (onDisk(p) || onHost(p) || walkOnDevice(w, p, m))) p++
+  w.disk = p
+  // Dynamo's walk: the host alone, then the disk tier alone.
+  let q = d
+  if (hostAtD) {
+    q++
+    while (q < n && onHost(q)) q++
+  }
+  w.dynamoCpu = q
+  while (q < n && onDisk(q)) q++
+  w.dynamoDisk = q
 }
 
 // -----------------------------------------------------------------------------------------------
