@@ -93,6 +93,9 @@ describe("a stored block's cache namespace", () => {
     expect(cacheNamespaceOfExtraKeys([[tagged(hex)]])).toBe(hex)
     // A namespace equal to the LoRA name: the first key equal to the name is the adapter's.
     expect(cacheNamespaceOfExtraKeys([["adapter-a", tagged("adapter-a")]], "adapter-a")).toBe("adapter-a")
+    // Even a LoRA name that looks tagged is the adapter's key, not the namespace (once).
+    expect(cacheNamespaceOfExtraKeys([[tagged("x"), tagged("y")]], tagged("x"))).toBe("y")
+    expect(cacheNamespaceOfExtraKeys([[tagged("x"), tagged("x")]], tagged("x"))).toBe("x")
     // Untagged strings, byte strings, `[id, offset]` pairs and an empty tag are no namespace.
     expect(cacheNamespaceOfExtraKeys([["tenant-a"]])).toBeUndefined()
     expect(cacheNamespaceOfExtraKeys([[utf8.encode("prompt-embed")]])).toBeUndefined()

@@ -286,7 +286,7 @@ describe("storage tiers and worker queries (PROTOCOL §5.1 ◆3)", () => {
         // A second external naming of the same blocks (an alias, as two engines' hashes would be).
         alias: fc.boolean(),
         // Short paths over a small alphabet, so that members share prefixes.
-        local: fc.array(fc.bigInt({ min: 1n, max: 3n }), { minLength: 1, maxLength: 3 }),
+        local: fc.array(fc.bigInt({ min: 1n, max: 2n }), { minLength: 1, maxLength: 3 }),
         // Mostly a block the member holds (by index), so chains grow deep; else a root, or unknown.
         parent: fc.oneof(
           { weight: 4, arbitrary: fc.nat() },
@@ -327,7 +327,7 @@ describe("storage tiers and worker queries (PROTOCOL §5.1 ◆3)", () => {
         kind: fc.constant("query" as const),
         // A path some member holds (picked by index), extended by a few random blocks; or random.
         from: fc.oneof({ weight: 5, arbitrary: fc.nat() }, { weight: 1, arbitrary: fc.constant(-1) }),
-        extra: fc.array(fc.bigInt({ min: 1n, max: 3n }), { maxLength: 3 }),
+        extra: fc.array(fc.bigInt({ min: 1n, max: 2n }), { maxLength: 3 }),
         filtered: fc.boolean()
       })
     }
@@ -460,6 +460,18 @@ describe("storage tiers and worker queries (PROTOCOL §5.1 ◆3)", () => {
               expect(row.device).toBeLessThanOrEqual(row.host)
               expect(row.host).toBeLessThanOrEqual(row.disk)
             }
+            // /v1/query lists the members by device, host, disk depth descending, then worker id, rank.
+            const ranked = expected.rows
+              .map((row, i) => ({ ...refs[i]!, device: row.device, host: row.host, disk: row.disk }))
+              .sort(
+                (a, b) =>
+                  b.device - a.device ||
+                  b.host - a.host ||
+                  b.disk - a.disk ||
+                  Number(BigInt(a.workerId) - BigInt(b.workerId)) ||
+                  a.dpRank - b.dpRank
+              )
+            expect(poolWorkersAnswer(result).workers).toEqual(ranked)
             if (!o.filtered) {
               const dynamo = dynamoScoreResponse(result, 16)
               const reference = dynamoFromModel(model, canon, 16)
@@ -554,6 +566,64 @@ describe("storage tiers and worker queries (PROTOCOL §5.1 ◆3)", () => {
       diskBlocks: 0
     })
     state.applyEvent(clearedEvent(0))
+    expect(state.memberTierCounts()).toEqual([])
+    expect(state.tierStats()).toMatchObject({ hostEdges: 0, diskEdges: 0, lineageEntries: 0 })
+  })
+
+  it("two external hashes of one member on one tier naming one block (aliases) hold it until the last goes", () => {
+    const state = new CanonicalCkfState(ckfConfig(4096))
+    const [c0] = chain(undefined, [21n])
+    // Two engines' names of one block (as two cache salts would give before salts were folded in).
+    state.applyEvent(storedEvent(2, "disk", [71n], [21n], undefined))
+    state.applyEvent(storedEvent(2, "disk", [72n], [21n], undefined))
+    expect(state.memberTierCounts()).toEqual([
+      { workerId: "12", dpRank: 0, blocks: 0, hostBlocks: 0, diskBlocks: 1 }
+    ])
+    state.applyEvent(removedEvent(2, "disk", [71n]))
+    expect(hashPairsToBigInts(state.memberTierHashes("12", 0, "disk"))).toEqual([c0])
+    state.applyEvent(removedEvent(2, "external", [72n]))
+    expect(state.memberTierCounts()).toEqual([])
+    expect(state.tierStats()).toMatchObject({ diskEdges: 0, lineageEntries: 0 })
+  })
+
+  it("an external hash the rank maps to another block, on any tier, rejects the whole tier store", () => {
+    const state = new CanonicalCkfState(ckfConfig(4096))
+    state.applyEvent(storedEvent(0, "device", [5n], [31n], undefined))
+    // The host names other tokens with the device's external hash 5: InvalidBlockSequence, nothing kept.
+    const outcome = state.applyEvent(storedEvent(0, "host_pinned", [6n, 5n], [32n, 33n], undefined))
+    expect(outcome.firstError).toBe("InvalidBlockSequence")
+    expect(state.memberTierCounts()).toEqual([
+      { workerId: "7", dpRank: 0, blocks: 1, hostBlocks: 0, diskBlocks: 0 }
+    ])
+    // Within one tier as well, and a dynamo source's unknown parent is ParentBlockNotFound.
+    state.applyEvent(storedEvent(0, "disk", [8n], [34n], undefined))
+    expect(state.applyEvent(storedEvent(0, "disk", [8n], [35n], undefined)).firstError).toBe(
+      "InvalidBlockSequence"
+    )
+    const orphan: CkfEvent = {
+      ...MEMBERS[0]!,
+      storageTier: "disk",
+      data: {
+        _tag: "Stored",
+        blockHashes: hashPairs([9n]),
+        tokensHashes: hashPairs([36n]),
+        parentHash: hashPairs([77n])
+      }
+    }
+    expect(state.applyEvent(orphan).firstError).toBe("ParentBlockNotFound")
+    expect(state.lineageStats()).toMatchObject({ parentNotFound: 1, invalidSequences: 2 })
+    expect(state.memberTierCounts()[0]).toMatchObject({ hostBlocks: 0, diskBlocks: 1 })
+  })
+
+  it("a rank reset and a removed worker clear every tier, ranks holding only lower-tier blocks included", () => {
+    const state = new CanonicalCkfState(ckfConfig(4096))
+    state.applyEvent(storedEvent(0, "device", [1n], [41n], undefined))
+    state.applyEvent(storedEvent(0, "host_pinned", [2n], [42n], undefined))
+    state.applyEvent(storedEvent(1, "disk", [3n], [43n], undefined))
+    state.applyEvent(storedEvent(2, "host_pinned", [4n], [44n], undefined))
+    expect(state.removeWorker("7")).not.toBeInstanceOf(Error)
+    expect(state.memberTierCounts().map(keyOf)).toEqual(["12/0"])
+    expect(state.removeRank("12", 0)).not.toBeInstanceOf(Error)
     expect(state.memberTierCounts()).toEqual([])
     expect(state.tierStats()).toMatchObject({ hostEdges: 0, diskEdges: 0, lineageEntries: 0 })
   })

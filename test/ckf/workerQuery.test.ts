@@ -76,7 +76,8 @@ const removed = (
  * - worker 9 rank 3: block 0 on the CPU only;
  * - worker 11 rank 0: block 5 alone on the GPU (0–4 evicted), so it matches nothing;
  * - worker 12 rank 0: blocks 0 and 2 on the GPU, 1 copied to the CPU then evicted from the GPU,
- *   3 on disk: its tiers interleave, so Dynamo's walk and the cumulative depths differ.
+ *   3 on disk: its tiers interleave, so Dynamo's walk and the cumulative depths differ;
+ * - worker 20 rank 0: blocks 0–2 on the CPU only (more than 7/1 holds, none on the GPU).
  */
 const scenario = (): CanonicalCkfState => {
   const state = new CanonicalCkfState(ckfConfig(4096))
@@ -92,7 +93,8 @@ const scenario = (): CanonicalCkfState => {
     stored(12, 0, "device", [0, 1, 2]),
     copied(12, 0, "host_pinned", [1]),
     removed(12, 0, "device", [1]),
-    stored(12, 0, "disk", [3], 2)
+    stored(12, 0, "disk", [3], 2),
+    stored(20, 0, "host_pinned", [0, 1, 2])
   ]
   for (const event of events) expect(state.applyEvent(event).firstError).toBeUndefined()
   return state
@@ -110,6 +112,7 @@ describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
         { workerId: "7", dpRank: 0, device: 2, host: 3, disk: 5 },
         { workerId: "12", dpRank: 0, device: 1, host: 3, disk: 4 },
         { workerId: "7", dpRank: 1, device: 1, host: 1, disk: 2 },
+        { workerId: "20", dpRank: 0, device: 0, host: 3, disk: 3 },
         { workerId: "9", dpRank: 3, device: 0, host: 1, disk: 1 },
         { workerId: "11", dpRank: 0, device: 0, host: 0, disk: 0 }
       ]
@@ -142,7 +145,8 @@ describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
      *   ended; a worker without a continuation starts at the root when it holds block 0 on that
      *   tier. Worker 7/0: device 2, host +1 (block 2), disk +2 (3, 4); 7/1: device 1, host +0,
      *   disk +1 (block 1, external media counted as disk); 9/3: host from the root +1; 12/0:
-     *   device 1, host +1 (block 1; block 2 is on the GPU only), disk +0 (block 2 is not on disk).
+     *   device 1, host +1 (block 1; block 2 is on the GPU only), disk +0 (block 2 is not on disk);
+     *   20/0: host from the root +3.
      * - `build_mooncake_overlap_summaries` (lib/kv-router/src/services/overlap.rs): per worker,
      *   `dp[rank]` = the rank's GPU tokens, `gpu`/`cpu`/`disk` the largest of the ranks'
      *   `gpu_blocks`, `gpu_blocks + host`, `cpu_blocks + disk + external`, all × block size, and
@@ -157,7 +161,8 @@ describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
       instances: {
         "7": { longest_matched: 80, gpu: 32, dp: { "0": 32, "1": 16 }, cpu: 48, disk: 80 },
         "9": { longest_matched: 16, gpu: 0, dp: { "3": 0 }, cpu: 16, disk: 16 },
-        "12": { longest_matched: 32, gpu: 16, dp: { "0": 16 }, cpu: 32, disk: 32 }
+        "12": { longest_matched: 32, gpu: 16, dp: { "0": 16 }, cpu: 32, disk: 32 },
+        "20": { longest_matched: 48, gpu: 0, dp: { "0": 0 }, cpu: 48, disk: 48 }
       }
     }
     const answer = JSON.parse(
