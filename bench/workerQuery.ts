@@ -12,7 +12,7 @@ import { localBlockHashes, sequenceHashes } from "../src/ckf/tokens.js"
 import { hashPairsToBigInts } from "../src/ckf/u64.js"
 import type { WorkerQueryResult } from "../src/ckf/workerQuery.js"
 import { canonicalWorkload } from "./canonical.js"
-import { type BenchContext, bestRates, HashStream, record } from "./harness.js"
+import { type BenchContext, bestRate, bestRates, HashStream, record } from "./harness.js"
 
 const BLOCK = 16
 const PROMPT_TOKENS = 1024
@@ -225,18 +225,15 @@ export const benchWorkerQuery = (ctx: BenchContext): void => {
       }
     ]
   )
-  const [withTokens] = bestRates(
+  const withTokens = bestRate(
     rounds,
-    [
-      () => undefined,
-      () => {
-        for (let r = 0; r < repeat / 4; r++)
-          for (const tokens of workload.queryTokens)
-            sink += state.queryWorkers(sequenceHashes(localBlockHashes(tokens, BLOCK))).device[0]!
-        return (repeat / 4) * workload.queryTokens.length
-      }
-    ],
-    [() => undefined, () => 1]
+    () => undefined,
+    () => {
+      for (let r = 0; r < repeat / 4; r++)
+        for (const tokens of workload.queryTokens)
+          sink += state.queryWorkers(sequenceHashes(localBlockHashes(tokens, BLOCK))).device[0]!
+      return (repeat / 4) * workload.queryTokens.length
+    }
   )
   if (sink < 0) throw new Error("unreachable")
   const stats = state.stats()
