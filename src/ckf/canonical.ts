@@ -468,6 +468,15 @@ export class CanonicalCkfState extends DcCkfState {
     return error
   }
 
+  /** `remove_worker`: every rank of the worker, on every tier (a rank may hold only lower-tier blocks). */
+  override removeWorker(workerId: string): DcCkfPublicationBatch | undefined | KvCacheEventError {
+    const result = super.removeWorker(workerId)
+    if (result instanceof Error) return result
+    const ranks = [...this.tiers.memberRefs()].filter((ref) => ref.workerId === workerId)
+    for (const ref of ranks) this.forgetMember(ref.workerId, ref.dpRank)
+    return result
+  }
+
   /**
    * Replace members from their replay-ordered dumps: each dump is replayed (Stored with parents
    * and local hashes, Removed, on every tier) into a fresh lineage and fresh lower tiers, the
