@@ -27,6 +27,7 @@ import { benchMembershipChurn } from "./membership.js"
 import { benchOverlapHttp } from "./overlapHttp.js"
 import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
+import { benchWorkerQuery } from "./workerQuery.js"
 import { benchZmqIngest } from "./zmq.js"
 
 export interface BenchOptions {
@@ -46,6 +47,7 @@ const suites: ReadonlyArray<Suite> = [
   ["producer_apply_canonical", benchProducerApplyCanonical],
   ["token_hashing", benchTokenHashing],
   ["memory_canonical", benchMemoryPerEdgeCanonical],
+  ["worker_query_1024", benchWorkerQuery],
   ["mixed_churn", benchMixedChurn],
   ["replace_ranks", benchReplaceRanks],
   ["memory", benchMemoryPerEdge],

@@ -7,6 +7,41 @@
 
 export type StorageTier = "device" | "host_pinned" | "disk" | "external"
 
+/**
+ * The storage tier of an event's `medium`, as Dynamo's `StorageTier::from_kv_medium`
+ * (`lib/kv-router/src/protocols.rs`) maps it (PROTOCOL §5.1 ◆3): absent, null, `"GPU"`,
+ * `"DEVICE"` → device; `"CPU"`, `"CPU_PINNED"`, `"CPU_TIER1"` → host; `"CPU_TIER2"`, `"DISK"`,
+ * `"NVME"`, `"STORAGE"` → disk; `"EXTERNAL"`, `"NETWORK"`, `"REMOTE"`, `"SHARED"` → external
+ * (kept with the disk tier). An empty string counts as absent, as Dynamo's `normalize_medium`
+ * (`lib/kv-router/src/zmq_wire/deserialize.rs`) reads it. Any other medium is `undefined`: the
+ * event is skipped and counted. The match is exact (case-sensitive), as Dynamo's is.
+ */
+export const storageTierOfMedium = (medium: string | null | undefined): StorageTier | undefined => {
+  if (medium === undefined || medium === null) return "device"
+  switch (medium) {
+    case "":
+    case "GPU":
+    case "DEVICE":
+      return "device"
+    case "CPU":
+    case "CPU_PINNED":
+    case "CPU_TIER1":
+      return "host_pinned"
+    case "CPU_TIER2":
+    case "DISK":
+    case "NVME":
+    case "STORAGE":
+      return "disk"
+    case "EXTERNAL":
+    case "NETWORK":
+    case "REMOTE":
+    case "SHARED":
+      return "external"
+    default:
+      return undefined
+  }
+}
+
 export interface CkfStoredData {
   readonly _tag: "Stored"
   /** The engine's (external) block hashes. */
@@ -21,6 +56,15 @@ export interface CkfStoredData {
    * engine did: PROTOCOL §3.3), instead of rejecting the event as `ParentBlockNotFound`.
    */
   readonly skipUnanchored?: boolean | undefined
+  /**
+   * The blocks are named by their external hashes alone, with no tokens and no parent (vLLM's
+   * offloading connector stores host and disk copies with `token_ids: []`): a canonically
+   * addressed pool resolves each one through the member's lineage (any tier that holds it,
+   * PROTOCOL §5.1 ◆3) to the canonical hash it was stored under, and skips one that no tier
+   * holds as unanchored. `tokensHashes` and `parentHash` are not read. Without the flag, absent
+   * `tokensHashes` mean the external hashes are the local ones (a Dynamo worker that sent none).
+   */
+  readonly resolveThroughLineage?: boolean | undefined
 }
 
 export interface CkfRemovedData {

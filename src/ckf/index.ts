@@ -13,6 +13,7 @@ export {
   type PreparedHash,
   prepare
 } from "./addressing.js"
+export * from "./cacheNamespace.js"
 export * from "./cbi1.js"
 export {
   bucketCountFor,
@@ -37,6 +38,8 @@ export * from "./publisher.js"
 export * from "./search.js"
 export { laneRngSeed, SplitMix64, stickyWorker } from "./splitmix.js"
 export * from "./state.js"
+export { DISK_TIER, HOST_TIER, type LowerTierIndex, lowerTierOf } from "./tiers.js"
 export { TransposedCkfTable } from "./transposed.js"
 export * from "./u64.js"
+export * from "./workerQuery.js"
 export { Xxh3Seeded, xxh3Hash, xxh3Low32 } from "./xxh3.js"

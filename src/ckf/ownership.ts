@@ -153,6 +153,8 @@ export class OwnershipTable {
   private readonly free: Array<number> = []
   memberCount = 0
   contributions = 0
+  /** Bumped whenever a member is registered or released (member indices change then). */
+  membershipVersion = 0
 
   /**
    * The table starts at 16 slots and grows as hashes arrive: memory follows use, and a pool
@@ -215,6 +217,7 @@ export class OwnershipTable {
     }
     this.indexByKey.set(key, index)
     this.memberCount++
+    this.membershipVersion++
     return index
   }
 
@@ -224,6 +227,7 @@ export class OwnershipTable {
     this.indexByKey.delete(key)
     this.free.push(index)
     this.memberCount--
+    this.membershipVersion++
   }
 
   blocksOf(index: number): number {
@@ -322,6 +326,49 @@ export class OwnershipTable {
     if (primary === m + 1) return true
     // Once the primary owner left, every remaining owner is an edge, even a single one.
     return (primary === 0 || this.countAt(slot) > 1) && this.edges.has(m)
+  }
+
+  /**
+   * Narrows a worker query's live candidates to the owners of the key `keys[k], keys[k + 1]` at
+   * `slot` (or to none when `slot` is negative): `active[0, live)` are candidate positions, member
+   * `members[active[a]]`; the owners stay in `active` (in order) and their number is returned; each
+   * other one gets `depth[position] = i`. No more candidates are probed once the key's refcount
+   * of owners is found.
+   */
+  narrowAt(
+    slot: number,
+    keys: Uint32Array,
+    k: number,
+    members: Int32Array,
+    active: Int32Array,
+    live: number,
+    depth: Uint32Array,
+    i: number
+  ): number {
+    if (slot < 0) {
+      for (let a = 0; a < live; a++) depth[active[a]!] = i
+      return 0
+    }
+    const key = this.key
+    key[0] = keys[k]!
+    key[1] = keys[k + 1]!
+    const primary = this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT
+    const owning = this.countAt(slot)
+    return this.edges.narrow(primary, owning, primary === 0 || owning > 1, members, active, live, depth, i)
+  }
+
+  /**
+   * Whether member `m` (-1: none) owns the key `keys[k], keys[k + 1]` at `slot` (negative: nobody
+   * does): the primary owner and a sole owner are read from the slot, other owners probed.
+   */
+  ownsKeyAt(slot: number, keys: Uint32Array, k: number, m: number): boolean {
+    if (slot < 0 || m < 0) return false
+    const meta = this.slots[3 * slot + 2]!
+    const primary = meta >>> PRIMARY_SHIFT
+    if (primary === m + 1) return true
+    // One owner, the primary: no edges (a count of 255 or more is in the overflow map: > 1).
+    if (primary !== 0 && (meta & COUNT_MASK) === 1) return false
+    return this.edges.hasAt(keys, k, m)
   }
 
   /**
@@ -580,6 +627,23 @@ class EdgeTable {
     return this.slots.byteLength
   }
 
+  /** Whether (the key `keys[k], keys[k + 1]`, member `m`) is an edge. */
+  hasAt(keys: Uint32Array, k: number, m: number): boolean {
+    if (this.size === 0) return false
+    const slots = this.slots
+    const cap = this.capacity
+    const tag = m + 1
+    const hi = keys[k]!
+    const lo = keys[k + 1]!
+    let i = home(mixEdge(hi, lo, tag), this.scale, cap)
+    for (;;) {
+      const t = slots[3 * i + 2]!
+      if (t === 0) return false
+      if (t === tag && slots[3 * i + 1] === lo && slots[3 * i] === hi) return true
+      i = i + 1 === cap ? 0 : i + 1
+    }
+  }
+
   has(m: number): boolean {
     if (this.size === 0) return false
     const slots = this.slots
@@ -594,6 +658,54 @@ class EdgeTable {
       if (t === tag && slots[3 * i + 1] === lo && slots[3 * i] === hi) return true
       i = i + 1 === cap ? 0 : i + 1
     }
+  }
+
+  /**
+   * `OwnershipTable.narrowAt`'s loop over the key in `key`: candidate `active[a]` (member
+   * `members[active[a]]`) stays when it is the primary owner (`primary` = member index + 1) or
+   * an edge of the key; the key's part of the edge hash is computed once for all of them.
+   */
+  narrow(
+    primary: number,
+    owning: number,
+    edges: boolean,
+    members: Int32Array,
+    active: Int32Array,
+    live: number,
+    depth: Uint32Array,
+    i: number
+  ): number {
+    const slots = this.slots
+    const cap = this.capacity
+    const scale = this.scale
+    const hi = this.key[0]!
+    const lo = this.key[1]!
+    const base = lo ^ Math.imul(hi, 0x9e3779b1)
+    const probe = edges && this.size > 0
+    let kept = 0
+    for (let a = 0; a < live; a++) {
+      const j = active[a]!
+      const tag = members[j]! + 1
+      let owns = tag === primary
+      if (!owns && probe && kept < owning) {
+        let x = base ^ Math.imul(tag, 0x27d4eb2f)
+        x = Math.imul(x ^ (x >>> 15), 0x2c1b3c6d)
+        x = Math.imul(x ^ (x >>> 12), 0x297a2d39)
+        let s = home((x ^ (x >>> 15)) >>> 0, scale, cap)
+        for (;;) {
+          const t = slots[3 * s + 2]!
+          if (t === 0) break
+          if (t === tag && slots[3 * s + 1] === lo && slots[3 * s] === hi) {
+            owns = true
+            break
+          }
+          s = s + 1 === cap ? 0 : s + 1
+        }
+      }
+      if (owns && kept < owning) active[kept++] = j
+      else depth[j] = i
+    }
+    return kept
   }
 
   reserve(): boolean {

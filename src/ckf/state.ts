@@ -191,7 +191,8 @@ export class DcCkfState {
   private words32: Uint32Array
   private slots16: Uint16Array
   private readonly rng: SplitMix64
-  private owners: OwnershipTable
+  /** Exact device ownership; the canonical producer's worker query reads it. */
+  protected owners: OwnershipTable
 
   // Mutation log of the current insert/remove: [bucket, beforeLo, beforeHi]*.
   private readonly log: Uint32Array

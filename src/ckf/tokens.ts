@@ -1,9 +1,14 @@
 /**
  * Canonical block addressing from tokens (PROTOCOL §3.3), as Dynamo's router hashes prompts:
  *
- * - the LOCAL hash of a block is XXH3-64 of its tokens as u32 little-endian, seeded with 1337
- *   plus (wrapping) the XXH3-64 of the LoRA adapter's name (unseeded) when there is one
- *   (`compute_block_hash_for_seq`, `dynamo_kv_hashing::compute_salt_hash`);
+ * - the LOCAL hash of a block is XXH3-64 of its tokens as u32 little-endian, seeded with 1337,
+ *   plus (wrapping) the XXH3-64 of the LoRA adapter's name (seed 0) when there is one, plus
+ *   (wrapping) the XXH3-64 of the cache namespace (seed 1) when there is one: Dynamo's
+ *   `compute_block_hash_for_seq` (`lib/kv-router/src/protocols.rs`, `block_hash_seed`) takes its
+ *   seed from `dynamo_kv_hashing::compute_salt_hash(cache_namespace, lora_name)`
+ *   (`lib/kv-hashing/src/salt.rs`), empty strings counting as absent. The namespace is vLLM's
+ *   per-request `cache_salt` (the `cacheSalt` option; see `cacheNamespace.ts` for how a stored
+ *   block's namespace is read from an engine's event);
  * - only full blocks are hashed: `dynamo_standard_v1` cuts `B`-token blocks, `dynamo_eagle_v1`
  *   hashes each block with the first token of the next one (`B + 1` tokens), so a block is full
  *   only once that token exists;
@@ -22,12 +27,24 @@ import { chainWasm, localHashesWasm, WASM_MAX_WINDOW, WASM_MIN_WINDOW } from "./
 export const TOKENS_HASH_SEED = 1337n
 /** The seed of the sequence-hash chain (Dynamo's `CHAIN_XXH3_SEED`, equal to `XXH3_SEED`). */
 export const CHAIN_SEED = 1337n
+/** The seed a LoRA adapter's name is hashed with before it is added to the tokens-hash seed. */
+export const LORA_NAME_HASH_SEED = 0n
+/**
+ * The seed a cache namespace (cache salt) is hashed with before it is added to the tokens-hash
+ * seed: 1, not the adapter's 0, so that a salt equal to an adapter's name salts differently.
+ */
+export const CACHE_NAMESPACE_HASH_SEED = 1n
 
 export type HashFormat = "dynamo_standard_v1" | "dynamo_eagle_v1"
 
 export interface LocalHashOptions {
   /** The LoRA adapter's name; absent, null or empty is the base model. */
   readonly loraName?: string | null | undefined
+  /**
+   * The request's cache salt (vLLM's `cache_salt`, Dynamo's cache namespace); absent, null or
+   * empty is unsalted. Blocks stored under a salt are found only by queries with the same salt.
+   */
+  readonly cacheSalt?: string | null | undefined
   /** Default `dynamo_standard_v1`. */
   readonly hashFormat?: HashFormat | undefined
 }
@@ -35,11 +52,20 @@ export interface LocalHashOptions {
 const utf8 = new TextEncoder()
 const U64_MASK = (1n << 64n) - 1n
 
-/** The tokens-hash seed of a LoRA adapter (1337 for the base model). */
-export const blockHashSeed = (loraName?: string | null): bigint =>
-  loraName === undefined || loraName === null || loraName === ""
-    ? TOKENS_HASH_SEED
-    : (TOKENS_HASH_SEED + xxh3Hash(utf8.encode(loraName), 0n)) & U64_MASK
+const present = (value: string | null | undefined): value is string =>
+  value !== undefined && value !== null && value !== ""
+
+/**
+ * The tokens-hash seed of a LoRA adapter and a cache salt: 1337 for the base model unsalted, else
+ * `1337 + XXH3-64(loraName, 0) + XXH3-64(cacheSalt, 1)` (mod 2^64), each term only when its
+ * string is present and non-empty (Dynamo's `compute_salt_hash`).
+ */
+export const blockHashSeed = (loraName?: string | null, cacheSalt?: string | null): bigint => {
+  let seed = TOKENS_HASH_SEED
+  if (present(loraName)) seed += xxh3Hash(utf8.encode(loraName), LORA_NAME_HASH_SEED)
+  if (present(cacheSalt)) seed += xxh3Hash(utf8.encode(cacheSalt), CACHE_NAMESPACE_HASH_SEED)
+  return seed & U64_MASK
+}
 
 /** Tokens per hashed window and block stride of a hash format. */
 const windowOf = (blockSize: number, format: HashFormat | undefined): number =>
@@ -109,7 +135,7 @@ export const localBlockHashes = (
   blockSize: number,
   options: LocalHashOptions = {}
 ): Uint32Array => {
-  const seed = blockHashSeed(options.loraName)
+  const seed = blockHashSeed(options.loraName, options.cacheSalt)
   const out = new Uint32Array(2 * fullBlockCount(tokens.length, blockSize, options.hashFormat))
   localHashesInto(
     tokens,

@@ -7,11 +7,20 @@
  * import { localBlockHashes, sequenceHashes } from "kvrelay/client"
  * const local = localBlockHashes(tokens, 64, { loraName: "tenant-a" })   // one per full block
  * const addresses = sequenceHashes(local)                                  // what the CKF holds
+ * // A request with vLLM's `cache_salt` finds only blocks stored under the same salt:
+ * const salted = localBlockHashes(tokens, 64, { cacheSalt: "user-42" })
  * ```
+ *
+ * `cacheSalt` is folded into the hash seed as Dynamo's `compute_block_hash_for_seq` folds its
+ * cache namespace: `seed = 1337 + XXH3-64(loraName, 0) + XXH3-64(cacheSalt, 1)` (mod 2^64, each
+ * term only for a non-empty string); the relay reads a stored block's salt from the engine's event
+ * the same way (`cache_salt`, or vLLM's `extra_keys` tagged `dynamo-cache-salt:`). These are the
+ * local hashes `/query_by_hash` and `/v1/query`'s `localBlockHashes` take (PROTOCOL §5.1).
  */
 
 import {
   blockHashSeed,
+  CACHE_NAMESPACE_HASH_SEED,
   CHAIN_SEED,
   fullBlockCount,
   type HashFormat,
@@ -23,8 +32,15 @@ import {
 } from "../ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../ckf/u64.js"
 
+export type {
+  DynamoInstanceSummary,
+  DynamoScoreResponse,
+  PoolWorkersAnswer,
+  WorkerDepths
+} from "../ckf/workerQuery.js"
 export {
   blockHashSeed,
+  CACHE_NAMESPACE_HASH_SEED,
   CHAIN_SEED,
   fullBlockCount,
   type HashFormat,

@@ -6,10 +6,12 @@ import { fileURLToPath } from "node:url"
 import { describe, expect, it } from "vitest"
 import { hashPairsToBigInts } from "../../src/ckf/u64.js"
 import {
+  blockHashSeed,
   localBlockHashes,
   localBlockHashPairs,
   sequenceHashes,
-  sequenceHashPairs
+  sequenceHashPairs,
+  TOKENS_HASH_SEED
 } from "../../src/client/index.js"
 
 describe("kvrelay/client", () => {
@@ -26,6 +28,17 @@ describe("kvrelay/client", () => {
     expect(hashPairsToBigInts(sequenceHashPairs(localBlockHashPairs(tokens, 4)))).toEqual(
       sequenceHashes(local)
     )
+  })
+
+  it("folds a cache salt into the local hashes as the relay does for blocks stored under it", () => {
+    const tokens = Array.from({ length: 8 }, (_, i) => i + 1)
+    const plain = localBlockHashes(tokens, 4)
+    const salted = localBlockHashes(tokens, 4, { cacheSalt: "tenant-a" })
+    expect(salted).not.toEqual(plain)
+    expect(localBlockHashes(tokens, 4, { cacheSalt: "" })).toEqual(plain)
+    // The seed of both blocks: 1337 + XXH3-64("tenant-a", seed 1) (mod 2^64).
+    expect(blockHashSeed(undefined, "tenant-a")).not.toBe(TOKENS_HASH_SEED)
+    expect(hashPairsToBigInts(localBlockHashPairs(tokens, 4, { cacheSalt: "tenant-a" }))).toEqual(salted)
   })
 
   it("imports nothing outside the CKF core (no Effect, no I/O), transitively", () => {

@@ -1,0 +1,238 @@
+/**
+ * The worker query's answers (PROTOCOL §5.1 ◆3): `/v1/query`'s `workers` and the answer of
+ * Dynamo's standalone KV indexer, golden documents derived from Dynamo's source for a fixed
+ * scenario.
+ */
+
+import { describe, expect, it } from "vitest"
+import { CanonicalCkfState } from "../../src/ckf/canonical.js"
+import { ckfConfig } from "../../src/ckf/config.js"
+import type { CkfEvent, StorageTier } from "../../src/ckf/events.js"
+import { localBlockHashes, sequenceHashes } from "../../src/ckf/tokens.js"
+import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
+import {
+  dynamoScoreResponse,
+  dynamoWorkersJson,
+  poolWorkersAnswer,
+  type WorkerQueryResult
+} from "../../src/ckf/workerQuery.js"
+
+const BLOCK = 16
+const tokens = Array.from({ length: 6 * BLOCK + 5 }, (_, i) => 1000 + i)
+const local = hashPairsToBigInts(localBlockHashes(tokens, BLOCK))
+/** An engine's external hash of block i, per worker (engines hash with their own seeds). */
+const ext = (worker: number, i: number): bigint => BigInt(worker) * 1_000_000n + BigInt(i) + 1n
+
+const stored = (
+  worker: number,
+  dpRank: number,
+  tier: StorageTier,
+  blocks: ReadonlyArray<number>,
+  parent?: number
+): CkfEvent => ({
+  workerId: String(worker),
+  dpRank,
+  storageTier: tier,
+  data: {
+    _tag: "Stored",
+    blockHashes: hashPairs(blocks.map((i) => ext(worker, i))),
+    tokensHashes: hashPairs(blocks.map((i) => local[i]!)),
+    parentHash: parent === undefined ? undefined : hashPairs([ext(worker, parent)]),
+    skipUnanchored: true
+  }
+})
+/** A host or disk copy as vLLM's offloading connector stores it: external hashes only. */
+const copied = (
+  worker: number,
+  dpRank: number,
+  tier: StorageTier,
+  blocks: ReadonlyArray<number>
+): CkfEvent => ({
+  workerId: String(worker),
+  dpRank,
+  storageTier: tier,
+  data: {
+    _tag: "Stored",
+    blockHashes: hashPairs(blocks.map((i) => ext(worker, i))),
+    resolveThroughLineage: true
+  }
+})
+const removed = (
+  worker: number,
+  dpRank: number,
+  tier: StorageTier,
+  blocks: ReadonlyArray<number>
+): CkfEvent => ({
+  workerId: String(worker),
+  dpRank,
+  storageTier: tier,
+  data: { _tag: "Removed", blockHashes: hashPairs(blocks.map((i) => ext(worker, i))) }
+})
+
+/**
+ * The fixed scenario, six full blocks of one prompt (and a partial seventh):
+ * - worker 7 rank 0: blocks 0–1 on the GPU, 2 on the CPU, 3–4 on disk;
+ * - worker 7 rank 1: block 0 on the GPU, 1 on disk;
+ * - worker 9 rank 3: block 0 on the CPU only;
+ * - worker 11 rank 0: block 5 alone on the GPU (0–4 evicted), so it matches nothing;
+ * - worker 12 rank 0: blocks 0 and 2 on the GPU, 1 copied to the CPU then evicted from the GPU,
+ *   3 on disk: its tiers interleave, so Dynamo's walk and the cumulative depths differ;
+ * - worker 20 rank 0: blocks 0–2 on the CPU only (more than 7/1 holds, none on the GPU).
+ */
+const scenario = (): CanonicalCkfState => {
+  const state = new CanonicalCkfState(ckfConfig(4096))
+  const events = [
+    stored(7, 0, "device", [0, 1]),
+    stored(7, 0, "host_pinned", [2], 1),
+    stored(7, 0, "disk", [3, 4], 2),
+    stored(7, 1, "device", [0]),
+    stored(7, 1, "external", [1], 0),
+    stored(9, 3, "host_pinned", [0]),
+    stored(11, 0, "device", [0, 1, 2, 3, 4, 5]),
+    removed(11, 0, "device", [0, 1, 2, 3, 4]),
+    stored(12, 0, "device", [0, 1, 2]),
+    copied(12, 0, "host_pinned", [1]),
+    removed(12, 0, "device", [1]),
+    stored(12, 0, "disk", [3], 2),
+    stored(20, 0, "host_pinned", [0, 1, 2])
+  ]
+  for (const event of events) expect(state.applyEvent(event).firstError).toBeUndefined()
+  return state
+}
+
+const queryHashes = (): Uint32Array => sequenceHashes(localBlockHashes(tokens, BLOCK))
+
+describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
+  it("/v1/query: every member with cumulative depths, in §5.1's order, and the device frequencies", () => {
+    const result = scenario().queryWorkers(queryHashes())
+    expect(poolWorkersAnswer(result)).toEqual({
+      queryBlocks: 6,
+      frequencies: [3, 1],
+      workers: [
+        { workerId: "7", dpRank: 0, device: 2, host: 3, disk: 5 },
+        { workerId: "12", dpRank: 0, device: 1, host: 3, disk: 4 },
+        { workerId: "7", dpRank: 1, device: 1, host: 1, disk: 2 },
+        { workerId: "20", dpRank: 0, device: 0, host: 3, disk: 3 },
+        { workerId: "9", dpRank: 3, device: 0, host: 1, disk: 1 },
+        { workerId: "11", dpRank: 0, device: 0, host: 0, disk: 0 }
+      ]
+    })
+  })
+
+  it("a member filter lists the pool's expected ranks, those holding nothing included, in its order", () => {
+    const members = [
+      { workerId: "40", dpRank: 0 },
+      { workerId: "7", dpRank: 1 }
+    ]
+    const result = scenario().queryWorkers(queryHashes(), 6, { members })
+    expect(result.members).toEqual(members)
+    expect(Array.from(result.device)).toEqual([0, 1])
+    expect(Array.from(result.disk)).toEqual([0, 2])
+    // Frequencies count the whole pool, up to the listed members' deepest device depth.
+    expect(Array.from(result.frequencies)).toEqual([3])
+  })
+
+  it("Dynamo's /query answer for the scenario, field by field (golden document)", () => {
+    /*
+     * Derived from Dynamo's source for the same state:
+     * - `build_score_response` (lib/kv-router/src/services/indexer/server.rs): `scores` from the
+     *   device overlap's scores, `v * block_size`, keyed by worker id then dp rank as strings;
+     *   `frequencies` passed through; `instances` from `build_mooncake_overlap_summaries(tiered,
+     *   block_size, [])`.
+     * - `query_lower_tiers` (lib/kv-router/src/indexer/lower_tier_indexers.rs) and
+     *   `query_match_details` (lib/kv-router/src/indexer/lower_tier.rs): each device-matched
+     *   worker continues on the host from its device depth, then on disk from where the host walk
+     *   ended; a worker without a continuation starts at the root when it holds block 0 on that
+     *   tier. Worker 7/0: device 2, host +1 (block 2), disk +2 (3, 4); 7/1: device 1, host +0,
+     *   disk +1 (block 1, external media counted as disk); 9/3: host from the root +1; 12/0:
+     *   device 1, host +1 (block 1; block 2 is on the GPU only), disk +0 (block 2 is not on disk);
+     *   20/0: host from the root +3.
+     * - `build_mooncake_overlap_summaries` (lib/kv-router/src/services/overlap.rs): per worker,
+     *   `dp[rank]` = the rank's GPU tokens, `gpu`/`cpu`/`disk` the largest of the ranks'
+     *   `gpu_blocks`, `gpu_blocks + host`, `cpu_blocks + disk + external`, all × block size, and
+     *   `longest_matched = max(gpu, cpu, disk)`; workers in neither the device scores nor any
+     *   lower tier's hits (worker 11) are absent.
+     * `frequencies` is PROTOCOL §5.1's: members holding block i on the device, below the deepest
+     * device depth.
+     */
+    const expected = {
+      scores: { "7": { "0": 32, "1": 16 }, "12": { "0": 16 } },
+      frequencies: [3, 1],
+      instances: {
+        "7": { longest_matched: 80, gpu: 32, dp: { "0": 32, "1": 16 }, cpu: 48, disk: 80 },
+        "9": { longest_matched: 16, gpu: 0, dp: { "3": 0 }, cpu: 16, disk: 16 },
+        "12": { longest_matched: 32, gpu: 16, dp: { "0": 16 }, cpu: 32, disk: 32 },
+        "20": { longest_matched: 48, gpu: 0, dp: { "0": 0 }, cpu: 48, disk: 48 }
+      }
+    }
+    const answer = JSON.parse(
+      JSON.stringify(dynamoScoreResponse(scenario().queryWorkers(queryHashes()), BLOCK))
+    )
+    expect(Object.keys(answer).sort()).toEqual(["frequencies", "instances", "scores"])
+    expect(answer.scores).toEqual(expected.scores)
+    expect(answer.frequencies).toEqual(expected.frequencies)
+    expect(Object.keys(answer.instances).sort()).toEqual(Object.keys(expected.instances).sort())
+    for (const [worker, summary] of Object.entries(expected.instances)) {
+      expect(Object.keys(answer.instances[worker]).sort()).toEqual([
+        "cpu",
+        "disk",
+        "dp",
+        "gpu",
+        "longest_matched"
+      ])
+      expect(answer.instances[worker]).toEqual(summary)
+    }
+  })
+
+  it("reproduces Dynamo's own overlap.rs test vector (builds_cumulative_multi_rank_mooncake_summary)", () => {
+    // Worker 7: rank 0 device 2, host +1, disk +2; rank 1 device 1, disk +1; block size 16 →
+    // dp {0: 32, 1: 16}, gpu 32, cpu 48, disk 80, longest_matched 80.
+    const result: WorkerQueryResult = {
+      queryBlocks: 5,
+      members: [
+        { workerId: "7", dpRank: 0 },
+        { workerId: "7", dpRank: 1 }
+      ],
+      device: Uint32Array.of(2, 1),
+      host: Uint32Array.of(3, 1),
+      disk: Uint32Array.of(5, 2),
+      dynamoCpu: Uint32Array.of(3, 1),
+      dynamoDisk: Uint32Array.of(5, 2),
+      frequencies: Uint32Array.of(2, 1)
+    }
+    expect(dynamoScoreResponse(result, 16).instances).toEqual({
+      "7": { longest_matched: 80, gpu: 32, dp: { "0": 32, "1": 16 }, cpu: 48, disk: 80 }
+    })
+  })
+
+  it("the same answer from local block hashes as from tokens (query_by_hash)", () => {
+    const state = scenario()
+    // `/query_by_hash` takes i64 local hashes; as u64 they chain to the same addresses.
+    const signed = local.slice(0, 6).map((h) => BigInt.asIntN(64, h))
+    const byHash = state.queryWorkers(sequenceHashes(hashPairs(signed)))
+    expect(dynamoScoreResponse(byHash, BLOCK)).toEqual(
+      dynamoScoreResponse(state.queryWorkers(queryHashes()), BLOCK)
+    )
+  })
+
+  it("GET /workers lists each worker's ranks with their source endpoints, ids written exactly", () => {
+    const json = dynamoWorkersJson([
+      { workerId: "18446744073709551615", dpRank: 1, endpoint: "tcp://10.0.0.2:5558" },
+      { workerId: "7", dpRank: 1, endpoint: "tcp://10.0.0.1:5558" },
+      { workerId: "7", dpRank: 0, endpoint: "tcp://10.0.0.1:5557" }
+    ])
+    expect(json).toBe(
+      '[{"instance_id":7,"endpoints":{"0":"tcp://10.0.0.1:5557","1":"tcp://10.0.0.1:5558"}},' +
+        '{"instance_id":18446744073709551615,"endpoints":{"1":"tcp://10.0.0.2:5558"}}]'
+    )
+    expect(() => dynamoWorkersJson([{ workerId: "07", dpRank: 0, endpoint: "x" }])).toThrow(RangeError)
+  })
+
+  it("an empty query and an empty pool answer nothing", () => {
+    const empty = new CanonicalCkfState(ckfConfig(4096)).queryWorkers(queryHashes())
+    expect(poolWorkersAnswer(empty)).toEqual({ queryBlocks: 6, frequencies: [], workers: [] })
+    const none = scenario().queryWorkers(new Uint32Array(0))
+    expect(dynamoScoreResponse(none, BLOCK)).toEqual({ scores: {}, frequencies: [], instances: {} })
+    expect(poolWorkersAnswer(none).workers.every((w) => w.disk === 0)).toBe(true)
+  })
+})
