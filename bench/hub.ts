@@ -98,6 +98,7 @@ const scriptedActor = (producer: ProducerIdentity, queue: Queue.Queue<DcCkfDelta
       snapshot: unused,
       stateStats: unused,
       memberCounts: unused,
+      queryWorkers: () => unused,
       shutdown: unused,
       fence: unused,
       faults: yield* Queue.bounded<ActorFault>(1),

@@ -632,6 +632,14 @@ export class CanonicalCkfState extends DcCkfState {
     })
   }
 
+  /**
+   * Every member holding something on any tier, sorted by (worker id, dp rank); the same array
+   * until a table registers or releases a member.
+   */
+  heldMembers(): ReadonlyArray<CkfMemberRef> {
+    return this.directory()
+  }
+
   tierStats(): TierStats {
     const tiers = this.tiers
     const hostEdges = tiers.edgesOn(HOST_TIER)

@@ -27,6 +27,9 @@
  *
  * The key under operation is passed in `key` ([hi, lo]) rather than as arguments: a u32 argument
  * of a call that is not inlined is boxed into a heap number.
+ *
+ * Length: both tables and the worker query's narrowing loops share the slot layout and its
+ * private fields; splitting them would expose that layout or cost a call per probed slot.
  */
 
 import { MOVE_SLOTS_PER_INSERT, REHASH_AT_ONCE_SLOTS } from "./internal/growth.js"

@@ -26,6 +26,8 @@ export interface StoredData {
   readonly startPosition: number | undefined
   /** Engine sources: an unknown parent skips the blocks as unanchored (`CkfStoredData`). */
   readonly skipUnanchored?: boolean | undefined
+  /** A tokens-less host or disk copy named by external hashes alone (`CkfStoredData`). */
+  readonly resolveThroughLineage?: boolean | undefined
 }
 
 export interface RemovedData {
@@ -152,8 +154,14 @@ export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
 ]
 
 /** Why an engine event was skipped on purpose (PROTOCOL §3.2): it is not this worker's device cache. */
-export type SkipReason = "medium" | "locality" | "ownership" | "group"
-export const SKIP_REASONS: ReadonlyArray<SkipReason> = ["medium", "locality", "ownership", "group"]
+export type SkipReason = "medium" | "locality" | "ownership" | "group" | "namespace"
+export const SKIP_REASONS: ReadonlyArray<SkipReason> = [
+  "medium",
+  "locality",
+  "ownership",
+  "group",
+  "namespace"
+]
 export type SkipCounts = Readonly<Record<SkipReason, number>>
 
 /**

@@ -7,11 +7,13 @@
  */
 
 import type { Duration, Effect, Queue, Scope } from "effect"
+import type { MemberTierCount, TierStats } from "../ckf/canonical.js"
 import type { CkfMemberRef } from "../ckf/events.js"
 import type { CkfFailureDisposition } from "../ckf/failure.js"
 import type { LaneLease, PoolId, ProducerIdentity } from "../ckf/identity.js"
 import type { DcCkfSnapshot } from "../ckf/publisher.js"
 import type { DcCkfState, DcCkfStats, MemberCount } from "../ckf/state.js"
+import type { WorkerQueryResult } from "../ckf/workerQuery.js"
 import type { PublishDelaySnapshot } from "../observability/PublishDelay.js"
 import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 import type { SourceEpoch } from "../recovery/RecoveryTarget.js"
@@ -79,6 +81,25 @@ export interface ActorStats {
   readonly members: ReadonlyArray<MemberCount>
   /** Members whose history is partial (PROTOCOL §3.3 ◆3); sorted by (worker id, dp rank). */
   readonly partialMembers: ReadonlyArray<CkfMemberRef>
+  /**
+   * Blocks per member on each storage tier (PROTOCOL §5.1 ◆3), every member holding something
+   * on any tier, sorted; empty for an externally addressed pool.
+   */
+  readonly tierCounts: ReadonlyArray<MemberTierCount>
+  /** Host and disk edges and their memory; undefined for an externally addressed pool. */
+  readonly tiers: TierStats | undefined
+}
+
+/** A worker-level query (PROTOCOL §5.1 ◆3) as the actor runs it. */
+export interface ActorWorkerQuery {
+  /** The prompt's canonical sequence hashes as `[hi, lo]` pairs; the first `count` are asked. */
+  readonly hashes: Uint32Array
+  readonly count: number
+  /**
+   * Members to list even when they hold nothing (the pool's expected ranks); every member that
+   * holds something on any tier is listed too. The answer lists them sorted by (worker id, rank).
+   */
+  readonly expected?: ReadonlyArray<CkfMemberRef> | undefined
 }
 
 export interface ActorDiagnostics {
@@ -164,6 +185,11 @@ export interface PoolActor {
    * every bucket holds the consumer, and so every publication, for milliseconds on a large pool).
    */
   readonly memberCounts: Effect.Effect<ReadonlyArray<MemberCount>, KvDcRelayError>
+  /**
+   * Which member holds how much of a prompt, per storage tier (PROTOCOL §5.1 ◆3): one command of
+   * the actor, so the answer reflects one point of its state, between two applied events.
+   */
+  readonly queryWorkers: (query: ActorWorkerQuery) => Effect.Effect<WorkerQueryResult, KvDcRelayError>
   /** Snapshot after barrier for a new lease plus a receiver that starts exactly after it. */
   readonly subscribe: (lease: LaneLease) => Effect.Effect<ActorSubscription, KvDcRelayError>
   /** Drops the publication lease (idle hub eviction); later batches are covered by the next snapshot. */

@@ -112,7 +112,7 @@ export const emptyIngest: EndpointIngestStats = {
   gaps: 0,
   recoveries: 0,
   malformedByReason: {},
-  skipped: { medium: 0, locality: 0, ownership: 0, group: 0 },
+  skipped: { medium: 0, locality: 0, ownership: 0, group: 0, namespace: 0 },
   stale: 0,
   restarts: 0,
   unanchored: 0
@@ -138,7 +138,8 @@ export const addIngest = (a: EndpointIngestStats, b: EndpointIngestStats): Endpo
     medium: a.skipped.medium + b.skipped.medium,
     locality: a.skipped.locality + b.skipped.locality,
     ownership: a.skipped.ownership + b.skipped.ownership,
-    group: a.skipped.group + b.skipped.group
+    group: a.skipped.group + b.skipped.group,
+    namespace: a.skipped.namespace + b.skipped.namespace
   },
   stale: a.stale + b.stale,
   restarts: a.restarts + b.restarts,

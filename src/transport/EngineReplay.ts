@@ -7,6 +7,7 @@
 
 import { Effect } from "effect"
 import * as zmq from "zeromq"
+import { CacheNamespaces } from "../ckf/cacheNamespace.js"
 import type { DpRank, WorkerId } from "../protocol/Events.js"
 import { decodeEngineBatch, type EngineBatch } from "./EngineZmq.js"
 import { acquireSocket, connectSocket, receiveFrames, sendFrames, u64FrameOf, ZmqError } from "./ZmqSocket.js"
@@ -69,6 +70,9 @@ export const replayEngine = (options: ReplayOptions): Effect.Effect<ReadonlyArra
       yield* sendFrames(socket, [Buffer.alloc(0), u64FrameOf(options.startSeq)], endpoint)
       const max = options.maxBatches ?? 1_000_000
       const out: Array<ReplayedBatch> = []
+      // The replayed batches come in order, so a batch inherits its salted parent's namespace
+      // when the parent is replayed too (a parent older than the replay cannot be known).
+      const namespaces = new CacheNamespaces()
       for (;;) {
         const frames = yield* receiveFrames(socket, endpoint)
         const reply = replayReplyFrames(frames)
@@ -85,7 +89,8 @@ export const replayEngine = (options: ReplayOptions): Effect.Effect<ReadonlyArra
           })
         const seq = hi * 4294967296 + view.getUint32(4)
         const decoded = decodeEngineBatch(reply.payload, options.workerId, options.dpRank, seq + 1, {
-          kvBlockSize: options.kvBlockSize
+          kvBlockSize: options.kvBlockSize,
+          namespaces
         })
         out.push(
           decoded.ok

@@ -18,6 +18,12 @@
  */
 
 import type { Effect, Scope } from "effect"
+import {
+  AMBIGUOUS_CACHE_NAMESPACE,
+  CacheNamespaces,
+  storedEventCacheNamespace
+} from "../ckf/cacheNamespace.js"
+import { memberKey, type StorageTier, storageTierOfMedium } from "../ckf/events.js"
 import { blockHashSeed, localHashesInto, TOKENS_HASH_SEED } from "../ckf/tokens.js"
 import type { DpRank, KvCacheEventData, RouterEvent, WorkerId } from "../protocol/Events.js"
 import { failDecode } from "./internal/msgpack/reader.js"
@@ -54,7 +60,8 @@ export const noSkips = (): Record<EngineSkipReason, number> => ({
   medium: 0,
   locality: 0,
   ownership: 0,
-  group: 0
+  group: 0,
+  namespace: 0
 })
 
 /** Why an engine message is malformed beyond its framing; nothing of such a message is applied. */
@@ -101,6 +108,8 @@ const F_LOCALITY = 12
 const F_OWNERSHIP = 13
 const F_SESSION_ID = 14
 const F_EVENT_VERSION = 15
+/** SGLang's map-encoded `cache_salt`; no positional form carries it. */
+const F_CACHE_SALT = 16
 const F_UNKNOWN = -1
 
 const EVENT_FIELDS = K(
@@ -119,7 +128,8 @@ const EVENT_FIELDS = K(
   "locality",
   "ownership",
   "session_id",
-  "event_version"
+  "event_version",
+  "cache_salt"
 )
 
 /**
@@ -172,6 +182,12 @@ export interface EngineBatch {
 export interface EngineDecodeOptions {
   /** The card's `kvCacheBlockSize`: a `BlockStored` of another `block_size` is malformed. */
   readonly kvBlockSize?: number | undefined
+  /**
+   * The cache namespaces of the source's salted blocks, which a later batch of the same request
+   * inherits from its parent (PROTOCOL §5.1 ◆3, `CacheNamespaces`). One per source, shared by the
+   * batches decoded in order; without it a batch's namespace is only the one it names itself.
+   */
+  readonly namespaces?: CacheNamespaces | undefined
 }
 
 interface EventFields {
@@ -187,6 +203,12 @@ interface EventFields {
   groupIdx: number
   specKind: string | undefined
   loraName: string | undefined
+  /** The storage tier of `medium` (PROTOCOL §5.1 ◆3); an unknown medium sets `skip` instead. */
+  tier: StorageTier
+  /** The map encoding's `cache_salt`: a string, null, or undefined when absent. */
+  cacheSalt: string | null | undefined
+  /** The string keys of the first block's `extra_keys` entry, where vLLM puts a request's salt. */
+  firstExtraKeys: Array<string> | undefined
 }
 
 const textOf = (r: MsgpackReader, n: number): string => {
@@ -282,28 +304,31 @@ const readTokens = (r: MsgpackReader): number => {
   return n
 }
 
-/** Tokens-hash seeds by LoRA name, as halves (a handful of adapters per pool). */
+/** Tokens-hash seeds by LoRA name and cache namespace, as halves (a handful per pool). */
 const loraSeeds = new Map<string, readonly [number, number]>()
 const BASE_SEED: readonly [number, number] = [0, Number(TOKENS_HASH_SEED)]
-const seedOf = (loraName: string | undefined): readonly [number, number] => {
-  if (loraName === undefined || loraName === "") return BASE_SEED
-  let seed = loraSeeds.get(loraName)
+const seedOf = (loraName: string | undefined, namespace: string | undefined): readonly [number, number] => {
+  const salted = namespace !== undefined && namespace !== ""
+  if ((loraName === undefined || loraName === "") && !salted) return BASE_SEED
+  // A NUL cannot start a LoRA name read from msgpack text and a salt, so the two keys never meet.
+  const key = salted ? `\u0000${loraName ?? ""}\u0000${namespace}` : loraName!
+  let seed = loraSeeds.get(key)
   if (seed === undefined) {
-    const value = blockHashSeed(loraName)
+    const value = blockHashSeed(loraName, namespace)
     seed = [Number(value >> 32n), Number(value & 0xffff_ffffn)]
     if (loraSeeds.size >= 1024) loraSeeds.clear()
-    loraSeeds.set(loraName, seed)
+    loraSeeds.set(key, seed)
   }
   return seed
 }
 
 /**
  * Local (tokens) hashes of the first `blocks` full blocks of the event just read, as Dynamo's
- * `compute_block_hash_for_seq` computes them (PROTOCOL §3.3).
+ * `compute_block_hash_for_seq` computes them (PROTOCOL §3.3), under the block's cache namespace.
  */
-const localHashesOf = (f: EventFields, blocks: number): Uint32Array => {
+const localHashesOf = (f: EventFields, blocks: number, namespace: string | undefined): Uint32Array => {
   const out = new Uint32Array(2 * blocks)
-  const [hi, lo] = seedOf(f.loraName)
+  const [hi, lo] = seedOf(f.loraName, namespace)
   localHashesInto(tokenScratch, 0, blocks * f.blockSize, f.blockSize, "dynamo_standard_v1", hi, lo, out, 0)
   return out
 }
@@ -352,10 +377,15 @@ const readField = (r: MsgpackReader, f: EventFields, field: number, positional: 
       return
     }
     case F_MEDIUM: {
-      const medium = optionalText(r, "medium")
-      if (medium !== undefined && medium !== "GPU") setSkip(f, "medium")
+      // Dynamo's tiers (§5.1 ◆3): host and disk events are kept per member beside the device's.
+      const tier = storageTierOfMedium(optionalText(r, "medium"))
+      if (tier === undefined) setSkip(f, "medium")
+      else f.tier = tier
       return
     }
+    case F_EXTRA_KEYS:
+      f.firstExtraKeys = readFirstExtraKeys(r)
+      return
     case F_LOCALITY: {
       const locality = optionalText(r, "locality")
       if (locality !== undefined && locality !== "LOCAL") setSkip(f, "locality")
@@ -381,10 +411,43 @@ const readField = (r: MsgpackReader, f: EventFields, field: number, positional: 
     case F_SESSION_ID:
       optionalText(r, "session_id")
       return
+    case F_CACHE_SALT:
+      f.cacheSalt = r.nil() ? null : optionalText(r, "cache_salt")
+      return
     default:
       // extra_keys and fields newer than this relay: any value.
       r.skip()
   }
+}
+
+/**
+ * The string keys of `extra_keys[0]` (the first block's), the only place vLLM puts a request's
+ * `cache_salt`; other entries and non-string keys are passed over. A value of another shape is
+ * skipped as before this field was read: it names no namespace.
+ */
+const readFirstExtraKeys = (r: MsgpackReader): Array<string> | undefined => {
+  const blocks = r.tryArray()
+  if (blocks < 0) {
+    r.skip()
+    return undefined
+  }
+  let keys: Array<string> | undefined
+  for (let b = 0; b < blocks; b++) {
+    const items = b === 0 ? r.tryArray() : -1
+    if (items < 0) {
+      r.skip()
+      continue
+    }
+    for (let k = 0; k < items; k++) {
+      const n = r.tryStrHeader()
+      if (n < 0) r.skip()
+      else {
+        keys ??= []
+        keys.push(textOf(r, n))
+      }
+    }
+  }
+  return keys
 }
 
 const resetFields = (f: EventFields): void => {
@@ -399,6 +462,9 @@ const resetFields = (f: EventFields): void => {
   f.groupIdx = 0
   f.specKind = undefined
   f.loraName = undefined
+  f.tier = "device"
+  f.cacheSalt = undefined
+  f.firstExtraKeys = undefined
 }
 
 const readEventFields = (r: MsgpackReader, f: EventFields): void => {
@@ -478,7 +544,10 @@ const fieldsScratch: EventFields = {
   skip: undefined,
   groupIdx: 0,
   specKind: undefined,
-  loraName: undefined
+  loraName: undefined,
+  tier: "device",
+  cacheSalt: undefined,
+  firstExtraKeys: undefined
 }
 
 const readEvents = (
@@ -500,6 +569,7 @@ const readEvents = (
       continue
     }
     if (f.tag !== TAG_STORED && f.tag !== TAG_REMOVED) {
+      options.namespaces?.cleared(memberKey(workerId, dpRank))
       out.push({ workerId, dpRank, eventId, storageTier: "device", data: { _tag: "Cleared" } })
       continue
     }
@@ -515,19 +585,58 @@ const readEvents = (
       continue
     }
     let data: KvCacheEventData
-    if (f.tag === TAG_STORED) {
+    if (
+      f.tag === TAG_STORED &&
+      f.tier !== "device" &&
+      f.sawTokens &&
+      f.tokenCount === 0 &&
+      f.parentHash === undefined
+    ) {
+      // vLLM's offloading connector stores host and disk copies with `token_ids: []` and no
+      // parent: the blocks are named by external hash alone and resolved through the rank's
+      // lineage (§5.1 ◆3). Its block size is the offloaded one, which may be a multiple of the
+      // card's, so it is not checked against the card here.
+      data = {
+        _tag: "Stored",
+        blockHashes: f.blockHashes,
+        tokensHashes: undefined,
+        parentHash: undefined,
+        startPosition: undefined,
+        skipUnanchored: true,
+        resolveThroughLineage: true
+      }
+    } else if (f.tag === TAG_STORED) {
       const blockHashes = fullBlockHashes(f, options)
+      let namespace = storedEventCacheNamespace({
+        cacheSalt: f.cacheSalt,
+        extraKeys: f.firstExtraKeys === undefined ? undefined : [f.firstExtraKeys],
+        loraName: f.loraName
+      })
+      const namespaces = options.namespaces
+      if (namespaces !== undefined) {
+        const effective = namespaces.stored(memberKey(workerId, dpRank), blockHashes, f.parentHash, namespace)
+        if (effective === AMBIGUOUS_CACHE_NAMESPACE) {
+          // Dynamo's normalizer drops such a batch too: its blocks cannot be hashed for certain.
+          skipped.namespace++
+          ignored++
+          continue
+        }
+        namespace = effective
+      }
       data = {
         _tag: "Stored",
         blockHashes,
-        tokensHashes: localHashesOf(f, blockHashes.length >>> 1),
+        tokensHashes: localHashesOf(f, blockHashes.length >>> 1, namespace),
         parentHash: f.parentHash,
         startPosition: undefined,
         // An engine's history reaches only as far back as its replay buffer (PROTOCOL §3.3 ◆3).
         skipUnanchored: true
       }
-    } else data = { _tag: "Removed", blockHashes: f.blockHashes }
-    out.push({ workerId, dpRank, eventId, storageTier: "device", data })
+    } else {
+      if (f.tier === "device") options.namespaces?.removed(memberKey(workerId, dpRank), f.blockHashes)
+      data = { _tag: "Removed", blockHashes: f.blockHashes }
+    }
+    out.push({ workerId, dpRank, eventId, storageTier: f.tier, data })
   }
   return ignored
 }
@@ -646,6 +755,10 @@ export const makeEngineDecoder = (
 ): ((frames: ReadonlyArray<Uint8Array>) => IngestMessage) => {
   const topicBytes = Buffer.from(source.topic, "utf8")
   const publisherId = source.publisherId
+  const decodeOptions: EngineDecodeOptions = {
+    ...options,
+    namespaces: options.namespaces ?? new CacheNamespaces()
+  }
   let lastSeq = -1
   const malformed = (reason: MalformedReason, message: string): IngestMessage => ({
     _tag: "Malformed",
@@ -678,7 +791,9 @@ export const makeEngineDecoder = (
       return malformed("sequence-jump", `sequence ${seq} is more than 2^32 past ${Math.max(lastSeq, 0)}`)
     if (lastSeq >= 0 && seq <= lastSeq && (seq !== 0 || lastSeq === 0))
       return { _tag: "Stale", publisherId, sequence: seq }
-    const result = decodeEngineBatch(frames[2]!, source.workerId, source.dpRank, seq + 1, options)
+    // An engine counting from 0 again has restarted: the salted blocks it remembered are gone.
+    if (seq === 0 && lastSeq > 0) decodeOptions.namespaces?.cleared(memberKey(source.workerId, source.dpRank))
+    const result = decodeEngineBatch(frames[2]!, source.workerId, source.dpRank, seq + 1, decodeOptions)
     if (!result.ok) return malformed(result.reason, `undecodable batch ${seq}: ${result.message}`)
     lastSeq = seq
     const { events, skipped, ignored } = result.value

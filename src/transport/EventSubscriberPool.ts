@@ -133,7 +133,13 @@ const zeroCounts = (): Record<MalformedReason, number> => {
   return out
 }
 
-const zeroSkips = (): Record<SkipReason, number> => ({ medium: 0, locality: 0, ownership: 0, group: 0 })
+const zeroSkips = (): Record<SkipReason, number> => ({
+  medium: 0,
+  locality: 0,
+  ownership: 0,
+  group: 0,
+  namespace: 0
+})
 
 const sumCounts = (counts: MalformedCounts): number => {
   let total = 0

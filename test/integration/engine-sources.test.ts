@@ -180,7 +180,7 @@ describe("engine sources over ZeroMQ", () => {
           foreignTokens.flatMap((t) => canonical(t))
         )
         const ingest = yield* ingestOf(relay)
-        expect(ingest.skipped).toEqual({ medium: 2, locality: 2, ownership: 2, group: 0 })
+        expect(ingest.skipped).toEqual({ medium: 0, locality: 2, ownership: 2, group: 0, namespace: 0 })
         expect(ingest.malformed).toBe(0)
         expect(ingest.gaps).toBe(0)
       }).pipe(Effect.provide(quiet))

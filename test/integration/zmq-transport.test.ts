@@ -316,12 +316,11 @@ describe("EventSubscriberPool over ZeroMQ", () => {
       )
       const vllmEvents = recorder.events(sources[0]!.publisherId)
       expect(contiguous(vllmEvents.map((e) => e.eventId))).toBe(true)
-      // Host-tier events are skipped (PROTOCOL §3.2): their batch keeps its id as an empty removal.
+      // Host-tier events are kept on their tier (PROTOCOL §5.1 ◆3).
       expect(vllmEvents.slice(base[0]!).map((e) => [e.storageTier, e.data._tag])).toEqual(
-        Array.from({ length: 20 }, (_, i) => ["device", i % 2 === 0 ? "Stored" : "Removed"])
+        Array.from({ length: 20 }, (_, i) => [i % 2 === 0 ? "device" : "host_pinned", "Stored"])
       )
-      expect(storedBigInts(vllmEvents.slice(base[0]!).filter((e) => e.data._tag === "Removed"))).toEqual([])
-      expect(storedBigInts(vllmEvents.slice(-2))).toEqual([2n ** 64n - 19n, 18n])
+      expect(storedBigInts(vllmEvents.slice(-2))).toEqual([2n ** 64n - 19n, 18n, 2n ** 64n - 20n, 19n])
       const sglangEvents = recorder.events(sources[1]!.publisherId)
       expect(sglangEvents.every((e) => e.dpRank === 1)).toBe(true)
       expect(storedBigInts(sglangEvents.slice(-1))).toEqual([2n ** 63n + 19n])
@@ -332,12 +331,13 @@ describe("EventSubscriberPool over ZeroMQ", () => {
       expect(stats.totals.malformed["frame-count"]).toBe(20)
       expect(stats.totals.malformed["sequence-width"]).toBe(20)
       expect(stats.sources.find((s) => s.source.publisherId === sources[0]!.publisherId)!.skipped).toEqual({
-        medium: 10,
+        medium: 0,
         locality: 0,
         ownership: 0,
-        group: 0
+        group: 0,
+        namespace: 0
       })
-      expect(stats.lifetime.skipped.medium).toBe(10)
+      expect(stats.lifetime.skipped.medium).toBe(0)
     })
   )
 
@@ -550,17 +550,18 @@ describe("engine replay path", () => {
             expect(full.historyPartial).toBeUndefined()
             // The replayed events in order, ids seq + 1: the rank is replaced by replaying them.
             expect(full.events.map((e) => e.eventId)).toEqual([1, 2, 3, 4, 5])
-            expect(full.events.map((e) => e.data._tag)).toEqual([
-              "Stored",
-              "Stored",
-              "Removed",
-              "Removed",
-              "Stored"
+            // The host-tier store is kept, on its tier (PROTOCOL §5.1 ◆3): a replacement keeps it too.
+            expect(full.events.map((e) => [e.storageTier, e.data._tag])).toEqual([
+              ["device", "Stored"],
+              ["device", "Stored"],
+              ["device", "Removed"],
+              ["host_pinned", "Stored"],
+              ["device", "Stored"]
             ])
-            expect(
-              full.events.every((e) => e.storageTier === "device" && e.dpRank === 2 && e.workerId === WORKER)
-            ).toBe(true)
-            expect([...heldAfter(full.events)].sort()).toEqual([1n, 3n, 4n, 2n ** 64n - 5n].sort())
+            expect(full.events.every((e) => e.dpRank === 2 && e.workerId === WORKER)).toBe(true)
+            expect([...heldAfter(full.events.filter((e) => e.storageTier === "device"))].sort()).toEqual(
+              [1n, 3n, 4n, 2n ** 64n - 5n].sort()
+            )
             // Block 4 keeps its parent, so the rank can chain it.
             const second = full.events[1]!.data
             expect(second._tag === "Stored" && hashPairsToBigInts(second.parentHash!)).toEqual([3n])
@@ -569,8 +570,12 @@ describe("engine replay path", () => {
           expect(range._tag).toBe("Events")
           if (range._tag === "Events") {
             expect(range.events.map((e) => e.eventId)).toEqual([3, 4, 5])
-            // Event 4 was a host-tier store: skipped, it holds its id as an empty removal.
-            expect(range.events.map((e) => e.data._tag)).toEqual(["Removed", "Removed", "Stored"])
+            // Event 4 was a host-tier store, kept on its tier.
+            expect(range.events.map((e) => [e.storageTier, e.data._tag])).toEqual([
+              ["device", "Removed"],
+              ["host_pinned", "Stored"],
+              ["device", "Stored"]
+            ])
             expect(range.lastEventId).toBe(5)
             expect(range.historyPartial).toBeUndefined()
           }

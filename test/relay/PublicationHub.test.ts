@@ -81,6 +81,7 @@ const scriptedActor = Effect.gen(function* () {
     snapshot: unused,
     stateStats: unused,
     memberCounts: unused,
+    queryWorkers: () => unused,
     shutdown: unused,
     fence: unused,
     faults: yield* Queue.bounded<ActorFault>(1),

@@ -134,7 +134,7 @@ describe("vLLM", () => {
     expect(batch.dpRank).toBe(3)
   })
 
-  it("REMOTE, CPU and cache-owner events are skipped and counted by reason; LOCAL and GPU are not", () => {
+  it("REMOTE and cache-owner events are skipped and counted by reason; LOCAL, GPU and CPU are not", () => {
     const batch = decoded(
       vllmBatch(
         [
@@ -146,15 +146,24 @@ describe("vLLM", () => {
           vllmRemoved([6n], { medium: "STORAGE", locality: "REMOTE" }),
           vllmRemoved([7n], { ownership: "tier-2" }),
           vllmStored([8n], tokens(4), 4, { locality: "LOCAL" }),
-          // A CPU placeholder (block_size 0, no tokens) is skipped, not malformed.
+          // vLLM's offloading connector: a CPU copy named by hash alone (no tokens), not malformed.
           vllmStored([9n], [], 0, { medium: "CPU" })
         ],
         { version: "current", dpRank: 0n }
       ),
       { kvBlockSize: 4 }
     )
-    expect(view(batch.events)).toEqual([["Stored", [8n], null]])
-    expect(batch.skipped).toEqual({ medium: 3, locality: 1, ownership: 2, group: 2 })
+    expect(view(batch.events)).toEqual([
+      ["Stored", [2n], null],
+      ["Stored", [8n], null],
+      ["Stored", [9n], null]
+    ])
+    expect(batch.events.map((e) => e.storageTier)).toEqual(["host_pinned", "device", "host_pinned"])
+    expect(
+      batch.events.map((e) => e.data._tag === "Stored" && e.data.resolveThroughLineage === true)
+    ).toEqual([false, false, true])
+    // STORAGE is the disk tier now: that removal is skipped for its locality.
+    expect(batch.skipped).toEqual({ medium: 0, locality: 2, ownership: 2, group: 2, namespace: 0 })
   })
 
   it("a partial last page is not indexed", () => {
@@ -216,7 +225,7 @@ describe("SGLang", () => {
     expect(view(batch.events)).toEqual([["Stored", [2n ** 63n], U64 - 1n]])
   })
 
-  it("host-tier pages are skipped as medium", () => {
+  it("host- and disk-tier pages are kept on their tiers", () => {
     const batch = decoded(
       sglangBatch(
         [
@@ -229,7 +238,11 @@ describe("SGLang", () => {
         }
       )
     )
-    expect(batch.skipped.medium).toBe(2)
+    expect(batch.skipped.medium).toBe(0)
+    expect(batch.events.map((e) => [e.storageTier, e.data._tag])).toEqual([
+      ["host_pinned", "Stored"],
+      ["disk", "Removed"]
+    ])
   })
 })
 
@@ -369,7 +382,7 @@ describe("malformed engine messages (PROTOCOL §3.2)", () => {
     const eventArb = fc.record({
       hashes: fc.array(fc.bigInt({ min: 0n, max: U64 - 1n }), { minLength: 1, maxLength: 4 }),
       partial: fc.boolean(),
-      medium: fc.constantFrom<PyValue>(null, "GPU", "CPU", "STORAGE"),
+      medium: fc.constantFrom<PyValue>(null, "GPU", "CPU", "STORAGE", "TAPE"),
       locality: fc.constantFrom<PyValue | undefined>(undefined, null, "LOCAL", "REMOTE"),
       ownership: fc.constantFrom<PyValue | undefined>(undefined, null, "tier-2"),
       group: fc.constantFrom<bigint | undefined>(undefined, 0n, 1n),
@@ -378,8 +391,8 @@ describe("malformed engine messages (PROTOCOL §3.2)", () => {
     fc.assert(
       fc.property(fc.array(eventArb, { maxLength: 8 }), fc.constantFrom(1, 4, 16), (specs, size) => {
         const events: Array<VllmEvent> = []
-        const expected: Array<[string, Array<bigint>]> = []
-        const skipped = { medium: 0, locality: 0, ownership: 0, group: 0 }
+        const expected: Array<[string, Array<bigint>, string]> = []
+        const skipped = { medium: 0, locality: 0, ownership: 0, group: 0, namespace: 0 }
         for (const spec of specs) {
           const optional: Record<string, PyValue> = { medium: spec.medium }
           if (spec.locality !== undefined) optional.locality = spec.locality
@@ -392,7 +405,7 @@ describe("malformed engine messages (PROTOCOL §3.2)", () => {
               : vllmStored(spec.hashes, tokens(count), size, optional)
           )
           const reason =
-            spec.medium !== null && spec.medium !== "GPU"
+            spec.medium === "TAPE"
               ? "medium"
               : spec.locality !== undefined && spec.locality !== null && spec.locality !== "LOCAL"
                 ? "locality"
@@ -401,9 +414,11 @@ describe("malformed engine messages (PROTOCOL §3.2)", () => {
                   : spec.group === 1n
                     ? "group"
                     : undefined
+          const tier = spec.medium === "CPU" ? "host_pinned" : spec.medium === "STORAGE" ? "disk" : "device"
           if (reason !== undefined) skipped[reason]++
-          else if (spec.removed) expected.push(["Removed", spec.hashes])
-          else expected.push(["Stored", spec.partial && size > 1 ? spec.hashes.slice(0, -1) : spec.hashes])
+          else if (spec.removed) expected.push(["Removed", spec.hashes, tier])
+          else
+            expected.push(["Stored", spec.partial && size > 1 ? spec.hashes.slice(0, -1) : spec.hashes, tier])
         }
         const batch = decoded(vllmBatch(events, { version: "current", dpRank: 0n }), { kvBlockSize: size })
         expect(batch.skipped).toEqual(skipped)
@@ -411,7 +426,11 @@ describe("malformed engine messages (PROTOCOL §3.2)", () => {
           .filter(
             (e) => !(e.data._tag === "Removed" && e.data.blockHashes.length === 0 && expected.length === 0)
           )
-          .map((e) => [e.data._tag, e.data._tag === "Cleared" ? [] : hashPairsToBigInts(e.data.blockHashes)])
+          .map((e) => [
+            e.data._tag,
+            e.data._tag === "Cleared" ? [] : hashPairsToBigInts(e.data.blockHashes),
+            e.storageTier
+          ])
         expect(got).toEqual(expected)
       }),
       { numRuns: 300 }

@@ -1,6 +1,7 @@
 import fc from "fast-check"
 import { Packr } from "msgpackr"
 import { describe, expect, it } from "vitest"
+import { localBlockHashes } from "../../src/ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
 import type { RouterEvent } from "../../src/protocol/Events.js"
 import {
@@ -221,37 +222,93 @@ describe("engine batch decoding", () => {
     expect(reasonOf([new Uint8Array(8)])).toBe("ok")
   })
 
-  it("counts only absent, nil or GPU media as the device; skips every other medium", () => {
-    const media: Array<[string | null | undefined, boolean]> = [
-      [undefined, true],
-      [null, true],
-      ["GPU", true],
-      ["DEVICE", false],
-      ["gpu", false],
-      ["CPU", false],
-      ["CPU_PINNED", false],
-      ["STORAGE", false],
-      ["EXTERNAL", false],
-      ["", false]
+  it("maps media to storage tiers as Dynamo does and skips an unknown medium", () => {
+    const media: Array<[string | null | undefined, string | undefined]> = [
+      [undefined, "device"],
+      [null, "device"],
+      ["", "device"],
+      ["GPU", "device"],
+      ["DEVICE", "device"],
+      ["CPU", "host_pinned"],
+      ["CPU_PINNED", "host_pinned"],
+      ["CPU_TIER1", "host_pinned"],
+      ["CPU_TIER2", "disk"],
+      ["DISK", "disk"],
+      ["NVME", "disk"],
+      ["STORAGE", "disk"],
+      ["EXTERNAL", "external"],
+      ["NETWORK", "external"],
+      ["REMOTE", "external"],
+      ["SHARED", "external"],
+      ["gpu", undefined],
+      ["cpu", undefined],
+      ["TAPE", undefined]
     ]
-    for (const [medium, device] of media) {
+    for (const [medium, tier] of media) {
       const event =
         medium === undefined
           ? ["BlockStored", [1], null, [1, 2, 3, 4], 4, null]
           : ["BlockStored", [1], null, [1, 2, 3, 4], 4, null, medium]
       const removal = medium === undefined ? ["BlockRemoved", [1]] : ["BlockRemoved", [1], medium]
       const batch = decode(pack([0, [event, removal], 0]))
-      if (!device) {
+      if (tier === undefined) {
         expect(batch.ignored).toBe(2)
-        expect(batch.skipped).toEqual({ medium: 2, locality: 0, ownership: 0, group: 0 })
+        expect(batch.skipped).toEqual({ medium: 2, locality: 0, ownership: 0, group: 0, namespace: 0 })
       } else {
         expect(batch.ignored).toBe(0)
         expect(batch.events.map((e) => [e.storageTier, e.data._tag])).toEqual([
-          ["device", "Stored"],
-          ["device", "Removed"]
+          [tier, "Stored"],
+          [tier, "Removed"]
         ])
       }
     }
+  })
+
+  it("reads a tokens-less host store (vLLM's offloading connector) as blocks resolved through the lineage", () => {
+    const batch = decode(
+      pack([
+        0,
+        [{ ...stored([5, 6]), token_ids: [], block_size: 16, medium: "CPU", parent_block_hash: null }],
+        0
+      ])
+    )
+    const event = batch.events[0]!
+    expect(event.storageTier).toBe("host_pinned")
+    expect(event.data._tag === "Stored" && event.data.resolveThroughLineage).toBe(true)
+    expect(event.data._tag === "Stored" && event.data.tokensHashes).toBe(undefined)
+    expect(hashesOf(event)).toEqual([5n, 6n])
+    // A device store without tokens stays malformed (§3.2).
+    expect(decodeEngineBatch(pack([0, [{ ...stored([5]), token_ids: [] }], 0]), WORKER, 0, 1).ok).toBe(false)
+  })
+
+  it("folds a cache salt into local hashes: SGLang's cache_salt, vLLM's tagged extra_keys, inherited by children", () => {
+    const tokens = [1, 2, 3, 4]
+    const local = (event: RouterEvent | undefined): Array<bigint> =>
+      event?.data._tag === "Stored" ? hashPairsToBigInts(event.data.tokensHashes!) : []
+    const salted = localBlockHashes(tokens, 4, { cacheSalt: "user-1" })
+    const plainHashes = localBlockHashes(tokens, 4)
+    const fromMap = decode(pack([0, [stored([1], { token_ids: tokens, cache_salt: "user-1" })], 0]))
+    expect(local(fromMap.events[0])).toEqual(hashPairsToBigInts(salted))
+    const fromExtraKeys = decode(
+      pack([0, [stored([1], { token_ids: tokens, extra_keys: [["dynamo-cache-salt:user-1"]] })], 0])
+    )
+    expect(local(fromExtraKeys.events[0])).toEqual(hashPairsToBigInts(salted))
+    // Untagged strings are never a namespace.
+    const untagged = decode(pack([0, [stored([1], { token_ids: tokens, extra_keys: [["user-1"]] })], 0]))
+    expect(local(untagged.events[0])).toEqual(hashPairsToBigInts(plainHashes))
+    // A child batch names no salt: the source's decoder gives it its parent's.
+    const decoder = makeEngineDecoder({ workerId: WORKER, dpRank: 0, publisherId: 9n, topic: "" })
+    const frames = (seq: number, event: unknown) => [
+      new Uint8Array(0),
+      u64FrameOf(seq),
+      pack([0, [event], 0])
+    ]
+    decoder(frames(0, stored([1], { token_ids: tokens, extra_keys: [["dynamo-cache-salt:user-1"]] })))
+    const child = decoder(frames(1, stored([2], { token_ids: tokens, parent_block_hash: 1 })))
+    expect(child._tag).toBe("Batch")
+    if (child._tag === "Batch") expect(local(child.events[0])).toEqual(hashPairsToBigInts(salted))
+    const orphan = decoder(frames(2, stored([3], { token_ids: tokens, parent_block_hash: 99 })))
+    if (orphan._tag === "Batch") expect(local(orphan.events[0])).toEqual(hashPairsToBigInts(plainHashes))
   })
 
   it("skips non-main KV groups and unknown event types", () => {
@@ -270,7 +327,7 @@ describe("engine batch decoding", () => {
       ])
     )
     expect(batch.ignored).toBe(5)
-    expect(batch.skipped).toEqual({ medium: 0, locality: 0, ownership: 0, group: 3 })
+    expect(batch.skipped).toEqual({ medium: 0, locality: 0, ownership: 0, group: 3, namespace: 0 })
     expect(batch.events.map(hashesOf)).toEqual([[3n]])
   })
 

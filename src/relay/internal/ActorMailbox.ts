@@ -9,6 +9,7 @@ import { memberKey } from "../../ckf/events.js"
 import type { CkfFailureDisposition } from "../../ckf/failure.js"
 import type { LaneLease } from "../../ckf/identity.js"
 import type { DcCkfState, MemberCount } from "../../ckf/state.js"
+import type { WorkerQueryResult } from "../../ckf/workerQuery.js"
 import type { DpRank, RouterEvent, WorkerId } from "../../protocol/Events.js"
 import type { SourceEpoch } from "../../recovery/RecoveryTarget.js"
 import type {
@@ -16,6 +17,7 @@ import type {
   ActorSnapshot,
   ActorStats,
   ActorSubscription,
+  ActorWorkerQuery,
   RankReplacement
 } from "../PoolActor.js"
 import { InvalidTreeDump, type KvDcRelayError, RelayShuttingDown } from "../RelayErrors.js"
@@ -72,6 +74,7 @@ export type Command =
   | { readonly _tag: "Subscribe"; readonly lease: LaneLease; readonly reply: Reply<ActorSubscription> }
   | { readonly _tag: "Stats"; readonly reply: Reply<ActorStats> }
   | { readonly _tag: "Members"; readonly reply: Reply<ReadonlyArray<MemberCount>> }
+  | { readonly _tag: "Query"; readonly query: ActorWorkerQuery; readonly reply: Reply<WorkerQueryResult> }
   | { readonly _tag: "RetireLease"; readonly reply: Reply<void> }
   | { readonly _tag: "Shutdown"; readonly reply: Reply<void> }
   | { readonly _tag: "Pause"; readonly entered: Reply<void>; readonly release: Deferred.Deferred<void> }
@@ -88,6 +91,7 @@ export const COMMAND_KIND: Record<Command["_tag"], string> = {
   Subscribe: "subscribe",
   Stats: "stats",
   Members: "member_counts",
+  Query: "query_workers",
   RetireLease: "retire_publication_lease",
   Shutdown: "shutdown",
   Pause: "test_pause",

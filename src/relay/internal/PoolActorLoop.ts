@@ -18,11 +18,12 @@
 import { Cause, Chunk, Deferred, Duration, Effect, Exit, FiberHandle, Mailbox, Option, Queue } from "effect"
 import { CanonicalCkfState } from "../../ckf/canonical.js"
 import { CkfBuildError, eventErrorText, KvCacheEventError } from "../../ckf/errors.js"
-import { memberKey } from "../../ckf/events.js"
+import { type CkfMemberRef, compareMembers, memberKey } from "../../ckf/events.js"
 import { eventFailurePoint, failureDisposition } from "../../ckf/failure.js"
 import { type LaneLease, ProducerIdentity } from "../../ckf/identity.js"
 import { DcCkfPublishError, DcCkfPublisher, PublisherSnapshotError } from "../../ckf/publisher.js"
 import type { DcCkfPublicationBatch, DcCkfState, MemberCount } from "../../ckf/state.js"
+import type { WorkerQueryResult } from "../../ckf/workerQuery.js"
 import { PublishDelayHistogram } from "../../observability/PublishDelay.js"
 import { type DpRank, eventPayloadWeight, type RouterEvent, type WorkerId } from "../../protocol/Events.js"
 import type { SourceEpoch } from "../../recovery/RecoveryTarget.js"
@@ -32,6 +33,7 @@ import {
   type ActorSnapshot,
   type ActorStats,
   type ActorSubscription,
+  type ActorWorkerQuery,
   DEFAULT_FAULT_CAPACITY,
   DEFAULT_MAILBOX_CAPACITY,
   DEFAULT_PENDING_BLOCK_PERMITS,
@@ -457,6 +459,38 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       return { snapshot, deltas: broadcast.subscribe() }
     }
 
+    /**
+     * A worker query, run between two commands: it reads the tables as the events applied so far
+     * left them. The members listed are the expected ones and every holder, in (worker id, rank)
+     * order; an externally addressed pool (no tiers, no canonical addresses) answers zero depths.
+     */
+    const queryWorkers = (query: ActorWorkerQuery): WorkerQueryResult => {
+      const held: ReadonlyArray<CkfMemberRef> = state instanceof CanonicalCkfState ? state.heldMembers() : []
+      const expected = query.expected ?? []
+      let members = held
+      if (expected.length > 0) {
+        const keys = new Set(held.map((m) => memberKey(m.workerId, m.dpRank)))
+        const extra = expected.filter((m) => !keys.has(memberKey(m.workerId, m.dpRank)))
+        if (extra.length > 0)
+          members = [...held, ...extra.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))].sort(
+            compareMembers
+          )
+      }
+      if (state instanceof CanonicalCkfState)
+        return state.queryWorkers(query.hashes, query.count, { members })
+      const zeros = new Uint32Array(members.length)
+      return {
+        queryBlocks: query.count,
+        members,
+        device: zeros,
+        host: zeros,
+        disk: zeros,
+        dynamoCpu: zeros,
+        dynamoDisk: zeros,
+        frequencies: new Uint32Array(0)
+      }
+    }
+
     /** Processes one command; false when the consumer must stop (a fence interrupted it). */
     const process = (command: Command): Effect.Effect<boolean> | undefined => {
       switch (command._tag) {
@@ -499,8 +533,13 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             stats: state.stats(),
             sequence: publisher.lastSequence,
             members: state.memberCounts(),
-            partialMembers: state instanceof CanonicalCkfState ? state.partialMembers() : []
+            partialMembers: state instanceof CanonicalCkfState ? state.partialMembers() : [],
+            tierCounts: state instanceof CanonicalCkfState ? state.memberTierCounts() : [],
+            tiers: state instanceof CanonicalCkfState ? state.tierStats() : undefined
           })
+          return undefined
+        case "Query":
+          command.reply.succeed(queryWorkers(command.query))
           return undefined
         case "Members":
           command.reply.succeed(state.memberCounts())
@@ -795,6 +834,11 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         "memberCounts",
         submit<ReadonlyArray<MemberCount>>((reply) => ({ _tag: "Members", reply }))
       ),
+      queryWorkers: (query) =>
+        span(
+          "queryWorkers",
+          submit<WorkerQueryResult>((reply) => ({ _tag: "Query", query, reply }))
+        ),
       retirePublicationLease: span(
         "retirePublicationLease",
         submit<void>((reply) => ({ _tag: "RetireLease", reply }))
