@@ -15,6 +15,9 @@
  * hashes make the whole message malformed, with a reason, and nothing of it is applied.
  *
  * Replay (B.4) is `EngineReplay.ts`.
+ *
+ * Length: the field readers, the per-event scratch record and the batch and frame decoders are
+ * one pass over the reader's buffer, kept together so the hot path stays monomorphic.
  */
 
 import type { Effect, Scope } from "effect"
