@@ -95,6 +95,8 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
         endpoints: []
       }),
       diagnosticSnapshot: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      queryWorkers: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      sourceRanks: () => Effect.succeed([]),
       flush: Effect.void,
       shutdown: Effect.zipRight(source.shutdown, registry.shutdown)
     }

@@ -37,6 +37,14 @@ import {
   WorkerRoleJson
 } from "./Model.js"
 import { POOL_STREAM_CONTENT_TYPE } from "./PoolStream.js"
+import {
+  dynamoQueryByHashEndpoint,
+  dynamoQueryEndpoint,
+  dynamoWorkersEndpoint,
+  MemberTierBlocksFields,
+  TierStatsJson,
+  workerQueryEndpoint
+} from "./RelayQueryApi.js"
 import { openApiDocument } from "./Routes.js"
 import { utf8Length } from "./Text.js"
 
@@ -385,7 +393,9 @@ export const EndpointStatsJson = Schema.Struct({
   roles: Schema.Array(Schema.String),
   aggregation: nullable(
     Schema.Struct({
-      members: Schema.Array(Schema.Struct({ workerId: WorkerIdJson, dpRank: U32, blocks: Count })),
+      members: Schema.Array(
+        Schema.Struct({ workerId: WorkerIdJson, dpRank: U32, blocks: Count, ...MemberTierBlocksFields })
+      ),
       contributionCount: Count,
       uniqueBlockCount: Count,
       unknownRemovals: Count,
@@ -420,6 +430,7 @@ export const EndpointStatsJson = Schema.Struct({
       insertionScratchCapacity: Count
     })
   ),
+  tiers: nullable(TierStatsJson),
   recovery: Schema.Struct({
     degradedResets: Count,
     rebuildCount: Count,
@@ -640,6 +651,10 @@ export const RelayHttpApi = HttpApi.make("relay")
           .addError(...errorWith(503))
           .annotate(OpenApi.Summary, "Publish every pool's pending changes now")
       )
+      .add(workerQueryEndpoint)
+      .add(dynamoQueryEndpoint)
+      .add(dynamoQueryByHashEndpoint)
+      .add(dynamoWorkersEndpoint)
       .add(metricsEndpoint)
       .add(
         HttpApiEndpoint.get("openApi", "/v1/openapi.json")

@@ -7,7 +7,9 @@
  */
 
 import { Context, type Deferred, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
+import type { MemberTierCount, TierStats } from "../ckf/canonical.js"
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
+import type { WorkerQueryResult } from "../ckf/workerQuery.js"
 import type { DiscoveryStatus } from "../discovery/Discovery.js"
 import type { DcMembershipView } from "../discovery/Membership.js"
 import type { PublishDelaySnapshot } from "../observability/PublishDelay.js"
@@ -71,10 +73,13 @@ export interface RelayHealth {
 }
 
 export interface EndpointAggregationStats {
+  /** `blocks` is the device count; `hostBlocks`, `diskBlocks` the lower tiers' (PROTOCOL §5.1 ◆3). */
   readonly members: ReadonlyArray<{
     readonly workerId: WorkerId
     readonly dpRank: DpRank
     readonly blocks: number
+    readonly hostBlocks: number
+    readonly diskBlocks: number
   }>
   readonly contributionCount: number
   readonly uniqueBlockCount: number
@@ -112,6 +117,9 @@ export interface EndpointRecoveryStats {
   /** Every active source of the endpoint and its state. */
   readonly sources: ReadonlyArray<SourceStateEntry>
 }
+
+/** The host and disk tiers' edges and memory (PROTOCOL §5.1 ◆3). */
+export type EndpointTierStats = TierStats
 
 export interface EndpointMemoryStats {
   readonly filterBytes: number
@@ -165,6 +173,8 @@ export interface EndpointStats {
   readonly aggregation: EndpointAggregationStats | undefined
   readonly publication: EndpointPublicationStats | undefined
   readonly memory: EndpointMemoryStats | undefined
+  /** Present while the endpoint has a canonically addressed pool generation. */
+  readonly tiers: EndpointTierStats | undefined
   readonly recovery: EndpointRecoveryStats
   readonly actor: EndpointActorStats | undefined
   readonly ingest: EndpointIngestStats
@@ -194,6 +204,21 @@ export interface DiagnosticSnapshot {
   /** Every bucket word as `[lo, hi]` pairs (the little-endian wire layout). */
   readonly words: Uint32Array
 }
+
+/** A worker query's answer for one serving endpoint's pool (PROTOCOL §5.1 ◆3). */
+export interface EndpointWorkerQuery {
+  readonly servingEndpoint: EndpointId
+  readonly result: WorkerQueryResult
+}
+
+/** One expected source rank of a serving endpoint, as `GET /workers` lists it. */
+export interface EndpointSourceRank {
+  readonly workerId: WorkerId
+  readonly dpRank: DpRank
+  readonly transportEndpoint: string
+}
+
+export type { MemberTierCount }
 
 export interface KvDcRelayService {
   readonly dcName: string
@@ -228,6 +253,17 @@ export interface KvDcRelayService {
   readonly health: Effect.Effect<RelayHealth>
   readonly stats: Effect.Effect<RelayStats, KvDcRelayError>
   readonly diagnosticSnapshot: (endpoint: EndpointId) => Effect.Effect<DiagnosticSnapshot, KvDcRelayError>
+  /**
+   * Which member of the endpoint's pool holds how much of a prompt, per tier (PROTOCOL §5.1 ◆3):
+   * `hashes` are the prompt's canonical sequence hashes (`[hi, lo]` pairs). Every expected rank is
+   * listed, zero depths included, with every member that holds something.
+   */
+  readonly queryWorkers: (
+    endpoint: EndpointId,
+    hashes: Uint32Array
+  ) => Effect.Effect<EndpointWorkerQuery, KvDcRelayError>
+  /** The endpoint's expected source ranks and their transport endpoints (`GET /workers`). */
+  readonly sourceRanks: (endpoint: EndpointId) => Effect.Effect<ReadonlyArray<EndpointSourceRank>>
   /** Completes once every materialized endpoint has published its pending tail. */
   readonly flush: Effect.Effect<void, KvDcRelayError>
   /** Clears the catalog, drains every endpoint, closes discovery; idempotent. */

@@ -36,7 +36,7 @@ import {
   Stream,
   SubscriptionRef
 } from "effect"
-import { memberKey } from "../ckf/events.js"
+import { compareMembers, memberKey } from "../ckf/events.js"
 import { type DcId, PoolId } from "../ckf/identity.js"
 import { Discovery, type DiscoveryStatus } from "../discovery/Discovery.js"
 import {
@@ -64,13 +64,17 @@ import * as PoolRegistryLive from "./internal/PoolRegistryLive.js"
 import type { ExpectedSourceState } from "./KvDcRelay.js"
 import {
   type DiagnosticSnapshot,
+  type EndpointAggregationStats,
+  type EndpointSourceRank,
   type EndpointStats,
+  type EndpointWorkerQuery,
   KvDcRelay,
   type KvDcRelayService,
   type RelayHealth,
   type RelayStats,
   type SourceCounts
 } from "./KvDcRelay.js"
+import type { ActorStats } from "./PoolActor.js"
 import type * as PoolRegistry from "./PoolRegistry.js"
 import * as PublicationSource from "./PublicationSource.js"
 import {
@@ -503,11 +507,7 @@ export const make = (
             actorStats === undefined || stats === undefined
               ? undefined
               : {
-                  members: actorStats.members.map((m) => ({
-                    workerId: m.workerId,
-                    dpRank: m.dpRank,
-                    blocks: m.count
-                  })),
+                  members: membersWithTiers(actorStats),
                   contributionCount: stats.aggregation.contributionCount,
                   uniqueBlockCount: stats.aggregation.uniqueBlockCount,
                   unknownRemovals: stats.aggregation.unknownRemovals,
@@ -531,6 +531,7 @@ export const make = (
                   netRevertedBuckets: stats.publication.netRevertedBuckets
                 },
           memory: stats === undefined ? undefined : { ...stats.memory },
+          tiers: actorStats?.tiers,
           recovery: {
             degradedResets: diagnostics?.degradedResets ?? 0,
             rebuildCount: diagnostics?.rebuilds ?? 0,
@@ -601,6 +602,45 @@ export const make = (
         Effect.withSpan("KvDcRelay.diagnosticSnapshot", { attributes: { endpoint: endpoint.toString() } })
       )
 
+    /** The endpoint's expected source ranks, in (worker id, rank) order. */
+    const expectedRanks = (
+      status: EndpointSlot.EndpointSlotStatus
+    ): Effect.Effect<ReadonlyArray<EndpointSourceRank>> =>
+      Effect.gen(function* () {
+        const subscriber = status.subscriber
+        if (subscriber === undefined) return []
+        const seen = new Set<string>()
+        const ranks: Array<EndpointSourceRank> = []
+        for (const source of (yield* subscriber.health).expected) {
+          const key = memberKey(source.workerId, source.dpRank)
+          if (seen.has(key)) continue
+          seen.add(key)
+          ranks.push({
+            workerId: source.workerId,
+            dpRank: source.dpRank,
+            transportEndpoint: source.transportEndpoint
+          })
+        }
+        return ranks.sort(compareMembers)
+      })
+
+    const queryWorkers = (
+      endpoint: EndpointId,
+      hashes: Uint32Array
+    ): Effect.Effect<EndpointWorkerQuery, KvDcRelayError> =>
+      Effect.gen(function* () {
+        const { status, attachment } = yield* statusOf(endpoint)
+        const expected = yield* expectedRanks(status)
+        const result = yield* attachment.actor.queryWorkers({ hashes, count: hashes.length >>> 1, expected })
+        return { servingEndpoint: endpoint, result }
+      })
+
+    const sourceRanks = (endpoint: EndpointId): Effect.Effect<ReadonlyArray<EndpointSourceRank>> =>
+      Effect.suspend(() => {
+        const slot = slots.get(endpoint.toString())
+        return slot === undefined ? Effect.succeed([]) : expectedRanks(slot.status)
+      })
+
     const flush: Effect.Effect<void, KvDcRelayError> = Effect.suspend(() => {
       // As in the seed, a relay without materialized endpoints (shut down included) has nothing to publish.
       const targets = [...slots.values()].flatMap((slot) => {
@@ -644,6 +684,8 @@ export const make = (
       }),
       stats,
       diagnosticSnapshot,
+      queryWorkers,
+      sourceRanks,
       flush,
       shutdown
     }
@@ -658,6 +700,35 @@ export const make = (
     )
     return service
   }).pipe(Effect.annotateLogs({ component: "relay-host" }))
+
+/**
+ * `/v1/stats` members: the device counts (`blocks`), with each member's host and disk blocks; a
+ * member holding blocks on a lower tier only is listed too, with `blocks: 0` (PROTOCOL §5.1 ◆3).
+ */
+const membersWithTiers = (stats: ActorStats): EndpointAggregationStats["members"] => {
+  const tiers = new Map(stats.tierCounts.map((m) => [memberKey(m.workerId, m.dpRank), m]))
+  const out = stats.members.map((m) => {
+    const tier = tiers.get(memberKey(m.workerId, m.dpRank))
+    tiers.delete(memberKey(m.workerId, m.dpRank))
+    return {
+      workerId: m.workerId,
+      dpRank: m.dpRank,
+      blocks: m.count,
+      hostBlocks: tier?.hostBlocks ?? 0,
+      diskBlocks: tier?.diskBlocks ?? 0
+    }
+  })
+  if (tiers.size === 0) return out
+  for (const m of tiers.values())
+    out.push({
+      workerId: m.workerId,
+      dpRank: m.dpRank,
+      blocks: 0,
+      hostBlocks: m.hostBlocks,
+      diskBlocks: m.diskBlocks
+    })
+  return out.sort(compareMembers)
+}
 
 const optionValue = <A>(option: { readonly _tag: "Some"; readonly value: A } | { readonly _tag: "None" }) =>
   option._tag === "Some" ? option.value : undefined

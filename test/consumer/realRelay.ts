@@ -134,6 +134,8 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
         endpoints: []
       }),
       diagnosticSnapshot: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      queryWorkers: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      sourceRanks: () => Effect.succeed([]),
       flush: Effect.void,
       shutdown: Effect.zipRight(source.shutdown, registry.shutdown)
     }

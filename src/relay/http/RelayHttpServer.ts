@@ -119,6 +119,7 @@ import {
   type RelayHttpOptions
 } from "./RelayHttpOptions.js"
 import * as RelayStatusPage from "./RelayStatusPage.js"
+import * as WorkerQueries from "./WorkerQueries.js"
 
 export type {
   RelayHttpAddress,
@@ -548,6 +549,10 @@ const HANDLERS: { readonly [Name in RouteName<typeof RelayHttpApi>]: Handler } =
   stats,
   endpointSnapshot,
   flush,
+  workerQuery: (ctx, request) => WorkerQueries.workerQuery(ctx, request),
+  dynamoQuery: (ctx, request) => WorkerQueries.dynamoQuery(ctx, request),
+  dynamoQueryByHash: (ctx, request) => WorkerQueries.dynamoQueryByHash(ctx, request),
+  dynamoWorkers: (ctx, _request, query) => WorkerQueries.dynamoWorkers(ctx, query),
   metrics,
   openApi
 }

@@ -63,7 +63,13 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
           aliases: attachment.registrations.flatMap((r) => r.aliases as ReadonlyArray<string>),
           roles: [...attachment.roles],
           aggregation: {
-            members: state.members.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank, blocks: m.count })),
+            members: state.members.map((m) => ({
+              workerId: m.workerId,
+              dpRank: m.dpRank,
+              blocks: m.count,
+              hostBlocks: 0,
+              diskBlocks: 0
+            })),
             contributionCount: state.stats.aggregation.contributionCount,
             uniqueBlockCount: state.stats.aggregation.uniqueBlockCount,
             unknownRemovals: state.stats.aggregation.unknownRemovals,
@@ -84,6 +90,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
             netRevertedBuckets: state.stats.publication.netRevertedBuckets
           },
           memory: state.stats.memory,
+          tiers: state.tiers,
           recovery: {
             degradedResets: diagnostics.degradedResets,
             rebuildCount: diagnostics.rebuilds,
@@ -134,6 +141,15 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
           endpoints
         }
       }),
+      queryWorkers: (endpoint, hashes) =>
+        Effect.gen(function* () {
+          const attachment = attachmentOf(endpoint)
+          if (attachment === undefined)
+            return yield* Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() }))
+          const result = yield* attachment.actor.queryWorkers({ hashes, count: hashes.length >>> 1 })
+          return { servingEndpoint: endpoint, result }
+        }),
+      sourceRanks: () => Effect.succeed([]),
       diagnosticSnapshot: (endpoint) =>
         Effect.gen(function* () {
           const attachment = attachmentOf(endpoint)
