@@ -118,6 +118,9 @@ const store = (worker: number, rank: number, id: number, from: number, to: numbe
  * Worker 7 rank 1: block 0 on the device, block 1 on disk.
  * Worker 9 rank 0: blocks 0-1 on the host only (its device copies were evicted).
  * Worker 11 rank 0: blocks 0-2 on the device, block 4 on the host (block 3 nowhere).
+ * Worker 13 rank 0: blocks 0 and 2 on the device, block 1 on the host only: the tiers
+ * interleave, so Dynamo's walk (host from block 1, then stop at block 2, which is not on the
+ * host) and the cumulative depths of `/v1/query` (block 2 is on the device) differ.
  */
 const EVENTS = [
   store(7, 0, 1, 0, 5, "device"),
@@ -132,7 +135,10 @@ const EVENTS = [
   removedEvent("9", 0, 3, [ext(9, 0, 0), ext(9, 0, 1)]),
   store(11, 0, 1, 0, 5, "device"),
   store(11, 0, 2, 4, 5, "host_pinned"),
-  removedEvent("11", 0, 3, [ext(11, 0, 3), ext(11, 0, 4)])
+  removedEvent("11", 0, 3, [ext(11, 0, 3), ext(11, 0, 4)]),
+  store(13, 0, 1, 0, 3, "device"),
+  store(13, 0, 2, 1, 2, "host_pinned"),
+  removedEvent("13", 0, 3, [ext(13, 0, 1)])
 ]
 
 const workers = new Map<string, WorkerWithDpRank>(
@@ -140,29 +146,33 @@ const workers = new Map<string, WorkerWithDpRank>(
     { worker_id: 7, dp_rank: 0 },
     { worker_id: 7, dp_rank: 1 },
     { worker_id: 9, dp_rank: 0 },
-    { worker_id: 11, dp_rank: 0 }
+    { worker_id: 11, dp_rank: 0 },
+    { worker_id: 13, dp_rank: 0 }
   ].map((w) => [key(w), w])
 )
 
 /**
  * What Dynamo's indexer finds for the five blocks: the device walk's scores (members with at
  * least one block) and per-block frequencies; the host walk from each member's device end (7/0:
- * block 2, one; 9/0: blocks 0-1, two; 11/0: block 3 is not on its host, none) and the disk walk
- * from there (7/0: blocks 3-4, two; 7/1: block 1, one).
+ * block 2, one; 9/0: blocks 0-1, two; 11/0: block 3 is not on its host, none; 13/0: block 1, one)
+ * and the disk walk from there (7/0: blocks 3-4, two; 7/1: block 1, one). A block's frequency is
+ * the number of members holding it on the device (its tree node's workers): block 2 counts 13/0.
  */
 const TIERED: TieredMatchDetails = {
   device: {
     scores: new Map([
       ["7/0", 2],
       ["7/1", 1],
-      ["11/0", 3]
+      ["11/0", 3],
+      ["13/0", 1]
     ]),
-    frequencies: [3, 2, 1]
+    frequencies: [4, 2, 2]
   },
   lowerTier: {
     HostPinned: new Map([
       ["7/0", 1],
-      ["9/0", 2]
+      ["9/0", 2],
+      ["13/0", 1]
     ]),
     Disk: new Map([
       ["7/0", 2],
@@ -200,12 +210,13 @@ describe("/query and /query_by_hash against Dynamo's build_score_response", () =
       }
       // The written-out values, so that a transcription error cannot hide in both.
       expect(got).toEqual({
-        scores: { "7": { "0": 128, "1": 64 }, "11": { "0": 192 } },
-        frequencies: [3, 2, 1],
+        scores: { "7": { "0": 128, "1": 64 }, "11": { "0": 192 }, "13": { "0": 64 } },
+        frequencies: [4, 2, 2],
         instances: {
           "7": { longest_matched: 320, gpu: 128, dp: { "0": 128, "1": 64 }, cpu: 192, disk: 320 },
           "9": { longest_matched: 128, gpu: 0, dp: { "0": 0 }, cpu: 128, disk: 128 },
-          "11": { longest_matched: 192, gpu: 192, dp: { "0": 192 }, cpu: 192, disk: 192 }
+          "11": { longest_matched: 192, gpu: 192, dp: { "0": 192 }, cpu: 192, disk: 192 },
+          "13": { longest_matched: 128, gpu: 64, dp: { "0": 64 }, cpu: 128, disk: 128 }
         }
       })
       // By tokens: the same document.
@@ -223,10 +234,11 @@ describe("/query and /query_by_hash against Dynamo's build_score_response", () =
         v1.json as { pools: Array<{ workers: unknown; frequencies: unknown; queryBlocks: number }> }
       ).pools[0]!
       expect(pool.queryBlocks).toBe(5)
-      expect(pool.frequencies).toEqual([3, 2, 1])
+      expect(pool.frequencies).toEqual([4, 2, 2])
       expect(pool.workers).toEqual([
         { workerId: "11", dpRank: 0, device: 3, host: 3, disk: 3 },
         { workerId: "7", dpRank: 0, device: 2, host: 3, disk: 5 },
+        { workerId: "13", dpRank: 0, device: 1, host: 3, disk: 3 },
         { workerId: "7", dpRank: 1, device: 1, host: 1, disk: 2 },
         { workerId: "9", dpRank: 0, device: 0, host: 2, disk: 2 }
       ])
