@@ -43,7 +43,7 @@ const BODY = `
 <section>
 <h2>Members</h2>
 <table id="members">
-<thead><tr><th>Serving endpoint</th><th>Worker</th><th>DP rank</th><th>Blocks</th><th>Source</th><th>History</th></tr></thead>
+<thead><tr><th>Serving endpoint</th><th>Worker</th><th>DP rank</th><th>Device blocks</th><th>Host blocks</th><th>Disk blocks</th><th>Source</th><th>History</th></tr></thead>
 <tbody></tbody>
 </table>
 </section>
@@ -191,6 +191,8 @@ const SCRIPT = String.raw`
           td(member.workerId, "mono worker"),
           num(member.dpRank),
           el("td", { class: "num blocks", text: kv.int(member.blocks) }),
+          el("td", { class: "num host-blocks", text: kv.int(member.hostBlocks) }),
+          el("td", { class: "num disk-blocks", text: kv.int(member.diskBlocks) }),
           el("td", { class: "source" }, [sourceState ? kv.state(sourceState, sourceState === "live") : "—"]),
           el("td", { class: "history" }, [
             memberSource ? kv.state(memberSource.history, memberSource.history === "complete") : "—"
