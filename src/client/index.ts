@@ -38,6 +38,7 @@ export type {
   PoolWorkersAnswer,
   WorkerDepths
 } from "../ckf/workerQuery.js"
+export * from "./http.js"
 export {
   blockHashSeed,
   CACHE_NAMESPACE_HASH_SEED,

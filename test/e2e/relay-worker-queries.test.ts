@@ -13,7 +13,7 @@
 
 import { Effect, Exit, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
-import { localBlockHashes } from "../../src/client/index.js"
+import { localBlockHashes, RelayQueryClient } from "../../src/client/index.js"
 import { type EngineZmqPublisher, makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
 import { type PyValue, vllmBatch, vllmRemoved, vllmStored } from "../transport/msgspec.js"
 import {
@@ -241,6 +241,22 @@ describe("worker-level queries of a relay process (PROTOCOL §5.1 ◆3)", () => 
       { instance_id: 8001, endpoints: { "0": a0.publisher.endpoint, "1": a1.publisher.endpoint } },
       { instance_id: 8002, endpoints: { "0": b0.publisher.endpoint } }
     ])
+
+    // The same answers through kvrelay/client's HTTP client.
+    const client = new RelayQueryClient(relay.url)
+    expect((await client.query({ namespace: "prod", model: "llama", tokens: queried })).pools[0]).toEqual(
+      pool
+    )
+    expect((await client.query({ servingEndpoint: ENDPOINT, localBlockHashes: local })).pools[0]).toEqual(
+      pool
+    )
+    expect(await client.dynamoQuery({ modelName: "llama", tokenIds: queried })).toEqual(dynamo)
+    expect(await client.dynamoQueryByHash({ modelName: "llama", blockHashes: local })).toEqual(dynamo)
+    expect((await client.workers({ modelName: "chat" })).map((w) => w.instance_id)).toEqual([8001n, 8002n])
+    await expect(client.query({ namespace: "prod", model: "nope", tokens: [1] })).rejects.toMatchObject({
+      status: 404,
+      reason: "MODEL_NOT_FOUND"
+    })
 
     // Errors: an unknown model is 404 on both shapes; a bad body 400 naming the field.
     const unknown = await relay.post(
