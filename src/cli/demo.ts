@@ -17,6 +17,7 @@ import { Context, Duration, Effect, Either, Fiber, Layer, Random, Ref, Schedule 
 import { chainSequenceHash } from "../ckf/global.js"
 import { localBlockHashes, sequenceHashes } from "../ckf/tokens.js"
 import { hashPairsToBigInts } from "../ckf/u64.js"
+import { RelayQueryClient } from "../client/http.js"
 import { GlobalView } from "../consumer/GlobalView.js"
 import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
 import { Discovery } from "../discovery/Discovery.js"
@@ -60,7 +61,45 @@ interface SimulatedWorker {
   /** Messages this worker has dropped on purpose so far. */
   readonly dropped: Effect.Effect<number>
   readonly source: Effect.Effect<KvEventSource>
+  /** vLLM workers: copy blocks to the CPU tier, and drop those copies (PROTOCOL §5.1 ◆3). */
+  readonly hostTier?: HostTier | undefined
 }
+
+/** A worker's CPU tier, as vLLM's offloading connector publishes it. */
+interface HostTier {
+  readonly offload: (blocks: ReadonlyArray<PromptBlock>) => Effect.Effect<void>
+  readonly drop: (blocks: ReadonlyArray<PromptBlock>) => Effect.Effect<void>
+}
+
+/** Blocks a vLLM worker keeps in CPU memory after the GPU evicted them. */
+const HOST_BLOCKS = 320
+
+/**
+ * vLLM with CPU offloading: blocks the GPU evicts are first copied to the CPU (a tokens-less
+ * `medium: "CPU"` store, resolved by the relay through the rank's lineage), and the CPU keeps the
+ * most recent `HOST_BLOCKS` of them. A block stored again on the GPU keeps its CPU copy.
+ */
+const offloadEvicted = (
+  host: HostTier,
+  copies: Map<bigint, PromptBlock>,
+  evicted: ReadonlyArray<PromptBlock>
+): Effect.Effect<void> =>
+  Effect.gen(function* () {
+    const fresh = evicted.filter((b) => !copies.has(b.sequence))
+    for (let i = 0; i < fresh.length; i += 32) yield* host.offload(fresh.slice(i, i + 32))
+    for (const b of evicted) {
+      copies.delete(b.sequence)
+      copies.set(b.sequence, b)
+    }
+    if (copies.size <= HOST_BLOCKS) return
+    const dropped: Array<PromptBlock> = []
+    for (const b of copies.values()) {
+      if (copies.size - dropped.length <= HOST_BLOCKS) break
+      dropped.push(b)
+    }
+    for (const b of dropped) copies.delete(b.sequence)
+    for (let i = 0; i < dropped.length; i += 32) yield* host.drop(dropped.slice(i, i + 32))
+  })
 
 /** One full block of a prompt: its tokens, local hash and canonical sequence hash. */
 interface PromptBlock {
@@ -170,7 +209,14 @@ const makeWorker = (
       remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
       dropNext: publisher.dropNext(1),
       dropped: Effect.map(publisher.stats, (s) => s.dropped),
-      source: publisher.source(SERVING)
+      source: publisher.source(SERVING),
+      hostTier:
+        format === "vllm"
+          ? {
+              offload: (blocks) => Effect.asVoid(publisher.offload(external(blocks))).pipe(Effect.orDie),
+              drop: (blocks) => Effect.asVoid(publisher.remove(external(blocks), "CPU")).pipe(Effect.orDie)
+            }
+          : undefined
     } satisfies SimulatedWorker
   })
 
@@ -183,6 +229,7 @@ const makeWorker = (
 const runWorkload = (worker: SimulatedWorker, dc: number, dropEvery: number | undefined) =>
   Effect.gen(function* () {
     const cached = new Map<bigint, PromptBlock>()
+    const hostCopies = new Map<bigint, PromptBlock>()
     const touch = (block: PromptBlock) => {
       cached.delete(block.sequence)
       cached.set(block.sequence, block)
@@ -217,6 +264,7 @@ const runWorkload = (worker: SimulatedWorker, dc: number, dropEvery: number | un
           evicted.push(b)
         }
         for (const b of evicted) cached.delete(b.sequence)
+        if (worker.hostTier !== undefined) yield* offloadEvicted(worker.hostTier, hostCopies, evicted)
         for (let i = 0; i < evicted.length; i += 32) yield* worker.remove(evicted.slice(i, i + 32))
       }
       requests++
@@ -288,6 +336,35 @@ export const pasteableQuery = (globalUrl: string): string =>
     tokens: sampleTokens(0, 4)
   })}'`
 
+/** The worker-level query a user can paste: which worker of dc-east holds that prompt, per tier. */
+export const pasteableWorkerQuery = (relayUrl: string): string =>
+  `curl -s ${relayUrl}/v1/query -d '${JSON.stringify({
+    namespace: NAMESPACE,
+    model: MODEL,
+    tokens: sampleTokens(0, 4)
+  })}'`
+
+/**
+ * The summary's worker-level line (PROTOCOL §5.1 ◆3): for the first sample prompt, each DC's
+ * workers that hold some of it, with their device, host and disk depths, through the relay's
+ * `POST /v1/query`.
+ */
+const workerQueryLines = (dcs: ReadonlyArray<DcRuntime>): Effect.Effect<Array<string>> =>
+  Effect.forEach(dcs, (dc) =>
+    Effect.tryPromise(() =>
+      new RelayQueryClient(dc.url).query({ namespace: NAMESPACE, model: MODEL, tokens: samples[0]!.tokens })
+    ).pipe(
+      Effect.map((answer) => {
+        const holders = answer.pools
+          .flatMap((pool) => pool.workers)
+          .filter((w) => w.disk > 0)
+          .map((w) => `${w.workerId}/${w.dpRank} device ${w.device} host ${w.host} disk ${w.disk}`)
+        return `    ${`${dc.name} workers`.padEnd(36)} ${holders.length === 0 ? "none yet" : holders.join("   ")}`
+      }),
+      Effect.catchAll((error) => Effect.succeed(`    ${dc.name} worker query failed: ${String(error)}`))
+    )
+  )
+
 const fmt = (n: number): string => Math.round(n).toLocaleString("en-US")
 
 /** The summary's line on the deliberate drops, when they are on. */
@@ -336,7 +413,9 @@ const summary = (
       let gaps = 0
       let malformed = 0
       let members = 0
+      let hostBlocks = 0
       for (const e of endpoints) {
+        for (const m of e.aggregation?.members ?? []) hostBlocks += m.hostBlocks
         events += e.ingest.events
         recoveries += e.ingest.recoveries
         gaps += e.ingest.gaps
@@ -350,7 +429,7 @@ const summary = (
       next.set(dc.name, events)
       lines.push(
         `  ${dc.name.padEnd(8)} ${dc.url}  pools ${active}  ranks ${members}/${dc.workers.length}  ` +
-          `events ${fmt(rate)}/s  blocks ${fmt(blocks)}  publication seq ${sequence}  gaps ${gaps}  recoveries ${recoveries}  malformed ${malformed}`
+          `events ${fmt(rate)}/s  blocks ${fmt(blocks)}  publication seq ${sequence}  gaps ${gaps}  recoveries ${recoveries}  malformed ${malformed}  CPU-tier blocks ${fmt(hostBlocks)}`
       )
     }
     yield* Ref.set(previous, next)
@@ -374,6 +453,8 @@ const summary = (
             .join("   ")
       lines.push(`    ${sample.label.padEnd(36)} ${answer}`)
     }
+    lines.push(`  which worker holds ${samples[0]!.label} (POST /v1/query, blocks per tier):`)
+    lines.push(...(yield* workerQueryLines(dcs)))
     const text = `${lines.join("\n")}\n`
     yield* Effect.sync(() => {
       // On a terminal, redraw in place; otherwise append (logs and CI output stay readable).
@@ -403,6 +484,9 @@ export const demoProgram = (settings: DemoSettings) =>
       process.stdout.write(`  global consumer: ${globalUrl}  (POST /v1/overlap, GET /v1/domains)\n`)
       process.stdout.write(
         `  a query that hits once the workers have warmed up (a few seconds; 4 blocks of ${BLOCK_SIZE} tokens and 3 that do not count):\n    ${pasteableQuery(globalUrl)}\n`
+      )
+      process.stdout.write(
+        `  which worker of ${dcs[0]!.name} holds it, on which tier (the relay's worker-level query):\n    ${pasteableWorkerQuery(dcs[0]!.url)}\n`
       )
       process.stdout.write(
         settings.dropEvery === undefined

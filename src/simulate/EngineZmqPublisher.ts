@@ -91,6 +91,12 @@ export interface EngineZmqPublisher {
   readonly publishPayload: (payload: Uint8Array) => Effect.Effect<number, ZmqError>
   readonly store: (hashes: HashInput, options?: EngineStoreOptions) => Effect.Effect<number, ZmqError>
   readonly remove: (hashes: HashInput, medium?: string | null) => Effect.Effect<number, ZmqError>
+  /**
+   * Copies blocks this worker holds to a lower tier as vLLM's offloading connector announces it:
+   * a `BlockStored` with `medium` (default `"CPU"`), no tokens and no parent, named by the blocks'
+   * hashes alone (PROTOCOL §5.1 ◆3). Remove them with `remove(hashes, medium)`.
+   */
+  readonly offload: (hashes: HashInput, medium?: string) => Effect.Effect<number, ZmqError>
   readonly clear: Effect.Effect<number, ZmqError>
   /** The next `count` batches are buffered for replay but not sent. */
   readonly dropNext: (count?: number) => Effect.Effect<void>
@@ -254,6 +260,19 @@ export const makeEngineZmqPublisher = (
           addresses.forget(blockHashes, tierOfMedium(medium))
           return publish([{ type: "BlockRemoved", blockHashes, medium }])
         }),
+      offload: (hashes, medium = "CPU") =>
+        publish([
+          {
+            type: "BlockStored",
+            blockHashes: pairsOf(hashes),
+            parentBlockHash: undefined,
+            tokenIds: [],
+            blockSize,
+            loraId: null,
+            loraName: null,
+            medium
+          }
+        ]),
       clear: Effect.suspend(() => {
         addresses.clear()
         return publish([{ type: "AllBlocksCleared" }])

@@ -41,6 +41,9 @@ describe.concurrent("kvrelay demo", { timeout: CLI_TEST_TIMEOUT_MS }, () => {
     expect(summary.dcs.map((d) => d.dc)).toEqual(["dc-east", "dc-west"])
     for (const dc of summary.dcs) expect(dc.gaps, result.stdout).toBe(0)
     expect(summary.dropped).toBeUndefined()
+    // The worker-level query (PROTOCOL §5.1 ◆3) hits: a dc-east worker holds the popular prompt.
+    expect(result.stdout).toContain(`/v1/query -d '{"namespace":"demo"`)
+    expect(result.stdout, result.stdout).toMatch(/^ {4}dc-east workers +\d+\/0 device \d+ host [1-9]/m)
     expect(result.stderr).not.toMatch(/message="KV event source is recovering"[^\n]*previous=live/)
   })
 
