@@ -28,6 +28,7 @@ import { benchOverlapHttp } from "./overlapHttp.js"
 import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
 import { benchWorkerQuery } from "./workerQuery.js"
+import { benchWorkerQueryHttp } from "./workerQueryHttp.js"
 import { benchZmqIngest } from "./zmq.js"
 
 export interface BenchOptions {
@@ -61,6 +62,7 @@ const suites: ReadonlyArray<Suite> = [
   ["membership", benchMembershipChurn],
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
+  ["worker_query_http", benchWorkerQueryHttp],
   ["e2e", benchEndToEnd],
   ["soak_memory", benchSoakMemory, "named"]
 ]

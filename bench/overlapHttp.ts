@@ -163,12 +163,13 @@ function paced(cfg) {
 
 const autocannonPath = (): string => createRequire(import.meta.url).resolve("autocannon")
 
-/** One autocannon run in a child process. */
+/** One autocannon run in a child process (POSTs to `path`, default `/v1/overlap`). */
 const load = (options: {
   readonly url: string
   readonly bodies: ReadonlyArray<string>
   readonly seconds: number
   readonly rate?: number | undefined
+  readonly path?: string | undefined
 }): Promise<LoadResult> =>
   new Promise((resolve, reject) => {
     const child = spawn(process.execPath, ["-e", CHILD, autocannonPath()], {
@@ -194,7 +195,7 @@ const load = (options: {
     child.stdin.end(
       JSON.stringify({
         url,
-        path: "/v1/overlap",
+        path: options.path ?? "/v1/overlap",
         bodies,
         seconds,
         rate,
@@ -205,7 +206,7 @@ const load = (options: {
   })
 
 /** A load run and the CPU time this process spent meanwhile, per answered query (µs). */
-const measured = async (
+export const measured = async (
   options: Parameters<typeof load>[0]
 ): Promise<LoadResult & { readonly cpuPerQueryUs: number }> => {
   // This thread's CPU only: the servers', without the relays' worker (NaN off Linux).
@@ -246,7 +247,7 @@ const stallsText = (s: Stalls): string =>
   `loop delay p99 ${s.loopP99.toFixed(1)} max ${s.loopMax.toFixed(1)} ms, GC ${s.gcMs.toFixed(0)} ms (max ${s.gcMax.toFixed(1)})`
 
 /** The baseline: reads the body, JSON-parses it, answers `answer`. */
-const bareServer = (answer: string): Promise<Server> =>
+export const bareServer = (answer: string): Promise<Server> =>
   new Promise((resolve) => {
     const body = Buffer.from(answer)
     const server = createServer((request, response) => {
@@ -265,13 +266,13 @@ const bareServer = (answer: string): Promise<Server> =>
     server.listen(0, "127.0.0.1", () => resolve(server))
   })
 
-const median = (values: ReadonlyArray<number>): number => {
+export const median = (values: ReadonlyArray<number>): number => {
   const sorted = [...values].sort((a, b) => a - b)
   const mid = sorted.length >> 1
   return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
 }
 
-const checked = (what: string, result: LoadResult): LoadResult => {
+export const checked = (what: string, result: LoadResult): LoadResult => {
   if (result.non2xx > 0 || result.errors > 0 || result.timeouts > 0 || result.ok === 0)
     throw new Error(
       `${what}: ${result.ok} ok, ${result.non2xx} non-2xx, ${result.errors} errors, ${result.timeouts} timeouts`
