@@ -224,6 +224,10 @@ export class CanonicalCkfState extends DcCkfState {
   private directoryOwners: unknown = undefined
   private directoryOwnersVersion = -1
   private directoryTiersVersion = -1
+  /** The plan of the last member filter, while the filter array and the directory stay the same. */
+  private filterMembers: ReadonlyArray<CkfMemberRef> | undefined = undefined
+  private filterDirectory: ReadonlyArray<QueryMember> | undefined = undefined
+  private filterPlan: QueryPlan = queryPlan([])
 
   constructor(config: CkfConfig) {
     super(config)
@@ -722,7 +726,9 @@ export class CanonicalCkfState extends DcCkfState {
     this.directory()
     let plan = this.queryDirectoryPlan
     const filter = options.members
-    if (filter !== undefined) {
+    if (filter !== undefined && filter === this.filterMembers && this.queryDirectory === this.filterDirectory)
+      plan = this.filterPlan
+    else if (filter !== undefined) {
       const byKey = this.queryDirectoryByKey
       const members = filter.map(
         (ref) =>
@@ -735,6 +741,9 @@ export class CanonicalCkfState extends DcCkfState {
           }
       )
       plan = queryPlan(members, filter)
+      this.filterMembers = filter
+      this.filterDirectory = this.queryDirectory
+      this.filterPlan = plan
     }
     return runWorkerQuery(
       this.owners,

@@ -21,6 +21,7 @@ import { PoolIdJson } from "./Identity.js"
 // Reading JSON with exact integers
 
 const isDigit = (c: number): boolean => c >= 0x30 && c <= 0x39
+const LONG_DIGITS = /[0-9]{16}/
 
 /**
  * `JSON.parse`, except that an integer literal of more than 15 digits becomes its decimal text (a
@@ -28,6 +29,8 @@ const isDigit = (c: number): boolean => c >= 0x30 && c <= 0x39
  * double. Throws as `JSON.parse` does.
  */
 export const parseJsonExactIntegers = (text: string): unknown => {
+  // Token arrays never hold 16 digits in a row: most bodies go straight to JSON.parse.
+  if (!LONG_DIGITS.test(text)) return JSON.parse(text)
   let out: Array<string> | undefined
   let last = 0
   const n = text.length

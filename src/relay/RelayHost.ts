@@ -22,6 +22,7 @@
  */
 
 import {
+  Clock,
   Deferred,
   Duration,
   Effect,
@@ -602,13 +603,25 @@ export const make = (
         Effect.withSpan("KvDcRelay.diagnosticSnapshot", { attributes: { endpoint: endpoint.toString() } })
       )
 
-    /** The endpoint's expected source ranks, in (worker id, rank) order. */
+    /**
+     * The endpoint's expected source ranks, in (worker id, rank) order. Read from the subscriber's
+     * health, which walks every source, so worker queries reuse one read for up to a second: a
+     * rank advertised meanwhile is listed that much later (what it holds is counted at once).
+     */
+    const rankCache = new WeakMap<
+      EndpointSlot.EndpointSlotStatus,
+      { readonly at: number; readonly subscriber: unknown; readonly ranks: ReadonlyArray<EndpointSourceRank> }
+    >()
     const expectedRanks = (
       status: EndpointSlot.EndpointSlotStatus
     ): Effect.Effect<ReadonlyArray<EndpointSourceRank>> =>
       Effect.gen(function* () {
         const subscriber = status.subscriber
         if (subscriber === undefined) return []
+        const now = yield* Clock.currentTimeMillis
+        const cached = rankCache.get(status)
+        if (cached !== undefined && cached.subscriber === subscriber && now - cached.at < 1000)
+          return cached.ranks
         const seen = new Set<string>()
         const ranks: Array<EndpointSourceRank> = []
         for (const source of (yield* subscriber.health).expected) {
@@ -621,7 +634,9 @@ export const make = (
             transportEndpoint: source.transportEndpoint
           })
         }
-        return ranks.sort(compareMembers)
+        ranks.sort(compareMembers)
+        rankCache.set(status, { at: now, subscriber, ranks })
+        return ranks
       })
 
     const queryWorkers = (

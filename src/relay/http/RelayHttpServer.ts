@@ -26,7 +26,6 @@
 
 import * as Http from "node:http"
 import * as Https from "node:https"
-import * as HttpServer from "@effect/platform/HttpServer"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
@@ -739,9 +738,19 @@ export const serve = (
       host: options.host ?? DEFAULT_RELAY_HTTP_HOST,
       port: options.port ?? DEFAULT_RELAY_HTTP_PORT
     })
-    yield* HttpServer.serveEffect()(BearerAuth.guard(options.auth)(app)).pipe(
-      Effect.provideService(HttpServer.HttpServer, server)
-    )
+    // The worker-query routes are offered to their fast path first (`WorkerQueries`); the router
+    // takes every request it leaves.
+    const general = yield* NodeHttpServer.makeHandler(BearerAuth.guard(options.auth)(app))
+    const fast = yield* WorkerQueries.makeFastPath(relay, {
+      maxBodyBytes: options.limits?.maxRequestBodyBytes ?? DEFAULT_RELAY_HTTP_LIMITS.maxRequestBodyBytes,
+      auth: options.auth
+    })
+    const listener = (request: Http.IncomingMessage, response: Http.ServerResponse) => {
+      if (!fast.handle(request, response)) general(request, response)
+    }
+    nodeServer.on("request", listener)
+    yield* Effect.addFinalizer(() => Effect.sync(() => nodeServer.off("request", listener)))
+    const pending = () => inFlight() + fast.inFlight()
     const grace = durationOf(options.intervals?.shutdownGrace ?? DEFAULT_RELAY_HTTP_INTERVALS.shutdownGrace)
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
@@ -750,11 +759,11 @@ export const serve = (
         // Streams end at the shutdown signal; short requests finish on their own. What is left
         // afterwards are idle keep-alive connections (or responses stuck past the grace).
         const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(grace)
-        while (inFlight() > 0 && (yield* Clock.currentTimeMillis) < deadline) yield* Effect.sleep("10 millis")
-        if (inFlight() > 0) {
+        while (pending() > 0 && (yield* Clock.currentTimeMillis) < deadline) yield* Effect.sleep("10 millis")
+        if (pending() > 0) {
           yield* Effect.logWarning(
             "KV DC Relay HTTP responses still open after the shutdown grace; closing them"
-          ).pipe(Effect.annotateLogs("responses", inFlight()))
+          ).pipe(Effect.annotateLogs("responses", pending()))
         }
         nodeServer.closeAllConnections()
       })

@@ -9,12 +9,15 @@
  * sequence hashes, and each pool's actor answers from one point of its state
  * (`KvDcRelayService.queryWorkers`). The Dynamo routes answer as that indexer's
  * `build_score_response` does (`ckf/workerQuery.ts`, `dynamoScoreResponse`); their errors are its
- * `{error}` bodies.
+ * `{error}` bodies. The routes are served twice, with the same bytes: through the server's router
+ * (the general path) and, while no tracer is installed, straight from the `node:http` request
+ * event (`makeFastPath`).
  */
 
+import type { IncomingMessage, ServerResponse } from "node:http"
 import type * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Effect, Either, Schema, type Scope } from "effect"
+import { Effect, Either, Exit, FiberRef, Runtime, Schema, type Scope } from "effect"
 import { compareMembers } from "../../ckf/events.js"
 import { localBlockHashes, sequenceHashes } from "../../ckf/tokens.js"
 import {
@@ -24,6 +27,8 @@ import {
   dynamoWorkersJson,
   poolWorkersAnswer
 } from "../../ckf/workerQuery.js"
+import * as BearerAuth from "../../http/BearerAuth.js"
+import { bodyTooLargeMessage } from "../../http/ErrorText.js"
 import { PoolIdJson } from "../../protocol/Identity.js"
 import { type DcPoolDescriptor, EndpointId } from "../../protocol/Model.js"
 import {
@@ -35,14 +40,16 @@ import {
   type QueryPrompt,
   type WorkerQueryRequest
 } from "../../protocol/RelayQueryApi.js"
-import type { EndpointWorkerQuery } from "../KvDcRelay.js"
+import type { EndpointWorkerQuery, KvDcRelayService } from "../KvDcRelay.js"
 import {
+  errorBodyText,
   HttpFailure,
   invalidRequest,
   JSON_CONTENT_TYPE,
   readBody,
   relayFailure,
-  type ServerContext
+  type ServerContext,
+  utf8
 } from "./internal/ServerContext.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -94,28 +101,81 @@ const addressesIn = (pool: DcPoolDescriptor, prompt: QueryPrompt): Uint32Array =
  * query (its endpoint no longer active) is left out.
  */
 const queryPools = (
-  ctx: ServerContext,
+  relay: KvDcRelayService,
   pools: ReadonlyArray<DcPoolDescriptor>,
   prompt: QueryPrompt
 ): Effect.Effect<Array<{ pool: DcPoolDescriptor; answer: EndpointWorkerQuery }>, HttpFailure> =>
   Effect.forEach(pools, (pool) =>
-    ctx.relay.queryWorkers(pool.servingEndpoint, addressesIn(pool, prompt)).pipe(
+    relay.queryWorkers(pool.servingEndpoint, addressesIn(pool, prompt)).pipe(
       Effect.map((answer) => [{ pool, answer }]),
       Effect.catchTag("UnknownEndpoint", () => Effect.succeed([])),
       Effect.mapError(relayFailure)
     )
   ).pipe(Effect.map((lists) => lists.flat()))
 
-const catalogPools = (ctx: ServerContext): Effect.Effect<ReadonlyArray<DcPoolDescriptor>> =>
-  Effect.map(ctx.relay.catalogRef.get, (catalog) => catalog.pools)
+const catalogPools = (relay: KvDcRelayService): Effect.Effect<ReadonlyArray<DcPoolDescriptor>> =>
+  Effect.map(relay.catalogRef.get, (catalog) => catalog.pools)
 
-const bodyOf = (ctx: ServerContext, request: HttpServerRequest.HttpServerRequest) =>
-  readBody(request, ctx.limits.maxRequestBodyBytes)
+// ---------------------------------------------------------------------------------------------
+// Replies: the same bytes from the general path and the fast path
+
+/** A complete answer: status, JSON body, extra headers. */
+interface Reply {
+  readonly status: number
+  readonly body: string
+  readonly headers?: Readonly<Record<string, string>> | undefined
+}
+
+const errorReply = (failure: HttpFailure): Reply => ({
+  status: failure.status,
+  body: errorBodyText(failure.reason, failure.message),
+  headers: failure.headers
+})
+
+/** A `{error}` body, as Dynamo's indexer answers its errors (every status, 413 included). */
+const dynamoErrorReply = (
+  status: number,
+  error: string,
+  headers?: Readonly<Record<string, string>>
+): Reply => ({
+  status,
+  body: JSON.stringify({ error }),
+  headers
+})
+
+/** What a body asks: the pools and the prompt, or the reply that ends it. */
+interface Plan {
+  readonly pools: ReadonlyArray<DcPoolDescriptor>
+  readonly prompt: QueryPrompt
+}
+
+/**
+ * The body's JSON; `exact` keeps integers beyond 2^53 exact (Dynamo's i64 `block_hashes`).
+ * `/v1/query` needs no such care: its u64 hashes are decimal strings or numbers up to 2^53, and a
+ * larger number is refused either way.
+ */
+const parsedBody = (text: string, exact: boolean): { readonly value: unknown } | string => {
+  try {
+    return { value: exact ? parseJsonExactIntegers(text) : JSON.parse(text) }
+  } catch (cause) {
+    return `the body is not valid JSON: ${String(cause).slice(0, 120)}`
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // POST /v1/query
 
-const encodePoolId = Schema.encodeSync(PoolIdJson)
+const encodePoolIdDocument = Schema.encodeSync(PoolIdJson)
+/** A pool's id document, encoded once per pool generation's descriptor rather than per query. */
+const poolIdDocuments = new WeakMap<DcPoolDescriptor, unknown>()
+const encodePoolId = (pool: DcPoolDescriptor): unknown => {
+  let document = poolIdDocuments.get(pool)
+  if (document === undefined) {
+    document = encodePoolIdDocument(pool.producer.poolId)
+    poolIdDocuments.set(pool, document)
+  }
+  return document
+}
 
 const notFound = (reason: "MODEL_NOT_FOUND" | "ADAPTER_NOT_FOUND" | "POOL_NOT_FOUND", message: string) =>
   new HttpFailure({ status: 404, reason, message })
@@ -159,65 +219,60 @@ const poolsOf = (
   return adapted
 }
 
-/** `POST /v1/query` (PROTOCOL §5.1). */
-export const workerQuery = (
-  ctx: ServerContext,
-  request: HttpServerRequest.HttpServerRequest
-): Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure, Scope.Scope> =>
-  Effect.gen(function* () {
-    const text = yield* bodyOf(ctx, request)
-    let parsed: unknown
-    try {
-      parsed = parseJsonExactIntegers(text)
-    } catch (cause) {
-      return yield* Effect.fail(invalidRequest(`the body is not valid JSON: ${String(cause).slice(0, 120)}`))
-    }
-    const decoded = decodeWorkerQuery(parsed)
-    if (typeof decoded === "string") return yield* Effect.fail(invalidRequest(decoded))
-    const pools = poolsOf(yield* catalogPools(ctx), decoded)
-    if (pools instanceof HttpFailure) return yield* Effect.fail(pools)
-    const answers = yield* queryPools(ctx, pools, decoded.prompt)
-    const body = {
-      pools: answers.map(({ pool, answer }) => ({
-        servingEndpoint: pool.servingEndpoint.toString(),
-        poolId: encodePoolId(pool.producer.poolId),
-        kvBlockSize: pool.querySemantics.kvBlockSize,
-        ...poolWorkersAnswer(answer.result)
-      }))
-    }
-    return HttpServerResponse.text(JSON.stringify(body), { contentType: JSON_CONTENT_TYPE })
-  }).pipe(Effect.withSpan("RelayHttp.workerQuery"))
+const planWorkerQuery = (pools: ReadonlyArray<DcPoolDescriptor>, text: string): Plan | Reply => {
+  const parsed = parsedBody(text, false)
+  if (typeof parsed === "string") return errorReply(invalidRequest(parsed))
+  const decoded = decodeWorkerQuery(parsed.value)
+  if (typeof decoded === "string") return errorReply(invalidRequest(decoded))
+  const found = poolsOf(pools, decoded)
+  if (found instanceof HttpFailure) return errorReply(found)
+  return { pools: found, prompt: decoded.prompt }
+}
+
+const runWorkerQuery = (relay: KvDcRelayService, plan: Plan): Effect.Effect<Reply> =>
+  queryPools(relay, plan.pools, plan.prompt).pipe(
+    Effect.map(
+      (answers): Reply => ({
+        status: 200,
+        body: JSON.stringify({
+          pools: answers.map(({ pool, answer }) => ({
+            servingEndpoint: pool.servingEndpoint.toString(),
+            poolId: encodePoolId(pool),
+            kvBlockSize: pool.querySemantics.kvBlockSize,
+            ...poolWorkersAnswer(answer.result)
+          }))
+        })
+      })
+    ),
+    Effect.catchAll((failure) => Effect.succeed(errorReply(failure)))
+  )
 
 // ---------------------------------------------------------------------------------------------
 // Dynamo's standalone indexer routes
 
-/** A `{error}` body, as Dynamo's indexer answers its errors. */
-const dynamoError = (status: number, error: string): HttpServerResponse.HttpServerResponse =>
-  HttpServerResponse.text(JSON.stringify({ error }), { status, contentType: JSON_CONTENT_TYPE })
-
 /**
- * The pools of `model_name` in `routing_group` (the namespace), or a `{error}` response. Without
- * a routing group the model must be served in exactly one namespace.
+ * The pools of `model_name` in `routing_group` (the namespace), or a `{error}` reply. Without a
+ * routing group the model must be served in exactly one namespace.
  */
 const dynamoPools = (
   pools: ReadonlyArray<DcPoolDescriptor>,
   modelName: string,
   routingGroup: string | undefined
-): ReadonlyArray<DcPoolDescriptor> | HttpServerResponse.HttpServerResponse => {
+): ReadonlyArray<DcPoolDescriptor> | Reply => {
   const serving = pools.filter(
     (pool) =>
       servesModel(pool, modelName) !== undefined &&
       (routingGroup === undefined || pool.servingEndpoint.namespace === routingGroup)
   )
   if (serving.length === 0)
-    return dynamoError(
+    return dynamoErrorReply(
       404,
       `no indexer for model=${modelName}${routingGroup === undefined ? "" : ` routing_group=${routingGroup}`}`
     )
   if (routingGroup === undefined) {
     const namespaces = [...new Set(serving.map((pool) => pool.servingEndpoint.namespace))].sort()
     if (namespaces.length > 1)
-      return dynamoError(
+      return dynamoErrorReply(
         400,
         `model ${modelName} is served in several routing groups (${namespaces.join(", ")}): give routing_group`
       )
@@ -258,50 +313,95 @@ const joinScores = (answers: ReadonlyArray<DynamoScoreResponse>): DynamoScoreRes
   return { scores, frequencies, instances }
 }
 
-const dynamoQueryWith =
-  (decode: (body: unknown) => DynamoQueryRequest | string, route: string) =>
+const planDynamo =
+  (decode: (body: unknown) => DynamoQueryRequest | string) =>
+  (pools: ReadonlyArray<DcPoolDescriptor>, text: string): Plan | Reply => {
+    const parsed = parsedBody(text, true)
+    if (typeof parsed === "string") return dynamoErrorReply(400, parsed)
+    const decoded = decode(parsed.value)
+    if (typeof decoded === "string") return dynamoErrorReply(400, decoded)
+    const found = dynamoPools(pools, decoded.modelName, decoded.routingGroup)
+    if (!Array.isArray(found)) return found as Reply
+    return { pools: found as ReadonlyArray<DcPoolDescriptor>, prompt: decoded.prompt }
+  }
+
+const runDynamoQuery = (relay: KvDcRelayService, plan: Plan): Effect.Effect<Reply> =>
+  queryPools(relay, plan.pools, plan.prompt).pipe(
+    Effect.map(
+      (answers): Reply => ({
+        status: 200,
+        body: JSON.stringify(
+          joinScores(
+            answers.map(({ pool, answer }) =>
+              dynamoScoreResponse(answer.result, pool.querySemantics.kvBlockSize)
+            )
+          )
+        )
+      })
+    ),
+    Effect.catchAll((failure) =>
+      Effect.succeed(dynamoErrorReply(failure.status, failure.message, failure.headers))
+    )
+  )
+
+/** The three query routes: how a body is planned and run, and how an error is worded. */
+const QUERY_ROUTES = {
+  "/v1/query": { name: "workerQuery", plan: planWorkerQuery, run: runWorkerQuery, dynamo: false },
+  "/query": { name: "dynamoQuery", plan: planDynamo(decodeDynamoQuery), run: runDynamoQuery, dynamo: true },
+  "/query_by_hash": {
+    name: "dynamoQueryByHash",
+    plan: planDynamo(decodeDynamoQueryByHash),
+    run: runDynamoQuery,
+    dynamo: true
+  }
+} as const
+type QueryRoute = (typeof QUERY_ROUTES)[keyof typeof QUERY_ROUTES]
+
+const isPlan = (value: Plan | Reply): value is Plan => "pools" in value
+
+/** A route's answer to a complete body (both paths). */
+const answerBody = (relay: KvDcRelayService, route: QueryRoute, text: string): Effect.Effect<Reply> =>
+  Effect.flatMap(catalogPools(relay), (pools) => {
+    const plan = route.plan(pools, text)
+    return isPlan(plan) ? route.run(relay, plan) : Effect.succeed(plan)
+  })
+
+/** The reply to a body that could not be read (over the limit, not UTF-8), in the route's words. */
+const unreadReply = (route: QueryRoute, failure: HttpFailure): Reply =>
+  route.dynamo ? dynamoErrorReply(failure.status, failure.message, failure.headers) : errorReply(failure)
+
+// ---------------------------------------------------------------------------------------------
+// The general path (the server's router)
+
+const handlerOf =
+  (route: QueryRoute) =>
   (
     ctx: ServerContext,
     request: HttpServerRequest.HttpServerRequest
   ): Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure, Scope.Scope> =>
-    Effect.gen(function* () {
-      const text = yield* bodyOf(ctx, request)
-      let parsed: unknown
-      try {
-        parsed = parseJsonExactIntegers(text)
-      } catch (cause) {
-        return dynamoError(400, `the body is not valid JSON: ${String(cause).slice(0, 120)}`)
-      }
-      const decoded = decode(parsed)
-      if (typeof decoded === "string") return dynamoError(400, decoded)
-      const pools = dynamoPools(yield* catalogPools(ctx), decoded.modelName, decoded.routingGroup)
-      if (!Array.isArray(pools)) return pools as HttpServerResponse.HttpServerResponse
-      const answers = yield* queryPools(ctx, pools as ReadonlyArray<DcPoolDescriptor>, decoded.prompt)
-      const joined = joinScores(
-        answers.map(({ pool, answer }) => dynamoScoreResponse(answer.result, pool.querySemantics.kvBlockSize))
-      )
-      return HttpServerResponse.text(JSON.stringify(joined), { contentType: JSON_CONTENT_TYPE })
-    }).pipe(
-      // Dynamo's routes answer every error as `{error}`, a body over the limit included.
-      Effect.catchTag("HttpFailure", (failure) =>
-        failure.status === 413 || failure.status === 400
-          ? Effect.succeed(
-              HttpServerResponse.text(JSON.stringify({ error: failure.message }), {
-                status: failure.status,
-                contentType: JSON_CONTENT_TYPE,
-                headers: failure.headers ?? {}
-              })
-            )
-          : Effect.fail(failure)
+    readBody(request, ctx.limits.maxRequestBodyBytes).pipe(
+      Effect.matchEffect({
+        onFailure: (failure) => Effect.succeed(unreadReply(route, failure)),
+        onSuccess: (text) => answerBody(ctx.relay, route, text)
+      }),
+      Effect.map((reply) =>
+        HttpServerResponse.text(reply.body, {
+          status: reply.status,
+          contentType: JSON_CONTENT_TYPE,
+          headers: reply.headers ?? {}
+        })
       ),
-      Effect.withSpan(`RelayHttp.${route}`)
+      Effect.withSpan(`RelayHttp.${route.name}`)
     )
 
+/** `POST /v1/query` (PROTOCOL §5.1). */
+export const workerQuery = handlerOf(QUERY_ROUTES["/v1/query"])
+
 /** `POST /query`: by tokens, with `lora_name` and `cache_salt` folded into the local hashes. */
-export const dynamoQuery = dynamoQueryWith(decodeDynamoQuery, "dynamoQuery")
+export const dynamoQuery = handlerOf(QUERY_ROUTES["/query"])
 
 /** `POST /query_by_hash`: by local block hashes (i64). */
-export const dynamoQueryByHash = dynamoQueryWith(decodeDynamoQueryByHash, "dynamoQueryByHash")
+export const dynamoQueryByHash = handlerOf(QUERY_ROUTES["/query_by_hash"])
 
 /** `GET /workers[?model_name=…&routing_group=…]`: each worker's ranks and their event sources. */
 export const dynamoWorkers = (
@@ -311,7 +411,7 @@ export const dynamoWorkers = (
   Effect.gen(function* () {
     const model = query.get("model_name") ?? undefined
     const group = query.get("routing_group") ?? undefined
-    const pools = (yield* catalogPools(ctx)).filter(
+    const pools = (yield* catalogPools(ctx.relay)).filter(
       (pool) =>
         (model === undefined || servesModel(pool, model) !== undefined) &&
         (group === undefined || pool.servingEndpoint.namespace === group)
@@ -327,3 +427,123 @@ export const dynamoWorkers = (
     const text = dynamoWorkersJson([...ranks.values()].sort(compareMembers))
     return HttpServerResponse.text(text, { contentType: JSON_CONTENT_TYPE })
   }).pipe(Effect.withSpan("RelayHttp.dynamoWorkers"))
+
+// ---------------------------------------------------------------------------------------------
+// The fast path
+
+/** The tracer Effect runs with when none is installed: its spans go nowhere. */
+const defaultTracer = Effect.runSync(Effect.tracer)
+
+export interface WorkerQueryFastPath {
+  /** Takes a request (true) or leaves it, untouched, to the general path (false). */
+  readonly handle: (request: IncomingMessage, response: ServerResponse) => boolean
+  /** Requests taken whose answer is not written yet. */
+  readonly inFlight: () => number
+}
+
+/**
+ * A `request` listener for the three query routes, as the global consumer's overlap routes have
+ * one (decisions: "Overlap over HTTP"): through the platform's router a query cost a fiber, the
+ * router and middleware and a body stream several times over what reading it and asking the
+ * actor cost. It takes only `POST` to exactly these paths, with a token accepted when one is
+ * required, and only while no tracer is installed (with one, the general path opens the request's
+ * spans); it answers with the same bytes as the general path (`answerBody`).
+ */
+export const makeFastPath = (
+  relay: KvDcRelayService,
+  options: { readonly maxBodyBytes: number; readonly auth: BearerAuth.TokenFile | undefined }
+): Effect.Effect<WorkerQueryFastPath> =>
+  Effect.gen(function* () {
+    const runtime = yield* Effect.runtime<never>()
+    const tracer = yield* Effect.tracer
+    const traced = tracer !== defaultTracer && (yield* FiberRef.get(FiberRef.currentTracerEnabled))
+    const runSync = Runtime.runSync(runtime)
+    const runFork = Runtime.runFork(runtime)
+    const auth = options.auth
+    const limit = options.maxBodyBytes
+    let inFlight = 0
+
+    const authorized = (request: IncomingMessage): boolean => {
+      if (auth === undefined) return true
+      return (
+        BearerAuth.authorizationProblem(runSync(auth.tokens.get), request.headers.authorization) === undefined
+      )
+    }
+
+    const send = (response: ServerResponse, reply: Reply): void => {
+      inFlight--
+      if (response.writableEnded || response.destroyed) return
+      response.writeHead(reply.status, {
+        ...reply.headers,
+        "content-type": JSON_CONTENT_TYPE,
+        "content-length": Buffer.byteLength(reply.body)
+      })
+      response.end(reply.body)
+    }
+
+    const tooLarge = (route: QueryRoute): Reply =>
+      unreadReply(
+        route,
+        new HttpFailure({
+          status: 413,
+          reason: "BODY_TOO_LARGE",
+          message: bodyTooLargeMessage(limit),
+          headers: { connection: "close" }
+        })
+      )
+
+    const handle = (request: IncomingMessage, response: ServerResponse): boolean => {
+      const route = QUERY_ROUTES[request.url as keyof typeof QUERY_ROUTES] as QueryRoute | undefined
+      if (traced || route === undefined || request.method !== "POST" || !authorized(request)) return false
+      inFlight++
+      const declared = request.headers["content-length"]
+      if (declared !== undefined && Number(declared) > limit) {
+        request.resume()
+        send(response, tooLarge(route))
+        return true
+      }
+      const chunks: Array<Buffer> = []
+      let size = 0
+      let done = false
+      request.on("data", (chunk: Buffer) => {
+        if (done) return
+        size += chunk.length
+        if (size <= limit) {
+          chunks.push(chunk)
+          return
+        }
+        done = true
+        send(response, tooLarge(route))
+      })
+      request.on("error", () => {
+        if (done) return
+        done = true
+        send(response, unreadReply(route, invalidRequest("request body could not be read")))
+      })
+      request.on("end", () => {
+        if (done) return
+        done = true
+        let text: string
+        try {
+          text = utf8.decode(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
+        } catch {
+          send(response, unreadReply(route, invalidRequest("request body is not valid UTF-8")))
+          return
+        }
+        const fiber = runFork(answerBody(relay, route, text))
+        fiber.addObserver((exit) =>
+          send(
+            response,
+            Exit.isSuccess(exit)
+              ? exit.value
+              : unreadReply(
+                  route,
+                  new HttpFailure({ status: 500, reason: "INTERNAL", message: "internal error" })
+                )
+          )
+        )
+      })
+      return true
+    }
+    return { handle, inFlight: () => inFlight }
+  })

@@ -464,11 +464,20 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
      * left them. The members listed are the expected ones and every holder, in (worker id, rank)
      * order; an externally addressed pool (no tiers, no canonical addresses) answers zero depths.
      */
+    // The last query's members, reused while the holders and the expected ranks stay the same
+    // (the query plan of a members array is cached by the state too).
+    let lastHeld: ReadonlyArray<CkfMemberRef> | undefined
+    let lastExpected: ReadonlyArray<CkfMemberRef> = []
+    let lastMembers: ReadonlyArray<CkfMemberRef> = []
+    const sameRanks = (a: ReadonlyArray<CkfMemberRef>, b: ReadonlyArray<CkfMemberRef>): boolean =>
+      a === b ||
+      (a.length === b.length && a.every((m, i) => m.workerId === b[i]!.workerId && m.dpRank === b[i]!.dpRank))
     const queryWorkers = (query: ActorWorkerQuery): WorkerQueryResult => {
       const held: ReadonlyArray<CkfMemberRef> = state instanceof CanonicalCkfState ? state.heldMembers() : []
       const expected = query.expected ?? []
       let members = held
-      if (expected.length > 0) {
+      if (held === lastHeld && sameRanks(expected, lastExpected)) members = lastMembers
+      else if (expected.length > 0) {
         const keys = new Set(held.map((m) => memberKey(m.workerId, m.dpRank)))
         const extra = expected.filter((m) => !keys.has(memberKey(m.workerId, m.dpRank)))
         if (extra.length > 0)
@@ -476,6 +485,9 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             compareMembers
           )
       }
+      lastHeld = held
+      lastExpected = expected
+      lastMembers = members
       if (state instanceof CanonicalCkfState)
         return state.queryWorkers(query.hashes, query.count, { members })
       const zeros = new Uint32Array(members.length)
@@ -834,10 +846,12 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         "memberCounts",
         submit<ReadonlyArray<MemberCount>>((reply) => ({ _tag: "Members", reply }))
       ),
+      // Queries come at HTTP rates: their span skips the stack trace the others capture.
       queryWorkers: (query) =>
-        span(
-          "queryWorkers",
-          submit<WorkerQueryResult>((reply) => ({ _tag: "Query", query, reply }))
+        Effect.withSpan(
+          submit<WorkerQueryResult>((reply) => ({ _tag: "Query", query, reply })),
+          "PoolActor.queryWorkers",
+          { attributes: spanAttributes, captureStackTrace: false }
         ),
       retirePublicationLease: span(
         "retirePublicationLease",

@@ -222,6 +222,21 @@ describe("/query and /query_by_hash against Dynamo's build_score_response", () =
       // By tokens: the same document.
       const byTokens = yield* postJson(server.url, "/query", { token_ids: tokens, model_name: "llama" })
       expect(byTokens.json).toEqual(expected)
+      // A query string takes the request off the fast path to the router: the same bytes.
+      for (const [path, body] of [
+        ["/query", { token_ids: tokens, model_name: "llama" }],
+        ["/v1/query", { namespace: "prod", model: "llama", tokens }],
+        ["/v1/query", { namespace: "prod", model: "nope", tokens }],
+        ["/query", { token_ids: tokens, model_name: "nope" }]
+      ] as const) {
+        const fast = yield* postJson(server.url, path, body)
+        const routed = yield* postJson(server.url, `${path}?via=router`, body)
+        expect({ path, status: routed.status, text: routed.text }).toEqual({
+          path,
+          status: fast.status,
+          text: fast.text
+        })
+      }
 
       // /v1/query's cumulative depths for the same state (§5.1), where tiers interleave.
       const v1 = yield* postJson(server.url, "/v1/query", {
