@@ -34,7 +34,7 @@ const BLOCK = 16
 const SERVING = new EndpointId({ namespace: "bench", component: "backend", endpoint: "generate" })
 
 /** A relay service over one pool, its events applied, served on an ephemeral port. */
-export const startRelay = Effect.gen(function* () {
+const startRelay = Effect.gen(function* () {
   const workload = buildWorkload(4242)
   const dcId = stableDcId("bench-dc")
   const relayIdentity = new DcRelayIdentity({

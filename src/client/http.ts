@@ -93,9 +93,19 @@ export interface OverlapResult {
   readonly relay: string
   readonly lane: number
   readonly poolId: unknown
-  readonly servingEndpoint: string
+  readonly servingEndpoint: {
+    readonly namespace: string
+    readonly component: string
+    readonly endpoint: string
+  }
   readonly prefixDepth: number
   readonly matchedTokens: number
+}
+
+/** One half of an indexer domain, as `/v1/domains` lists it. */
+interface DomainPart {
+  readonly digest: string
+  readonly source: "default_derived" | "explicit"
 }
 
 type OverlapPrompt =
@@ -106,7 +116,7 @@ type OverlapPrompt =
 export type OverlapQuery =
   | ({ readonly namespace: string; readonly model: string } & OverlapPrompt)
   | ({
-      readonly poolDomain: { readonly cacheSemantics: string; readonly routingScope: string }
+      readonly poolDomain: { readonly cacheSemantics: DomainPart; readonly routingScope: DomainPart }
     } & OverlapPrompt)
 
 /** JSON text with every bigint written as a decimal string (the contract's u64 convention). */

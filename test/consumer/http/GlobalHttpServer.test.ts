@@ -7,7 +7,12 @@ import SwaggerParser from "@apidevtools/swagger-parser"
 import * as HttpServer from "@effect/platform/HttpServer"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Logger, LogLevel, type Scope } from "effect"
-import { localBlockHashes, sequenceHashes } from "../../../src/client/index.js"
+import {
+  GlobalOverlapClient,
+  KvrelayHttpError,
+  localBlockHashes,
+  sequenceHashes
+} from "../../../src/client/index.js"
 import { GlobalConsumer } from "../../../src/consumer/GlobalConsumer.js"
 import { make as makeConsumer } from "../../../src/consumer/GlobalConsumerLive.js"
 import { GlobalView, make as makeView } from "../../../src/consumer/GlobalView.js"
@@ -223,6 +228,29 @@ describe("GlobalHttpServer", () => {
       expect(empty.status).toBe(200)
       expect(depthOf(empty.json)).toBe(0)
       expect((yield* post(url, byLocal([2 ** 53, "18446744073709551615"]))).status).toBe(200)
+    })
+  )
+
+  live("kvrelay/client's GlobalOverlapClient asks /v1/overlap and throws its errors typed", () =>
+    Effect.gen(function* () {
+      const { url } = yield* setup()
+      const client = new GlobalOverlapClient(url)
+      const byTokens = yield* Effect.promise(() =>
+        client.overlap({ namespace: "prod", model: "llama", tokens: TOKENS })
+      )
+      expect(byTokens.map((r) => [r.relay, r.prefixDepth, r.matchedTokens])).toEqual([["a", 2, 32]])
+      const byHashes = yield* Effect.promise(() =>
+        client.overlap({ namespace: "prod", model: "llama", localBlockHashes: LOCAL })
+      )
+      expect(byHashes.map((r) => r.prefixDepth)).toEqual([2])
+      const refused = yield* Effect.promise(() =>
+        client.overlap({ namespace: "prod", model: "llama", tokens: TOKENS, loraName: "tenant-b" }).then(
+          () => undefined,
+          (error: unknown) => error
+        )
+      )
+      expect(refused).toBeInstanceOf(KvrelayHttpError)
+      expect(refused).toMatchObject({ status: 404, reason: "ADAPTER_NOT_FOUND" })
     })
   )
 
