@@ -28,7 +28,11 @@ describe("OpenAPI documents", () => {
         "/v1/readiness",
         "/v1/readiness/watch",
         "/v1/relay",
-        "/v1/stats"
+        "/v1/stats",
+        "/v1/query",
+        "/query",
+        "/query_by_hash",
+        "/workers"
       ].sort()
     )
   })
