@@ -270,7 +270,9 @@ describe("kvrelay relay as a process", () => {
     expect(stats.aggregation!.members).toContainEqual({
       workerId: "7002",
       dpRank: 0,
-      blocks: holding("7002").size
+      blocks: holding("7002").size,
+      hostBlocks: 0,
+      diskBlocks: 0
     })
     // Same binding, same producer: the open stream carries on.
     expect(await relay.onlyPool()).toEqual(pool)
