@@ -475,15 +475,15 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     const queryWorkers = (query: ActorWorkerQuery): WorkerQueryResult => {
       const held: ReadonlyArray<CkfMemberRef> = state instanceof CanonicalCkfState ? state.heldMembers() : []
       const expected = query.expected ?? []
-      let members = held
+      let members: ReadonlyArray<CkfMemberRef>
       if (held === lastHeld && sameRanks(expected, lastExpected)) members = lastMembers
-      else if (expected.length > 0) {
+      else {
+        // Plain references: the holders' entries carry the state's table indices.
         const keys = new Set(held.map((m) => memberKey(m.workerId, m.dpRank)))
         const extra = expected.filter((m) => !keys.has(memberKey(m.workerId, m.dpRank)))
-        if (extra.length > 0)
-          members = [...held, ...extra.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))].sort(
-            compareMembers
-          )
+        members = [...held, ...extra]
+          .map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))
+          .sort(compareMembers)
       }
       lastHeld = held
       lastExpected = expected
