@@ -87,7 +87,6 @@ const shown = (value: unknown): string => {
 
 const U64_MAX = (1n << 64n) - 1n
 const I64_MIN = -(1n << 63n)
-const I64_MAX = (1n << 63n) - 1n
 const DECIMAL = /^-?(0|[1-9][0-9]*)$/
 
 /** Token ids (u32 each), or a message naming the first bad one. */
@@ -121,7 +120,11 @@ const readU64s = (value: unknown, field: string): ReadonlyArray<bigint> | string
   return out
 }
 
-/** Dynamo's `block_hashes: Vec<i64>`: integers over the i64 range, read exactly, as u64 bit patterns. */
+/**
+ * Dynamo's `block_hashes: Vec<i64>`: integers over the i64 range, read exactly, as u64 bit
+ * patterns. An integer in [2^63, 2^64) is the same bit pattern written unsigned (a router that
+ * kept the u64 `kvrelay/client` returns): accepted too, since it cannot mean anything else.
+ */
 const readI64s = (value: unknown, field: string): ReadonlyArray<bigint> | string => {
   if (!Array.isArray(value)) return `${field} must be an array of i64 local block hashes, got ${shown(value)}`
   const out: Array<bigint> = new Array(value.length)
@@ -131,9 +134,10 @@ const readI64s = (value: unknown, field: string): ReadonlyArray<bigint> | string
     if (typeof v === "number" && Number.isSafeInteger(v)) parsed = BigInt(v)
     else if (typeof v === "string" && DECIMAL.test(v)) {
       const big = BigInt(v)
-      if (big >= I64_MIN && big <= I64_MAX) parsed = big
+      if (big >= I64_MIN && big <= U64_MAX) parsed = big
     }
-    if (parsed === undefined) return `${field}[${i}] is not an i64 integer: ${shown(v)}`
+    if (parsed === undefined)
+      return `${field}[${i}] is not a 64-bit integer (i64, or u64 written unsigned): ${shown(v)}`
     out[i] = BigInt.asUintN(64, parsed)
   }
   return out

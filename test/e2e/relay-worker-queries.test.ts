@@ -233,6 +233,16 @@ describe("worker-level queries of a relay process (PROTOCOL §5.1 ◆3)", () => 
     const byHash = await relay.post("/query_by_hash", `{"model_name":"llama","block_hashes":${i64Text}}`)
     expect(byHash.status).toBe(200)
     expect(byHash.json).toEqual(dynamo)
+    // The same hashes written unsigned (as kvrelay/client returns them) are the same bit patterns.
+    const u64Text = `[${local.map(String).join(",")}]`
+    const byU64 = await relay.post("/query_by_hash", `{"model_name":"llama","block_hashes":${u64Text}}`)
+    expect(byU64.json).toEqual(dynamo)
+    const outOfRange = await relay.post(
+      "/query_by_hash",
+      `{"model_name":"llama","block_hashes":[18446744073709551616]}`
+    )
+    expect(outOfRange.status).toBe(400)
+    expect((outOfRange.json as { error: string }).error).toContain("block_hashes[0]")
 
     // GET /workers: every rank's event source.
     const workers =
