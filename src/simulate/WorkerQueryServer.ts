@@ -11,6 +11,7 @@
 
 import { Deferred, Duration, Effect, FiberSet, type Scope } from "effect"
 import * as zmq from "zeromq"
+import type { StorageTier } from "../ckf/events.js"
 import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 import type { WorkerKvQueryRequest, WorkerKvQueryResponse } from "../recovery/WorkerQuery.js"
 import { decodeWorkerQueryRequest, encodeWorkerQueryResponse } from "../transport/msgpack.js"
@@ -41,31 +42,52 @@ interface LedgerEntry {
 
 const keyOf = (hi: number, lo: number): string => `${hi}:${lo}`
 
+/** Lower tiers a ledger keeps beside the device (PROTOCOL §5.1 ◆3), in the order dumps list them. */
+const LOWER_TIERS: ReadonlyArray<StorageTier> = ["host_pinned", "disk", "external"]
+
 /**
- * The device-tier blocks a rank holds after a sequence of events. Only the device tier is kept:
- * tree dumps are device-tier Stored events (the pool actor's replace contract).
+ * The blocks a rank holds after a sequence of events, per storage tier. `size` and `has` are the
+ * device tier's (what the filter holds); the lower tiers are kept so that a tree dump carries
+ * them too, as a rank replacement keeps them (PROTOCOL §5.1 ◆3).
  */
 export class BlockLedger {
   private readonly blocks = new Map<string, LedgerEntry>()
+  private readonly lower = new Map<StorageTier, Map<string, LedgerEntry>>()
 
   get size(): number {
     return this.blocks.size
   }
 
+  /** Blocks held on a lower tier (tests). */
+  lowerSize(tier: StorageTier): number {
+    return this.lower.get(tier)?.size ?? 0
+  }
+
   clear(): void {
     this.blocks.clear()
+    this.lower.clear()
+  }
+
+  private tierMap(tier: StorageTier): Map<string, LedgerEntry> {
+    if (tier === "device") return this.blocks
+    let map = this.lower.get(tier)
+    if (map === undefined) {
+      map = new Map()
+      this.lower.set(tier, map)
+    }
+    return map
   }
 
   apply(event: RouterEvent): void {
     const data = event.data
     if (data._tag === "Cleared") {
-      this.blocks.clear()
+      this.clear()
       return
     }
-    if (event.storageTier !== "device") return
+    const blocks = this.tierMap(event.storageTier)
     const hashes = data.blockHashes
     if (data._tag === "Removed") {
-      for (let i = 0; i + 1 < hashes.length; i += 2) this.blocks.delete(keyOf(hashes[i]!, hashes[i + 1]!))
+      for (let i = 0; i + 1 < hashes.length; i += 2) blocks.delete(keyOf(hashes[i]!, hashes[i + 1]!))
       return
     }
     const tokens = data.tokensHashes ?? hashes
@@ -74,9 +96,9 @@ export class BlockLedger {
       const hi = hashes[i]!
       const lo = hashes[i + 1]!
       const key = keyOf(hi, lo)
-      const existing = this.blocks.get(key)
+      const existing = blocks.get(key)
       if (existing === undefined) {
-        this.blocks.set(key, { hi, lo, tokHi: tokens[i]!, tokLo: tokens[i + 1]!, parent })
+        blocks.set(key, { hi, lo, tokHi: tokens[i]!, tokLo: tokens[i + 1]!, parent })
       } else {
         existing.tokHi = tokens[i]!
         existing.tokLo = tokens[i + 1]!
@@ -86,52 +108,65 @@ export class BlockLedger {
     }
   }
 
-  /** Whether the ledger holds a block (tests). */
+  /** Whether the ledger holds a block on the device (tests). */
   has(hi: number, lo: number): boolean {
     return this.blocks.has(keyOf(hi, lo))
   }
 
   /**
-   * Synthetic device-tier Stored events with ids from 0: consecutive blocks that chain form one
-   * event (at most 256 blocks), so parents come before their children as they were stored.
+   * Synthetic Stored events with ids from 0: the device tier's first, then each lower tier's.
+   * Consecutive blocks that chain form one event (at most 256 blocks), so parents come before
+   * their children as they were stored. A lower-tier block whose parent the dump holds nowhere
+   * (its chain was evicted from every tier) is left out, with the blocks chained from it: a
+   * replacement could not address it.
    */
   dump(workerId: WorkerId, dpRank: DpRank): Array<RouterEvent> {
     const events: Array<RouterEvent> = []
-    let run: Array<LedgerEntry> = []
-    let previous = ""
-    const flush = () => {
-      if (run.length === 0) return
-      const blockHashes = new Uint32Array(2 * run.length)
-      const tokensHashes = new Uint32Array(2 * run.length)
-      run.forEach((entry, i) => {
-        blockHashes[2 * i] = entry.hi
-        blockHashes[2 * i + 1] = entry.lo
-        tokensHashes[2 * i] = entry.tokHi
-        tokensHashes[2 * i + 1] = entry.tokLo
-      })
-      const first = run[0]!
-      const [phi, plo] = first.parent === "" ? [0, 0] : first.parent.split(":").map(Number)
-      events.push({
-        workerId,
-        dpRank,
-        eventId: events.length,
-        storageTier: "device",
-        data: {
-          _tag: "Stored",
-          blockHashes,
-          tokensHashes,
-          parentHash: first.parent === "" ? undefined : Uint32Array.of(phi!, plo!),
-          startPosition: undefined
-        }
-      })
-      run = []
+    const present = new Set<string>(this.blocks.keys())
+    const emit = (tier: StorageTier, entries: Iterable<[string, LedgerEntry]>, check: boolean) => {
+      let run: Array<LedgerEntry> = []
+      let previous = ""
+      const flush = () => {
+        if (run.length === 0) return
+        const blockHashes = new Uint32Array(2 * run.length)
+        const tokensHashes = new Uint32Array(2 * run.length)
+        run.forEach((entry, i) => {
+          blockHashes[2 * i] = entry.hi
+          blockHashes[2 * i + 1] = entry.lo
+          tokensHashes[2 * i] = entry.tokHi
+          tokensHashes[2 * i + 1] = entry.tokLo
+        })
+        const first = run[0]!
+        const [phi, plo] = first.parent === "" ? [0, 0] : first.parent.split(":").map(Number)
+        events.push({
+          workerId,
+          dpRank,
+          eventId: events.length,
+          storageTier: tier,
+          data: {
+            _tag: "Stored",
+            blockHashes,
+            tokensHashes,
+            parentHash: first.parent === "" ? undefined : Uint32Array.of(phi!, plo!),
+            startPosition: undefined
+          }
+        })
+        run = []
+      }
+      for (const [key, entry] of entries) {
+        if (check && entry.parent !== "" && !present.has(entry.parent)) continue
+        if (run.length > 0 && (entry.parent !== previous || run.length >= TREE_DUMP_BLOCKS_PER_EVENT)) flush()
+        run.push(entry)
+        previous = key
+        present.add(key)
+      }
+      flush()
     }
-    for (const [key, entry] of this.blocks) {
-      if (run.length > 0 && (entry.parent !== previous || run.length >= TREE_DUMP_BLOCKS_PER_EVENT)) flush()
-      run.push(entry)
-      previous = key
+    emit("device", this.blocks, false)
+    for (const tier of LOWER_TIERS) {
+      const map = this.lower.get(tier)
+      if (map !== undefined && map.size > 0) emit(tier, map, true)
     }
-    flush()
     return events
   }
 }

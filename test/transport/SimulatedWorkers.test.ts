@@ -7,12 +7,16 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { CanonicalCkfState } from "../../src/ckf/canonical.js"
+import { ckfConfig } from "../../src/ckf/config.js"
+import type { StorageTier } from "../../src/ckf/events.js"
 import { localBlockHashes, sequenceHashes } from "../../src/ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../../src/ckf/u64.js"
+import { type RouterEvent, removedEvent, storedEvent } from "../../src/protocol/Events.js"
 import { makeDynamoZmqPublisher } from "../../src/simulate/DynamoZmqPublisher.js"
 import { makeEngineZmqPublisher } from "../../src/simulate/EngineZmqPublisher.js"
 import { defaultTokenIds } from "../../src/simulate/SimulatedAddresses.js"
-import { makeWorkerQueryServer, WORKER_RING_SIZE } from "../../src/simulate/WorkerQueryServer.js"
+import { BlockLedger, makeWorkerQueryServer, WORKER_RING_SIZE } from "../../src/simulate/WorkerQueryServer.js"
 
 const BLOCK_SIZE = 16
 const CACHE_BLOCKS = 1_000
@@ -152,4 +156,62 @@ describe("simulated workers over many evict/store cycles", () => {
       120_000
     )
   }
+})
+
+describe("a simulated Dynamo worker's tree dump keeps the lower tiers (PROTOCOL §5.1 ◆3)", () => {
+  it("a rank replaced from the dump answers worker queries as the rank that stored the events", () => {
+    const prompt = Array.from({ length: 6 * BLOCK_SIZE }, (_, i) => 500 + i)
+    const local = localBlockHashes(prompt, BLOCK_SIZE)
+    const localBig = hashPairsToBigInts(local)
+    const ext = (i: number) => 0x7000n + BigInt(i)
+    const stored = (eventId: number, from: number, to: number, tier: StorageTier): RouterEvent =>
+      storedEvent(
+        "9",
+        0,
+        eventId,
+        Array.from({ length: to - from }, (_, i) => ext(from + i)),
+        {
+          tokensHashes: localBig.slice(from, to),
+          ...(from === 0 ? {} : { parentHash: ext(from - 1) }),
+          storageTier: tier
+        }
+      )
+    // Six blocks on the device; blocks 3-5 offloaded to the host, 5 to disk, then 3-5 evicted
+    // from the device; an orphan host block whose parent the rank never held is left out.
+    const events: Array<RouterEvent> = [
+      stored(1, 0, 6, "device"),
+      stored(2, 3, 6, "host_pinned"),
+      stored(3, 5, 6, "disk"),
+      removedEvent("9", 0, 4, [ext(3), ext(4), ext(5)]),
+      storedEvent("9", 0, 5, [0x9999n], {
+        tokensHashes: [1n],
+        parentHash: 0x8888n,
+        storageTier: "host_pinned"
+      })
+    ]
+    const ledger = new BlockLedger()
+    const live = new CanonicalCkfState(ckfConfig(256))
+    for (const event of events) {
+      ledger.apply(event)
+      if (event.eventId !== 5) live.applyEvent(event)
+    }
+    expect(ledger.size).toBe(3)
+    expect(ledger.lowerSize("host_pinned")).toBe(4)
+    const dump = ledger.dump("9", 0)
+    expect(dump.map((e) => e.storageTier)).toEqual(["device", "host_pinned", "disk"])
+    const replaced = new CanonicalCkfState(ckfConfig(256))
+    expect(replaced.replaceRanksFromEvents([{ workerId: "9", dpRank: 0, events: dump }])).not.toBeInstanceOf(
+      Error
+    )
+    const addresses = sequenceHashes(local)
+    const answer = (state: CanonicalCkfState) => {
+      const r = state.queryWorkers(addresses)
+      return [Array.from(r.device), Array.from(r.host), Array.from(r.disk), Array.from(r.frequencies)]
+    }
+    expect(answer(replaced)).toEqual([[3], [6], [6], [1, 1, 1]])
+    expect(answer(replaced)).toEqual(answer(live))
+    expect(replaced.memberTierCounts()).toEqual([
+      { workerId: "9", dpRank: 0, blocks: 3, hostBlocks: 3, diskBlocks: 1 }
+    ])
+  })
 })
