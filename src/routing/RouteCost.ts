@@ -1,0 +1,439 @@
+/**
+ * Routing decisions (PROTOCOL §7.1 ◆3): every candidate lane of a model's pools priced as the
+ * prefill work its cache does not cover, the queue it would wait in and the relay's penalty, with
+ * the readiness, overload and unknown-load rules; and the `policy` that sets the model's knobs.
+ * Pure: the caller gives the overlaps, the readiness and the latest load windows.
+ *
+ * For an eligible candidate with known load (a window newer than 3 s with at least one observed
+ * rank):
+ *
+ *     uncachedTokens = promptTokens − overlapCredit × matchedTokens
+ *     queueTokens    = requestTokens × (runningRequests + waitingRequests) / observedRanks
+ *     penaltyTokens  = the relay's --relay-penalty (0 by default)
+ *     cost           = uncachedTokens + queueTokens + penaltyTokens
+ *
+ * A candidate whose lane is not ready or whose pool is not READY is ineligible (`NOT_READY`); one
+ * whose `kvUsage ≥ maxKvUsage` or whose waiting requests per observed rank reach
+ * `maxWaitingPerRank` is ineligible (`OVERLOADED`) unless every ready candidate with known load is
+ * overloaded, in which case those stay eligible and keep the reason. A candidate with unknown
+ * load is eligible (`LOAD_UNKNOWN`) without a queue term and ranks after every candidate with
+ * known load. Least cost wins; ties go to the larger `matchedTokens`, then the lower lane.
+ */
+
+import { Either, ParseResult, Schema } from "effect"
+
+// --- Policy ----------------------------------------------------------------------------------
+
+export interface RoutePolicy {
+  /** Tokens of prefill saved per matched token (finite, ≥ 0). */
+  readonly overlapCredit: number
+  /** Tokens of work each queued or running request stands for (integer ≥ 0). */
+  readonly requestTokens: number
+  /** KV usage at or above which a candidate is overloaded, in (0, 1]. */
+  readonly maxKvUsage: number
+  /** Waiting requests per observed rank at or above which a candidate is overloaded (> 0). */
+  readonly maxWaitingPerRank: number
+}
+
+/** PROTOCOL §7.1 defaults. */
+export const DEFAULT_ROUTE_POLICY: RoutePolicy = {
+  overlapCredit: 1.0,
+  requestTokens: 1024,
+  maxKvUsage: 0.98,
+  maxWaitingPerRank: 16
+}
+
+/** The `global` flag of each policy value. */
+export const ROUTE_POLICY_FLAGS: Readonly<Record<keyof RoutePolicy, string>> = {
+  overlapCredit: "--route-overlap-credit",
+  requestTokens: "--route-request-tokens",
+  maxKvUsage: "--route-max-kv-usage",
+  maxWaitingPerRank: "--route-max-waiting-per-rank"
+}
+
+interface PolicyRule {
+  /** What a value must be, as the contract says it. */
+  readonly rule: string
+  readonly accepts: (value: number) => boolean
+}
+
+/** The range of each policy value (PROTOCOL §7.1). */
+export const ROUTE_POLICY_RULES: Readonly<Record<keyof RoutePolicy, PolicyRule>> = {
+  overlapCredit: { rule: "a finite number ≥ 0", accepts: (v) => Number.isFinite(v) && v >= 0 },
+  requestTokens: { rule: "an integer ≥ 0", accepts: (v) => Number.isSafeInteger(v) && v >= 0 },
+  maxKvUsage: { rule: "in (0, 1]", accepts: (v) => v > 0 && v <= 1 },
+  maxWaitingPerRank: { rule: "a finite number > 0", accepts: (v) => Number.isFinite(v) && v > 0 }
+}
+
+const POLICY_FIELDS = Object.keys(ROUTE_POLICY_RULES) as ReadonlyArray<keyof RoutePolicy>
+
+/** A value of a request or an argument in a message: short, and never the whole input. */
+const shown = (value: unknown): string => {
+  if (typeof value === "number") return String(value)
+  if (typeof value === "string") return value.length <= 40 ? JSON.stringify(value) : "a long string"
+  if (value === null) return "null"
+  if (Array.isArray(value)) return "an array"
+  if (typeof value === "object") return "an object"
+  return typeof value === "boolean" ? String(value) : "a value that is not JSON"
+}
+
+const policyField = (field: keyof RoutePolicy) => {
+  const { rule, accepts } = ROUTE_POLICY_RULES[field]
+  return Schema.Number.annotations({
+    message: (issue) => `must be ${rule}, got ${shown("actual" in issue ? issue.actual : undefined)}`
+  }).pipe(Schema.filter((value) => accepts(value) || `must be ${rule}, got ${shown(value)}`))
+}
+
+/** The per-request `policy` of `/v1/route`: any of the four values; other fields are refused. */
+export const RoutePolicyOverrides = Schema.Struct({
+  overlapCredit: Schema.optionalWith(policyField("overlapCredit"), { exact: true }),
+  requestTokens: Schema.optionalWith(policyField("requestTokens"), { exact: true }),
+  maxKvUsage: Schema.optionalWith(policyField("maxKvUsage"), { exact: true }),
+  maxWaitingPerRank: Schema.optionalWith(policyField("maxWaitingPerRank"), { exact: true })
+}).annotations({
+  message: (issue) =>
+    `must be an object with any of ${POLICY_FIELDS.join(", ")}, got ${shown("actual" in issue ? issue.actual : undefined)}`
+})
+export type RoutePolicyOverrides = typeof RoutePolicyOverrides.Type
+
+const decodeOverrides = Schema.decodeUnknownEither(RoutePolicyOverrides, {
+  onExcessProperty: "error",
+  errors: "all"
+})
+
+const pathText = (path: ReadonlyArray<PropertyKey>): string =>
+  ["policy", ...path.map((key) => (typeof key === "symbol" ? key.toString() : String(key)))].join(".")
+
+/**
+ * The request's `policy` over `defaults` (the process's flags). The error names every field at
+ * fault in the contract's words: `policy.maxKvUsage: must be in (0, 1], got 1.5`,
+ * `unknown field "policy.foo"`.
+ */
+export const decodeRoutePolicy = (
+  input: unknown,
+  defaults: RoutePolicy = DEFAULT_ROUTE_POLICY
+): Either.Either<RoutePolicy, string> => {
+  if (input === undefined) return Either.right(defaults)
+  const decoded = decodeOverrides(input)
+  if (Either.isRight(decoded)) {
+    const overrides = decoded.right
+    return Either.right({
+      overlapCredit: overrides.overlapCredit ?? defaults.overlapCredit,
+      requestTokens: overrides.requestTokens ?? defaults.requestTokens,
+      maxKvUsage: overrides.maxKvUsage ?? defaults.maxKvUsage,
+      maxWaitingPerRank: overrides.maxWaitingPerRank ?? defaults.maxWaitingPerRank
+    })
+  }
+  const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
+  const lines = issues.map((issue) => {
+    const at = pathText(issue.path)
+    if (issue._tag === "Unexpected") {
+      const key = String(issue.path[issue.path.length - 1] ?? "")
+      return `unknown field ${JSON.stringify(key.length <= 40 ? at : `policy.${key.slice(0, 39)}…`)}; policy takes ${POLICY_FIELDS.join(", ")}`
+    }
+    return `${at}: ${issue.message}`
+  })
+  return Either.left(lines.join("; "))
+}
+
+/** One policy flag's value (`--route-max-kv-usage 0.9`): the number, or why not. */
+export const parseRoutePolicyFlag = (
+  field: keyof RoutePolicy,
+  text: string
+): Either.Either<number, string> => {
+  const { rule, accepts } = ROUTE_POLICY_RULES[field]
+  const trimmed = text.trim()
+  const value = /^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/.test(trimmed) ? Number(trimmed) : Number.NaN
+  return accepts(value) && trimmed.length > 0
+    ? Either.right(value)
+    : Either.left(`${ROUTE_POLICY_FLAGS[field]}: must be ${rule}, got ${shown(text)}`)
+}
+
+// --- Relay penalties --------------------------------------------------------------------------
+
+export interface RelayPenalty {
+  readonly relay: string
+  readonly tokens: number
+}
+
+const TOKENS_TEXT = /^(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$/
+
+/** One `--relay-penalty NAME=TOKENS` value (TOKENS a finite number ≥ 0). */
+export const parseRelayPenalty = (text: string): Either.Either<RelayPenalty, string> => {
+  const at = text.lastIndexOf("=")
+  if (at <= 0) return Either.left(`--relay-penalty ${shown(text)}: expected NAME=TOKENS`)
+  const relay = text.slice(0, at)
+  const tokensText = text.slice(at + 1)
+  if (relay.trim() !== relay || /\p{Cc}/u.test(relay)) {
+    return Either.left(
+      `--relay-penalty ${shown(text)}: the relay name must be text without surrounding blanks`
+    )
+  }
+  const tokens = TOKENS_TEXT.test(tokensText) ? Number(tokensText) : Number.NaN
+  if (!Number.isFinite(tokens)) {
+    return Either.left(
+      `--relay-penalty ${shown(text)}: TOKENS must be a finite number ≥ 0, got ${shown(tokensText)}`
+    )
+  }
+  return Either.right({ relay, tokens })
+}
+
+/** The `--relay-penalty NAME=TOKENS` flag value as a schema (for the settings' decoding). */
+export const RelayPenaltyFlag = Schema.transformOrFail(
+  Schema.String,
+  Schema.Struct({ relay: Schema.String, tokens: Schema.Number }),
+  {
+    strict: true,
+    decode: (text, _, ast) =>
+      Either.match(parseRelayPenalty(text), {
+        onLeft: (message) => ParseResult.fail(new ParseResult.Type(ast, text, message)),
+        onRight: (penalty) => ParseResult.succeed(penalty)
+      }),
+    encode: (penalty) => ParseResult.succeed(`${penalty.relay}=${penalty.tokens}`)
+  }
+)
+
+/**
+ * Every `--relay-penalty` value as a map by relay, or every problem (one line each): a value not
+ * of the form, a relay no `--relay` names, a relay given twice.
+ */
+export const relayPenalties = (
+  texts: ReadonlyArray<string>,
+  relayNames: ReadonlyArray<string>
+): Either.Either<ReadonlyMap<string, number>, ReadonlyArray<string>> => {
+  const problems: Array<string> = []
+  const penalties = new Map<string, number>()
+  const known = new Set(relayNames)
+  for (const text of texts) {
+    const parsed = parseRelayPenalty(text)
+    if (Either.isLeft(parsed)) {
+      problems.push(parsed.left)
+      continue
+    }
+    const { relay, tokens } = parsed.right
+    if (!known.has(relay)) {
+      problems.push(`--relay-penalty ${shown(text)}: no --relay is named ${JSON.stringify(relay)}`)
+    } else if (penalties.has(relay)) {
+      problems.push(`--relay-penalty: relay ${JSON.stringify(relay)} is given more than once`)
+    } else {
+      penalties.set(relay, tokens)
+    }
+  }
+  return problems.length === 0 ? Either.right(penalties) : Either.left(problems)
+}
+
+// --- The cost model ---------------------------------------------------------------------------
+
+export type RouteReason = "NOT_READY" | "OVERLOADED" | "LOAD_UNKNOWN"
+export type PoolReadinessState = "READY" | "UNAVAILABLE" | "UNKNOWN"
+
+/** A window is current while younger than this (PROTOCOL §7.1). */
+export const LOAD_FRESH_MS = 3000
+
+/** The relay's latest load-window entry for the candidate's pool, as the consumer received it. */
+export interface CandidateLoad {
+  readonly runningRequests?: number | undefined
+  readonly waitingRequests?: number | undefined
+  readonly kvUsage?: number | undefined
+  /** The window's `loadObservedRanks`. */
+  readonly observedRanks: number
+  /** The window's `kvExpectedRanks`. */
+  readonly expectedRanks: number
+  /** Time since the consumer received the window. */
+  readonly ageMs: number
+}
+
+export interface RouteCandidateInput<P = unknown> {
+  readonly relay: string
+  readonly lane: number
+  readonly poolId: P
+  readonly servingEndpoint: string
+  /** The lane is installed and current. */
+  readonly ready: boolean
+  /** The pool's serving-topology state from the relay's readiness stream; undefined = none seen. */
+  readonly readiness: PoolReadinessState | undefined
+  readonly prefixDepth: number
+  readonly matchedTokens: number
+  /** Full blocks of the prompt, in tokens. */
+  readonly promptTokens: number
+  /** False when the lane could not be probed: the candidate then has no cost nor terms. */
+  readonly overlapKnown?: boolean | undefined
+  /** Undefined when no window with the pool was received. */
+  readonly load?: CandidateLoad | undefined
+}
+
+export interface RouteTerms {
+  readonly uncachedTokens: number
+  readonly queueTokens?: number
+  readonly penaltyTokens: number
+}
+
+export interface RouteLoad {
+  readonly runningRequests?: number
+  readonly waitingRequests?: number
+  readonly kvUsage?: number
+  readonly observedRanks: number
+  readonly expectedRanks: number
+  readonly ageMs?: number
+}
+
+export interface RouteCandidate<P = unknown> {
+  readonly relay: string
+  readonly lane: number
+  readonly poolId: P
+  readonly servingEndpoint: string
+  readonly eligible: boolean
+  readonly reason?: RouteReason
+  readonly prefixDepth: number
+  readonly matchedTokens: number
+  readonly promptTokens: number
+  readonly cost?: number
+  readonly terms?: RouteTerms
+  readonly load: RouteLoad
+}
+
+export interface RouteDecision<P = unknown> {
+  readonly relay: string
+  readonly lane: number
+  readonly poolId: P
+  readonly servingEndpoint: string
+}
+
+export interface RouteAnswer<P = unknown> {
+  /** Null when no candidate is eligible (the route answers 503 `NO_READY_LANE`). */
+  readonly decision: RouteDecision<P> | null
+  /** In decision order, ineligible ones last. */
+  readonly candidates: ReadonlyArray<RouteCandidate<P>>
+}
+
+/** Penalties by relay name; a relay not listed has none. */
+export type RelayPenalties = ReadonlyMap<string, number> | Readonly<Record<string, number>>
+
+const penaltyOf = (penalties: RelayPenalties, relay: string): number => {
+  const value =
+    penalties instanceof Map
+      ? penalties.get(relay)
+      : Object.hasOwn(penalties, relay)
+        ? (penalties as Readonly<Record<string, number>>)[relay]
+        : undefined
+  return value ?? 0
+}
+
+/** Running and waiting of a current window with an observed rank; undefined when load is unknown. */
+const knownLoad = (load: CandidateLoad | undefined): { running: number; waiting: number } | undefined => {
+  if (load === undefined || !(load.ageMs < LOAD_FRESH_MS) || !(load.observedRanks >= 1)) return undefined
+  if (load.runningRequests === undefined || load.waitingRequests === undefined) return undefined
+  return { running: load.runningRequests, waiting: load.waitingRequests }
+}
+
+interface Scored<P> {
+  readonly candidate: RouteCandidate<P>
+  readonly known: boolean
+}
+
+const loadView = (load: CandidateLoad | undefined): RouteLoad =>
+  load === undefined
+    ? { observedRanks: 0, expectedRanks: 0 }
+    : {
+        ...(load.runningRequests === undefined ? {} : { runningRequests: load.runningRequests }),
+        ...(load.waitingRequests === undefined ? {} : { waitingRequests: load.waitingRequests }),
+        ...(load.kvUsage === undefined ? {} : { kvUsage: load.kvUsage }),
+        observedRanks: load.observedRanks,
+        expectedRanks: load.expectedRanks,
+        ageMs: load.ageMs
+      }
+
+const REASON_ORDER: Readonly<Record<RouteReason, number>> = { LOAD_UNKNOWN: 0, OVERLOADED: 0, NOT_READY: 1 }
+
+/** Decision order (see the module comment); ineligible: overloaded before not ready, then by the same keys. */
+const compare = <P>(a: Scored<P>, b: Scored<P>): number => {
+  const ca = a.candidate
+  const cb = b.candidate
+  const group = (s: Scored<P>) => (s.candidate.eligible ? (s.known ? 0 : 1) : 2)
+  return (
+    group(a) - group(b) ||
+    (ca.eligible ? 0 : REASON_ORDER[ca.reason ?? "NOT_READY"] - REASON_ORDER[cb.reason ?? "NOT_READY"]) ||
+    (ca.cost ?? Number.POSITIVE_INFINITY) - (cb.cost ?? Number.POSITIVE_INFINITY) ||
+    cb.matchedTokens - ca.matchedTokens ||
+    ca.lane - cb.lane ||
+    (ca.relay < cb.relay ? -1 : ca.relay > cb.relay ? 1 : 0) ||
+    (ca.servingEndpoint < cb.servingEndpoint ? -1 : ca.servingEndpoint > cb.servingEndpoint ? 1 : 0)
+  )
+}
+
+/**
+ * The route answer for `candidates` under `policy` and the relays' `penalties` (PROTOCOL §7.1).
+ * Every candidate is answered, ready or not; `decision` is the first of `candidates` when it is
+ * eligible, else null.
+ */
+export const routeDecision = <P>(
+  candidates: ReadonlyArray<RouteCandidateInput<P>>,
+  policy: RoutePolicy = DEFAULT_ROUTE_POLICY,
+  penalties: RelayPenalties = new Map()
+): RouteAnswer<P> => {
+  const facts = candidates.map((input) => {
+    const notReady = !input.ready || input.readiness !== "READY"
+    const known = knownLoad(input.load)
+    const overloaded =
+      known !== undefined &&
+      ((input.load!.kvUsage !== undefined && input.load!.kvUsage >= policy.maxKvUsage) ||
+        known.waiting / input.load!.observedRanks >= policy.maxWaitingPerRank)
+    return { input, notReady, known, overloaded }
+  })
+  const readyKnown = facts.filter((f) => !f.notReady && f.known !== undefined)
+  const everyKnownOverloaded = readyKnown.length > 0 && readyKnown.every((f) => f.overloaded)
+
+  const scored = facts.map(({ input, notReady, known, overloaded }): Scored<P> => {
+    const reason: RouteReason | undefined = notReady
+      ? "NOT_READY"
+      : overloaded
+        ? "OVERLOADED"
+        : known === undefined
+          ? "LOAD_UNKNOWN"
+          : undefined
+    const eligible = !notReady && (!overloaded || everyKnownOverloaded)
+    let cost: number | undefined
+    let terms: RouteTerms | undefined
+    if (input.overlapKnown !== false) {
+      const uncachedTokens = input.promptTokens - policy.overlapCredit * input.matchedTokens
+      const penaltyTokens = penaltyOf(penalties, input.relay)
+      const queueTokens =
+        known === undefined
+          ? undefined
+          : (policy.requestTokens * (known.running + known.waiting)) / input.load!.observedRanks
+      cost = uncachedTokens + (queueTokens ?? 0) + penaltyTokens
+      terms =
+        queueTokens === undefined
+          ? { uncachedTokens, penaltyTokens }
+          : { uncachedTokens, queueTokens, penaltyTokens }
+    }
+    const candidate: RouteCandidate<P> = {
+      relay: input.relay,
+      lane: input.lane,
+      poolId: input.poolId,
+      servingEndpoint: input.servingEndpoint,
+      eligible,
+      ...(reason === undefined ? {} : { reason }),
+      prefixDepth: input.prefixDepth,
+      matchedTokens: input.matchedTokens,
+      promptTokens: input.promptTokens,
+      ...(cost === undefined ? {} : { cost, terms }),
+      load: loadView(input.load)
+    }
+    return { candidate, known: known !== undefined }
+  })
+  scored.sort(compare)
+  const ordered = scored.map((s) => s.candidate)
+  const first = ordered[0]
+  return {
+    decision: first?.eligible
+      ? {
+          relay: first.relay,
+          lane: first.lane,
+          poolId: first.poolId,
+          servingEndpoint: first.servingEndpoint
+        }
+      : null,
+    candidates: ordered
+  }
+}
