@@ -174,20 +174,25 @@ describe("SGLang pages", () => {
     )
   })
 
-  it('reads the totals under priority="" and skips the per-priority breakdown', () => {
-    const page = parsed(
-      sglangPage([
-        {
-          dpRank: 0,
-          running: 6,
-          waiting: 9,
-          kv: 0.4,
-          byPriority: { 0: { running: 2, waiting: 4 }, 10: { running: 4, waiting: 5 } }
-        }
-      ])
-    )
-    expect(ranksOf(page)).toStrictEqual({ 0: { runningRequests: 6, waitingRequests: 9, kvUsage: 0.4 } })
-  })
+  // The format promises no order of series, so the breakdown may come first.
+  it.each([false, true])(
+    'reads the totals under priority="" and skips the per-priority breakdown (breakdown first: %s)',
+    (breakdownFirst) => {
+      const page = parsed(
+        sglangPage([
+          {
+            dpRank: 0,
+            running: 6,
+            waiting: 9,
+            kv: 0.4,
+            byPriority: { 0: { running: 2, waiting: 4 }, 10: { running: 4, waiting: 5 } },
+            breakdownFirst
+          }
+        ])
+      )
+      expect(ranksOf(page)).toStrictEqual({ 0: { runningRequests: 6, waitingRequests: 9, kvUsage: 0.4 } })
+    }
+  )
 
   it("reads one scheduler when every TP rank reports the same data-parallel rank: the lowest tp_rank", () => {
     const page = parsed(

@@ -123,6 +123,8 @@ export interface SglangSeries extends RankValues {
   readonly tpRank?: number
   /** Per-priority breakdown written besides the total (priority scheduling). */
   readonly byPriority?: Readonly<Record<number, RankValues>>
+  /** Write the breakdown before the total. */
+  readonly breakdownFirst?: boolean
 }
 
 /** An SGLang page with one scheduler series per entry of `series`. */
@@ -148,13 +150,16 @@ export const sglangPage = (series: ReadonlyArray<SglangSeries>): string => {
     parts.push(`# HELP ${name} ${help}\n# TYPE ${name} gauge\n`)
     for (const s of series) {
       const value = pick(s)
-      if (value !== undefined)
-        parts.push(`${name}{${labels(s, withPriority ? "" : undefined)}} ${pyFloat(value)}\n`)
-      if (!split) continue
-      for (const [priority, values] of Object.entries(s.byPriority ?? {})) {
+      const total =
+        value === undefined
+          ? []
+          : [`${name}{${labels(s, withPriority ? "" : undefined)}} ${pyFloat(value)}\n`]
+      const breakdown: Array<string> = []
+      for (const [priority, values] of split ? Object.entries(s.byPriority ?? {}) : []) {
         const part = pick(values)
-        if (part !== undefined) parts.push(`${name}{${labels(s, priority)}} ${pyFloat(part)}\n`)
+        if (part !== undefined) breakdown.push(`${name}{${labels(s, priority)}} ${pyFloat(part)}\n`)
       }
+      parts.push(...(s.breakdownFirst === true ? [...breakdown, ...total] : [...total, ...breakdown]))
     }
   }
   gauge("sglang:num_running_reqs", "The number of running requests.", (v) => v.running, true)
