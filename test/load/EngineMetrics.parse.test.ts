@@ -96,6 +96,19 @@ describe("vLLM pages", () => {
     })
   })
 
+  it("past the page's head, a gauge's name in another family's help text is no line of that gauge", () => {
+    // vLLM 0.9's help of vllm:gpu_cache_usage_perc says "Use vllm:kv_cache_usage_perc instead."
+    const text = bigVllmPage(
+      1024 * 1024,
+      { 0: { running: 2, waiting: 1, kv: 0.5 } },
+      { legacyKvAlso: () => 0.5 }
+    )
+    expect(text.indexOf("Use vllm:kv_cache_usage_perc instead")).toBeGreaterThan(1024 * 1024 - 4096)
+    expect(ranksOf(parsed(text))).toStrictEqual({
+      0: { runningRequests: 2, waitingRequests: 1, kvUsage: 0.5 }
+    })
+  })
+
   it("gives every rank exactly the values its series carry (property)", () => {
     const value = fc.oneof(
       fc.constant(undefined),

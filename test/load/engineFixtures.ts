@@ -164,6 +164,12 @@ export const sglangPage = (series: ReadonlyArray<SglangSeries>): string => {
   }
   gauge("sglang:num_running_reqs", "The number of running requests.", (v) => v.running, true)
   gauge("sglang:num_used_tokens", "The number of used tokens.", () => 4096, false)
+  gauge(
+    "sglang:num_running_reqs_offline_batch",
+    "The number of running low-priority offline batch requests(label is 'batch').",
+    () => 0,
+    false
+  )
   gauge("sglang:token_usage", "The token usage.", (v) => v.kv, false)
   gauge("sglang:gen_throughput", "The generation throughput (token/s).", () => 86.5, false)
   gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", (v) => v.waiting, true)
@@ -180,10 +186,14 @@ export const sglangPage = (series: ReadonlyArray<SglangSeries>): string => {
 }
 
 /** A vLLM page of at least `bytes` (histograms first, the load gauges at the very end). */
-export const bigVllmPage = (bytes: number, ranks: Readonly<Record<number, RankValues>>): string => {
-  const one = vllmPage(ranks, { histograms: 1 }).length
-  const perHistogram = vllmPage(ranks, { histograms: 2 }).length - one
-  return vllmPage(ranks, { histograms: 1 + Math.ceil(Math.max(0, bytes - one) / perHistogram) })
+export const bigVllmPage = (
+  bytes: number,
+  ranks: Readonly<Record<number, RankValues>>,
+  options: Omit<VllmPageOptions, "histograms"> = {}
+): string => {
+  const one = vllmPage(ranks, { ...options, histograms: 1 }).length
+  const perHistogram = vllmPage(ranks, { ...options, histograms: 2 }).length - one
+  return vllmPage(ranks, { ...options, histograms: 1 + Math.ceil(Math.max(0, bytes - one) / perHistogram) })
 }
 
 /** How a fake engine answers `GET /metrics`. */
