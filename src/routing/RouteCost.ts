@@ -331,17 +331,20 @@ interface Scored<P> {
   readonly known: boolean
 }
 
-const loadView = (load: CandidateLoad | undefined): RouteLoad =>
-  load === undefined
-    ? { observedRanks: 0, expectedRanks: 0 }
-    : {
-        ...(load.runningRequests === undefined ? {} : { runningRequests: load.runningRequests }),
-        ...(load.waitingRequests === undefined ? {} : { waitingRequests: load.waitingRequests }),
-        ...(load.kvUsage === undefined ? {} : { kvUsage: load.kvUsage }),
-        observedRanks: load.observedRanks,
-        expectedRanks: load.expectedRanks,
-        ageMs: load.ageMs
-      }
+type Mutable<T> = { -readonly [K in keyof T]: T[K] }
+
+// Built by assignment in key order: conditional spreads cost V8 a slow path on every call.
+const loadView = (load: CandidateLoad | undefined): RouteLoad => {
+  if (load === undefined) return { observedRanks: 0, expectedRanks: 0 }
+  const view = {} as Mutable<RouteLoad>
+  if (load.runningRequests !== undefined) view.runningRequests = load.runningRequests
+  if (load.waitingRequests !== undefined) view.waitingRequests = load.waitingRequests
+  if (load.kvUsage !== undefined) view.kvUsage = load.kvUsage
+  view.observedRanks = load.observedRanks
+  view.expectedRanks = load.expectedRanks
+  view.ageMs = load.ageMs
+  return view
+}
 
 const REASON_ORDER: Readonly<Record<RouteReason, number>> = { LOAD_UNKNOWN: 0, OVERLOADED: 0, NOT_READY: 1 }
 
@@ -407,19 +410,22 @@ export const routeDecision = <P>(
           ? { uncachedTokens, penaltyTokens }
           : { uncachedTokens, queueTokens, penaltyTokens }
     }
-    const candidate: RouteCandidate<P> = {
+    const candidate = {
       relay: input.relay,
       lane: input.lane,
       poolId: input.poolId,
       servingEndpoint: input.servingEndpoint,
-      eligible,
-      ...(reason === undefined ? {} : { reason }),
-      prefixDepth: input.prefixDepth,
-      matchedTokens: input.matchedTokens,
-      promptTokens: input.promptTokens,
-      ...(cost === undefined ? {} : { cost, terms }),
-      load: loadView(input.load)
+      eligible
+    } as Mutable<RouteCandidate<P>>
+    if (reason !== undefined) candidate.reason = reason
+    candidate.prefixDepth = input.prefixDepth
+    candidate.matchedTokens = input.matchedTokens
+    candidate.promptTokens = input.promptTokens
+    if (cost !== undefined) {
+      candidate.cost = cost
+      candidate.terms = terms!
     }
+    candidate.load = loadView(input.load)
     return { candidate, known: known !== undefined }
   })
   scored.sort(compare)
