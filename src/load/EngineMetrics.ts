@@ -438,6 +438,12 @@ export const make = (
         const atMs = yield* Clock.currentTimeMillis
         const onUrl = current.filter((source) => source.metricsUrl === url)
         const results: Array<string> = []
+        // Logged once per change of a source's condition, not once per read.
+        const changed: Array<{
+          readonly source: EngineMetricsSource
+          readonly error?: string
+          readonly reason?: string
+        }> = []
         yield* SubscriptionRef.update(stateRef, (states) => {
           const next = new Map(states)
           for (const source of onUrl) {
@@ -454,6 +460,7 @@ export const make = (
                 lastAttemptMs: atMs
               })
               results.push("ok")
+              if (previous.lastError !== undefined) changed.push({ source })
             } else {
               const reason = Either.isLeft(outcome) ? outcome.left.reason : "no-load"
               next.set(key, {
@@ -462,15 +469,19 @@ export const make = (
                 lastError: { atMs, reason, message: load.left }
               })
               results.push(reason)
+              if (previous.lastError?.reason !== reason) changed.push({ source, reason, error: load.left })
             }
           }
           return next
         })
         for (const result of results) yield* Metric.increment(Metric.tagged(readsTotal, "result", result))
-        if (Either.isLeft(outcome)) {
-          yield* Effect.logDebug("engine metrics read failed").pipe(
-            Effect.annotateLogs({ url, reason: outcome.left.reason, error: outcome.left.message })
-          )
+        for (const { source, reason, error } of changed) {
+          const annotated = Effect.annotateLogs({ metricsUrl: source.metricsUrl, dpRank: source.dpRank })
+          yield* reason === undefined
+            ? Effect.logInfo("engine metrics readable again").pipe(annotated)
+            : Effect.logWarning(
+                "engine metrics unreadable; the rank's load is unknown once its last read is 3 s old"
+              ).pipe(Effect.annotateLogs({ reason, error: error ?? "" }), annotated)
         }
       })
 

@@ -8,7 +8,18 @@
 
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Layer, Option, Stream, SubscriptionRef, TestClock } from "effect"
+import {
+  Context,
+  Effect,
+  HashMap,
+  Layer,
+  Logger,
+  LogLevel,
+  Option,
+  Stream,
+  SubscriptionRef,
+  TestClock
+} from "effect"
 import { engineLoadAdditions } from "../../src/load/EngineLoadWindow.js"
 import {
   EngineMetrics,
@@ -155,6 +166,35 @@ describe("EngineMetrics poller", () => {
       })
     }).pipe(Effect.provide(NodeHttpClient.layerUndici))
   )
+
+  it.scoped("logs a source's change of condition once, not every failed read", () => {
+    const lines: Array<string> = []
+    const collect = Logger.make(({ logLevel, message, annotations }) => {
+      const text = Array.isArray(message) ? message.join(" ") : String(message)
+      lines.push(
+        `${logLevel.label} ${text} ${HashMap.get(annotations, "reason").pipe(Option.getOrElse(() => "-"))}`
+      )
+    })
+    return Effect.gen(function* () {
+      const engine = yield* fakeEngine({ kind: "status", status: 503 })
+      const source = { metricsUrl: engine.url, dpRank: 0 }
+      const poller = yield* make(Effect.succeed([source]))
+      yield* until(poller.changes, (s) => s.get(sourceKey(source))?.lastAttemptMs === 0)
+      yield* TestClock.adjust("1 second")
+      yield* until(poller.changes, (s) => s.get(sourceKey(source))?.lastAttemptMs === 1000)
+      engine.behave({ kind: "page", text: vllmPage({ 0: { running: 1, waiting: 0, kv: 0.5 } }) })
+      yield* TestClock.adjust("1 second")
+      yield* until(poller.changes, (s) => s.get(sourceKey(source))?.lastSuccess?.atMs === 2000)
+      expect(lines).toEqual([
+        "WARN engine metrics unreadable; the rank's load is unknown once its last read is 3 s old http-status",
+        "INFO engine metrics readable again -"
+      ])
+    }).pipe(
+      Effect.provide(NodeHttpClient.layerUndici),
+      Effect.provide(Logger.replace(Logger.defaultLogger, collect)),
+      Logger.withMinimumLogLevel(LogLevel.Info)
+    )
+  })
 
   it.scoped("a page that cannot be split is an error for each rank, never a zero load", () =>
     Effect.gen(function* () {
