@@ -124,7 +124,13 @@ export const decodeRoutePolicy = (
       maxWaitingPerRank: overrides.maxWaitingPerRank ?? defaults.maxWaitingPerRank
     })
   }
-  const issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
+  let issues: ReadonlyArray<ParseResult.ArrayFormatterIssue>
+  try {
+    issues = ParseResult.ArrayFormatter.formatErrorSync(decoded.left)
+  } catch {
+    // The formatter renders the offending value; one it cannot render still gets an answer.
+    return Either.left("policy: invalid value")
+  }
   const lines = issues.map((issue) => {
     const at = pathText(issue.path)
     if (issue._tag === "Unexpected") {
