@@ -25,6 +25,7 @@ import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
 import { benchOverlapHttp } from "./overlapHttp.js"
+import { benchEngineMetricsParse, benchRouteCost } from "./routeCost.js"
 import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
 import { benchZmqIngest } from "./zmq.js"
@@ -59,6 +60,8 @@ const suites: ReadonlyArray<Suite> = [
   ["membership", benchMembershipChurn],
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
+  ["route_cost", benchRouteCost],
+  ["engine_metrics_parse", benchEngineMetricsParse],
   ["e2e", benchEndToEnd],
   ["soak_memory", benchSoakMemory, "named"]
 ]
