@@ -34,6 +34,13 @@ import {
   openApiEndpoint,
   statusPageEndpoint
 } from "./RelayApi.js"
+import {
+  RouteAnswerJson,
+  RouteBatchAnswerJson,
+  RouteBatchJson,
+  RoutePolicyFieldJson,
+  RouteUnavailableJson
+} from "./RouteApi.js"
 import { openApiDocument } from "./Routes.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -245,6 +252,14 @@ export const OverlapRequestJson = Schema.Union(
   DomainLocalOverlapJson
 )
 
+/** `POST /v1/route` (§7.1 ◆3): an overlap body plus an optional `policy`. */
+export const RouteRequestJson = Schema.Union(
+  Schema.extend(ModelTokensOverlapJson, RoutePolicyFieldJson),
+  Schema.extend(ModelLocalOverlapJson, RoutePolicyFieldJson),
+  Schema.extend(DomainTokensOverlapJson, RoutePolicyFieldJson),
+  Schema.extend(DomainLocalOverlapJson, RoutePolicyFieldJson)
+)
+
 /**
  * The global consumer's routes as one declaration (see `RelayHttpApi`): the server routes by it
  * (`consumer/http`) and serves it at `GET /v1/openapi.json`. Every route but `GET /healthz`
@@ -280,6 +295,24 @@ export const GlobalHttpApi = HttpApi.make("global")
           .addError(...errorWith(400))
           .addError(...errorWith(413))
           .annotate(OpenApi.Summary, "Up to 256 overlap queries, each answered or failed on its own")
+      )
+      .add(
+        HttpApiEndpoint.post("route", "/v1/route")
+          .setPayload(RouteRequestJson)
+          .addSuccess(RouteAnswerJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(404))
+          .addError(...errorWith(413))
+          .addError(RouteUnavailableJson, { status: 503 })
+          .annotate(OpenApi.Summary, "Where to send a prompt: the decision and every candidate's cost (§7.1)")
+      )
+      .add(
+        HttpApiEndpoint.post("routeBatch", "/v1/route/batch")
+          .setPayload(RouteBatchJson)
+          .addSuccess(RouteBatchAnswerJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(413))
+          .annotate(OpenApi.Summary, "Up to 256 routing decisions, each answered or failed on its own")
       )
       .add(
         HttpApiEndpoint.get("health", "/v1/health")

@@ -139,11 +139,11 @@ export interface CandidateLoad {
   readonly ageMs: number
 }
 
-export interface RouteCandidateInput<P = unknown> {
+export interface RouteCandidateInput<P = unknown, E = string> {
   readonly relay: string
   readonly lane: number
   readonly poolId: P
-  readonly servingEndpoint: string
+  readonly servingEndpoint: E
   /** The lane is installed and current. */
   readonly ready: boolean
   /** The pool's serving-topology state from the relay's readiness stream; undefined = none seen. */
@@ -173,11 +173,11 @@ export interface RouteLoad {
   readonly ageMs?: number
 }
 
-export interface RouteCandidate<P = unknown> {
+export interface RouteCandidate<P = unknown, E = string> {
   readonly relay: string
   readonly lane: number
   readonly poolId: P
-  readonly servingEndpoint: string
+  readonly servingEndpoint: E
   readonly eligible: boolean
   readonly reason?: RouteReason
   readonly prefixDepth: number
@@ -188,18 +188,18 @@ export interface RouteCandidate<P = unknown> {
   readonly load: RouteLoad
 }
 
-export interface RouteDecision<P = unknown> {
+export interface RouteDecision<P = unknown, E = string> {
   readonly relay: string
   readonly lane: number
   readonly poolId: P
-  readonly servingEndpoint: string
+  readonly servingEndpoint: E
 }
 
-export interface RouteAnswer<P = unknown> {
+export interface RouteAnswer<P = unknown, E = string> {
   /** Null when no candidate is eligible (the route answers 503 `NO_READY_LANE`). */
-  readonly decision: RouteDecision<P> | null
+  readonly decision: RouteDecision<P, E> | null
   /** In decision order, ineligible ones last. */
-  readonly candidates: ReadonlyArray<RouteCandidate<P>>
+  readonly candidates: ReadonlyArray<RouteCandidate<P, E>>
 }
 
 /** Penalties by relay name; a relay not listed has none. */
@@ -222,8 +222,8 @@ const knownLoad = (load: CandidateLoad | undefined): { running: number; waiting:
   return { running: load.runningRequests, waiting: load.waitingRequests }
 }
 
-interface Scored<P> {
-  readonly candidate: RouteCandidate<P>
+interface Scored<P, E> {
+  readonly candidate: RouteCandidate<P, E>
   readonly known: boolean
 }
 
@@ -242,13 +242,15 @@ const loadView = (load: CandidateLoad | undefined): RouteLoad => {
   return view
 }
 
+const textOrder = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0)
+
 const REASON_ORDER: Readonly<Record<RouteReason, number>> = { LOAD_UNKNOWN: 0, OVERLOADED: 0, NOT_READY: 1 }
 
 /** Decision order (see the module comment); ineligible: overloaded before not ready, then by the same keys. */
-const compare = <P>(a: Scored<P>, b: Scored<P>): number => {
+const compare = <P, E>(a: Scored<P, E>, b: Scored<P, E>): number => {
   const ca = a.candidate
   const cb = b.candidate
-  const group = (s: Scored<P>) => (s.candidate.eligible ? (s.known ? 0 : 1) : 2)
+  const group = (s: Scored<P, E>) => (s.candidate.eligible ? (s.known ? 0 : 1) : 2)
   return (
     group(a) - group(b) ||
     (ca.eligible ? 0 : REASON_ORDER[ca.reason ?? "NOT_READY"] - REASON_ORDER[cb.reason ?? "NOT_READY"]) ||
@@ -256,7 +258,7 @@ const compare = <P>(a: Scored<P>, b: Scored<P>): number => {
     cb.matchedTokens - ca.matchedTokens ||
     ca.lane - cb.lane ||
     (ca.relay < cb.relay ? -1 : ca.relay > cb.relay ? 1 : 0) ||
-    (ca.servingEndpoint < cb.servingEndpoint ? -1 : ca.servingEndpoint > cb.servingEndpoint ? 1 : 0)
+    textOrder(String(ca.servingEndpoint), String(cb.servingEndpoint))
   )
 }
 
@@ -265,11 +267,11 @@ const compare = <P>(a: Scored<P>, b: Scored<P>): number => {
  * Every candidate is answered, ready or not; `decision` is the first of `candidates` when it is
  * eligible, else null.
  */
-export const routeDecision = <P>(
-  candidates: ReadonlyArray<RouteCandidateInput<P>>,
+export const routeDecision = <P, E = string>(
+  candidates: ReadonlyArray<RouteCandidateInput<P, E>>,
   policy: RoutePolicy = DEFAULT_ROUTE_POLICY,
   penalties: RelayPenalties = new Map()
-): RouteAnswer<P> => {
+): RouteAnswer<P, E> => {
   const facts = candidates.map((input) => {
     const notReady = !input.ready || input.readiness !== "READY"
     const known = knownLoad(input.load)
@@ -282,7 +284,7 @@ export const routeDecision = <P>(
   const readyKnown = facts.filter((f) => !f.notReady && f.known !== undefined)
   const everyKnownOverloaded = readyKnown.length > 0 && readyKnown.every((f) => f.overloaded)
 
-  const scored = facts.map(({ input, notReady, known, overloaded }): Scored<P> => {
+  const scored = facts.map(({ input, notReady, known, overloaded }): Scored<P, E> => {
     const reason: RouteReason | undefined = notReady
       ? "NOT_READY"
       : overloaded
@@ -312,7 +314,7 @@ export const routeDecision = <P>(
       poolId: input.poolId,
       servingEndpoint: input.servingEndpoint,
       eligible
-    } as Mutable<RouteCandidate<P>>
+    } as Mutable<RouteCandidate<P, E>>
     if (reason !== undefined) candidate.reason = reason
     candidate.prefixDepth = input.prefixDepth
     candidate.matchedTokens = input.matchedTokens
