@@ -9,7 +9,7 @@
  */
 
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
-import { Effect, Layer, type Scope } from "effect"
+import { Effect, Layer, Metric, type Scope } from "effect"
 import { type EngineLoadAdditions, engineLoadAdditions } from "../load/EngineLoadWindow.js"
 import * as EngineMetrics from "../load/EngineMetrics.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
@@ -17,6 +17,8 @@ import type { PoolLoadSnapshot } from "./PoolLoad.js"
 /** The expected sources of one materialized pool generation, by its producer's key. */
 export interface PoolSources {
   readonly producerKey: string
+  /** `ns.component.endpoint`, the gauges' `endpoint` label. */
+  readonly servingEndpoint: string
   readonly sources: ReadonlyArray<{ readonly dpRank: number; readonly metricsUrl: string | undefined }>
 }
 
@@ -46,6 +48,31 @@ export interface EngineLoad {
 
 export type EngineLoadOptions = EngineMetrics.EngineMetricsPollerOptions
 
+// The pools' engine load as of the latest window, for dashboards; an unknown value is NaN.
+const runningGauge = Metric.gauge("kv_dc_relay_engine_running_requests", {
+  description: "running requests summed over the pool's observed ranks (NaN when unknown)"
+})
+const waitingGauge = Metric.gauge("kv_dc_relay_engine_waiting_requests", {
+  description: "waiting requests summed over the pool's observed ranks (NaN when unknown)"
+})
+const kvUsageGauge = Metric.gauge("kv_dc_relay_engine_kv_usage", {
+  description: "mean KV cache usage (0-1) of the pool's observed ranks (NaN when unknown)"
+})
+const observedGauge = Metric.gauge("kv_dc_relay_engine_load_observed_ranks", {
+  description: "ranks of the pool whose engine metrics were read in the last 3 s"
+})
+
+const recordGauges = (endpoint: string, load: EngineLoadAdditions) =>
+  Effect.all(
+    [
+      Metric.set(Metric.tagged(runningGauge, "endpoint", endpoint), load.runningRequests ?? Number.NaN),
+      Metric.set(Metric.tagged(waitingGauge, "endpoint", endpoint), load.waitingRequests ?? Number.NaN),
+      Metric.set(Metric.tagged(kvUsageGauge, "endpoint", endpoint), load.kvUsage ?? Number.NaN),
+      Metric.set(Metric.tagged(observedGauge, "endpoint", endpoint), load.loadObservedRanks)
+    ],
+    { discard: true }
+  )
+
 /**
  * Starts the poller in the current scope. `pools` lists every materialized pool's expected
  * sources; the poller evaluates it once a tick, and the window cut uses the latest listing.
@@ -55,9 +82,9 @@ export const make = (
   options: EngineLoadOptions = {}
 ): Effect.Effect<EngineLoad, never, Scope.Scope> =>
   Effect.gen(function* () {
-    let latest: ReadonlyMap<string, PoolSources["sources"]> = new Map()
+    let latest: ReadonlyMap<string, PoolSources> = new Map()
     const sources = Effect.map(pools, (listing) => {
-      latest = new Map(listing.map((pool) => [pool.producerKey, pool.sources]))
+      latest = new Map(listing.map((pool) => [pool.producerKey, pool]))
       const out: Array<EngineMetrics.EngineMetricsSource> = []
       const seen = new Set<string>()
       for (const pool of listing)
@@ -76,11 +103,13 @@ export const make = (
     const poller = yield* EngineMetrics.make(sources, options).pipe(Effect.provide(client))
 
     const additions = (snapshots: ReadonlyArray<PoolLoadSnapshot>, nowMs: number) =>
-      Effect.map(poller.states, (states) =>
-        snapshots.map((pool) => {
-          const expected = latest.get(pool.producer.key) ?? []
-          return engineLoadAdditions(
-            expected.map((source) =>
+      Effect.gen(function* () {
+        const states = yield* poller.states
+        const out: Array<EngineLoadAdditions> = []
+        for (const pool of snapshots) {
+          const listed = latest.get(pool.producer.key)
+          const load = engineLoadAdditions(
+            (listed?.sources ?? []).map((source) =>
               source.metricsUrl === undefined
                 ? undefined
                 : states.get(
@@ -89,8 +118,11 @@ export const make = (
             ),
             nowMs
           )
-        })
-      )
+          if (listed !== undefined) yield* recordGauges(listed.servingEndpoint, load)
+          out.push(load)
+        }
+        return out
+      })
 
     const sourceStats = (metricsUrl: string | undefined, dpRank: number) =>
       metricsUrl === undefined

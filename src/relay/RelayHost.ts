@@ -370,7 +370,11 @@ export const make = (
           const subscriber = status.subscriber
           if (attachment === undefined || subscriber === undefined) return Effect.succeed([])
           return Effect.map(subscriber.health, (health) => [
-            { producerKey: attachment.identity.key, sources: health.expected }
+            {
+              producerKey: attachment.identity.key,
+              servingEndpoint: status.endpoint.toString(),
+              sources: health.expected
+            }
           ])
         }
       )
