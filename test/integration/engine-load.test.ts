@@ -172,10 +172,11 @@ describe("engine load in the relay (PROTOCOL §5 ◆3)", () => {
           "reads outstanding on the hanging engines",
           10_000
         )
-        // Three stores, each timed from its send until the stats show it: the fastest must be
-        // under 1 s (one slow pass on a loaded machine is noise, three are not).
+        // Eight stores, each timed from its send until the stats show it: at least six must be
+        // visible within 1 s (one or two slow passes on a loaded machine are noise; ingest held
+        // behind the reads, which hang for 1 s at a time, would miss most of them).
         const timings: Array<number> = []
-        for (let i = 0; i < 3; i++) {
+        for (let i = 0; i < 8; i++) {
           const before = yield* endpointStats(relay, VLLM).pipe(
             Effect.map((s) => memberBlocks(s, "8403", 1) ?? 0)
           )
@@ -187,8 +188,12 @@ describe("engine load in the relay (PROTOCOL §5 ◆3)", () => {
             10_000
           )
           timings.push(performance.now() - started)
+          yield* Effect.sleep(`${100 + 37 * i} millis`)
         }
-        expect(Math.min(...timings)).toBeLessThan(1000)
+        expect(
+          timings.filter((ms) => ms < 1000).length,
+          `ms from store to visible: ${timings.map(Math.round).join(", ")}`
+        ).toBeGreaterThanOrEqual(6)
         // The reads really are stuck: the sources report timeouts, not successes.
         yield* eventually(
           sourcesOf(relay).pipe(
