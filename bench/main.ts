@@ -24,7 +24,7 @@ import { benchGlobal } from "./global.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
-import { benchOverlapHttp } from "./overlapHttp.js"
+import { benchOverlapHttp, benchRouteHttp } from "./overlapHttp.js"
 import { benchEngineMetricsParse, benchRouteCost } from "./routeCost.js"
 import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
@@ -60,6 +60,7 @@ const suites: ReadonlyArray<Suite> = [
   ["membership", benchMembershipChurn],
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
+  ["route_http", benchRouteHttp],
   ["route_cost", benchRouteCost],
   ["engine_metrics_parse", benchEngineMetricsParse],
   ["e2e", benchEndToEnd],

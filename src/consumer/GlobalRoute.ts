@@ -37,9 +37,26 @@ export interface RoutingSettings {
 
 export const DEFAULT_ROUTING: RoutingSettings = { policy: DEFAULT_ROUTE_POLICY, penalties: new Map() }
 
+/** Per pool descriptor, the canonical models each requested name resolves to (descriptors are immutable). */
+const modelsByName = new WeakMap<object, Map<string, ReadonlySet<string>>>()
+
 /** Which registrations of a lane's pool the request names: their canonical models. */
 const canonicalModels = (lane: LaneStatus, request: OverlapRequest): ReadonlySet<string> | undefined => {
   if ("poolDomain" in request) return undefined
+  let byName = modelsByName.get(lane.descriptor)
+  if (byName === undefined) {
+    byName = new Map()
+    modelsByName.set(lane.descriptor, byName)
+  }
+  const cached = byName.get(request.model)
+  if (cached !== undefined) return cached
+  const models = resolveModels(lane, request.model)
+  if (byName.size < 64) byName.set(request.model, models)
+  return models
+}
+
+const resolveModels = (lane: LaneStatus, model: string): ReadonlySet<string> => {
+  const request = { model }
   const models = new Set<string>()
   for (const registration of lane.descriptor.registrations) {
     if (

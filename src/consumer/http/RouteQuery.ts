@@ -58,9 +58,11 @@ const parseJson = (text: string): { readonly value: unknown } | string => {
 export const parseRouteRequest = (text: string, defaults: RoutePolicy): RouteRequest | string => {
   const parsed = parseJson(text)
   if (typeof parsed === "string") return parsed
-  if (isPlainObject(parsed.value) && nestedDeeperThan(parsed.value, MAX_JSON_DEPTH))
+  // Only a policy goes through Effect's recursive decoder here; tokens are checked in one pass.
+  const value = parsed.value
+  if (isPlainObject(value) && isPlainObject(value.policy) && nestedDeeperThan(value.policy, MAX_JSON_DEPTH))
     return `the value is nested deeper than ${MAX_JSON_DEPTH} levels`
-  return decodeRouteRequest(parsed.value, defaults)
+  return decodeRouteRequest(value, defaults)
 }
 
 /** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
@@ -116,7 +118,7 @@ const poolText = (poolId: PoolId, endpoint: EndpointId): string => {
 }
 
 /** A number as JSON; the cost model gives finite numbers, anything else would be a defect shown as null. */
-const num = (value: number): string => (Number.isFinite(value) ? String(value) : "null")
+const num = (value: number): string | number => (Number.isFinite(value) ? value : "null")
 
 const candidateText = (c: RouteCandidate<PoolId, EndpointId>): string => {
   let text = `{"relay":${JSON.stringify(c.relay)},"lane":${c.lane},${poolText(c.poolId, c.servingEndpoint)},"eligible":${c.eligible}`
@@ -129,20 +131,14 @@ const candidateText = (c: RouteCandidate<PoolId, EndpointId>): string => {
     if (terms.queueTokens !== undefined) text += `,"queueTokens":${num(terms.queueTokens)}`
     text += `,"penaltyTokens":${num(terms.penaltyTokens)}}`
   }
+  // Each present value is followed by a comma; the two counts, always there, close the object.
   const load = c.load
   text += `,"load":{`
-  let first = true
-  const field = (name: string, value: number | undefined) => {
-    if (value === undefined) return
-    text += `${first ? "" : ","}"${name}":${num(value)}`
-    first = false
-  }
-  field("runningRequests", load.runningRequests)
-  field("waitingRequests", load.waitingRequests)
-  field("kvUsage", load.kvUsage)
-  field("observedRanks", load.observedRanks)
-  field("expectedRanks", load.expectedRanks)
-  field("ageMs", load.ageMs)
+  if (load.runningRequests !== undefined) text += `"runningRequests":${num(load.runningRequests)},`
+  if (load.waitingRequests !== undefined) text += `"waitingRequests":${num(load.waitingRequests)},`
+  if (load.kvUsage !== undefined) text += `"kvUsage":${num(load.kvUsage)},`
+  text += `"observedRanks":${num(load.observedRanks)},"expectedRanks":${num(load.expectedRanks)}`
+  if (load.ageMs !== undefined) text += `,"ageMs":${num(load.ageMs)}`
   return `${text}}}`
 }
 
