@@ -19,7 +19,7 @@ import {
   benchProducerApply,
   benchReplaceRanks
 } from "./ckf.js"
-import { benchEndToEnd } from "./e2e.js"
+import { benchEndToEnd, benchEndToEndEngineMetrics } from "./e2e.js"
 import { benchGlobal } from "./global.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
@@ -64,6 +64,7 @@ const suites: ReadonlyArray<Suite> = [
   ["route_cost", benchRouteCost],
   ["engine_metrics_parse", benchEngineMetricsParse],
   ["e2e", benchEndToEnd],
+  ["e2e_engine_metrics", benchEndToEndEngineMetrics],
   ["soak_memory", benchSoakMemory, "named"]
 ]
 
