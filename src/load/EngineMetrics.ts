@@ -310,6 +310,17 @@ export const readEngineMetrics = (
       }
       const declared = Number(response.headers["content-length"] ?? Number.NaN)
       if (Number.isFinite(declared) && declared > maxBytes) return yield* tooLarge()
+      if (Number.isFinite(declared)) {
+        // A declared length within the limit: the body in one piece (the client stops at that
+        // length), without a stream's fibers per read.
+        const bytes = yield* response.arrayBuffer.pipe(
+          Effect.mapError(
+            (cause) => new EngineMetricsError({ reason: "unreachable", url, message: causeText(cause) })
+          )
+        )
+        if (bytes.byteLength > maxBytes) return yield* tooLarge()
+        return Buffer.from(bytes).toString("utf8")
+      }
       const chunks: Array<Uint8Array> = []
       let size = 0
       yield* response.stream.pipe(
