@@ -101,19 +101,30 @@ export const parseRouteBatch = (
 const encodePoolId = encodeJson(PoolIdJson)
 const encodeEndpoint = encodeJson(EndpointIdJson)
 
-/** `"poolId":{…},"servingEndpoint":{…}` of a pool, encoded once per pool and endpoint. */
-const poolTexts = new WeakMap<PoolId, { readonly endpoint: EndpointId; readonly text: string }>()
+/**
+ * `{"relay":…,"lane":…,"poolId":{…},"servingEndpoint":{…}` of a lane's pool, without the closing
+ * brace: encoded once per pool, relay, lane and endpoint (they change only when a lane is replaced).
+ */
+interface LanePrefix {
+  readonly relay: string
+  readonly lane: number
+  readonly endpoint: EndpointId
+  readonly text: string
+}
 
-const poolText = (poolId: PoolId, endpoint: EndpointId): string => {
-  const cached = poolTexts.get(poolId)
-  if (cached !== undefined && cached.endpoint === endpoint) return cached.text
+const lanePrefixes = new WeakMap<PoolId, LanePrefix>()
+
+const lanePrefix = (relay: string, lane: number, poolId: PoolId, endpoint: EndpointId): string => {
+  const cached = lanePrefixes.get(poolId)
+  if (cached !== undefined && cached.relay === relay && cached.lane === lane && cached.endpoint === endpoint)
+    return cached.text
   const pool = encodePoolId(poolId)
   const serving = encodeEndpoint(endpoint)
   if (Either.isLeft(pool) || Either.isLeft(serving)) {
     throw new Error(`pool ${poolId.toString()} could not be encoded`)
   }
-  const text = `"poolId":${JSON.stringify(pool.right)},"servingEndpoint":${JSON.stringify(serving.right)}`
-  poolTexts.set(poolId, { endpoint, text })
+  const text = `{"relay":${JSON.stringify(relay)},"lane":${lane},"poolId":${JSON.stringify(pool.right)},"servingEndpoint":${JSON.stringify(serving.right)}`
+  lanePrefixes.set(poolId, { relay, lane, endpoint, text })
   return text
 }
 
@@ -121,7 +132,7 @@ const poolText = (poolId: PoolId, endpoint: EndpointId): string => {
 const num = (value: number): string | number => (Number.isFinite(value) ? value : "null")
 
 const candidateText = (c: RouteCandidate<PoolId, EndpointId>): string => {
-  let text = `{"relay":${JSON.stringify(c.relay)},"lane":${c.lane},${poolText(c.poolId, c.servingEndpoint)},"eligible":${c.eligible}`
+  let text = `${lanePrefix(c.relay, c.lane, c.poolId, c.servingEndpoint)},"eligible":${c.eligible}`
   if (c.reason !== undefined) text += `,"reason":"${c.reason}"`
   text += `,"prefixDepth":${c.prefixDepth},"matchedTokens":${num(c.matchedTokens)},"promptTokens":${num(c.promptTokens)}`
   if (c.cost !== undefined) text += `,"cost":${num(c.cost)}`
@@ -145,7 +156,7 @@ const candidateText = (c: RouteCandidate<PoolId, EndpointId>): string => {
 /** `{decision, candidates}` as JSON text, without the closing brace (the 503 adds fields). */
 const answerBody = (answer: GlobalRouteAnswer): string => {
   const d = answer.decision
-  let text = `{"decision":${d === null ? "null" : `{"relay":${JSON.stringify(d.relay)},"lane":${d.lane},${poolText(d.poolId, d.servingEndpoint)}}`},"candidates":[`
+  let text = `{"decision":${d === null ? "null" : `${lanePrefix(d.relay, d.lane, d.poolId, d.servingEndpoint)}}`},"candidates":[`
   for (let i = 0; i < answer.candidates.length; i++)
     text += (i === 0 ? "" : ",") + candidateText(answer.candidates[i]!)
   return `${text}]`
