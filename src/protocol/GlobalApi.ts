@@ -219,6 +219,14 @@ export const GlobalLaneStatsJson = Schema.Struct({
   lastFault: nullable(Schema.String)
 })
 
+/** One of a relay's watches followed for routing: its state, retries, last error and last document's time. */
+export const SignalWatchStatsJson = Schema.Struct({
+  state: Schema.Literal("starting", "up", "failing"),
+  resubscribes: Count,
+  lastError: nullable(Schema.String),
+  receivedAt: nullable(Schema.Date)
+})
+
 /** `GET /v1/stats` of `kvrelay global`. */
 export const GlobalStatsJson = Schema.Struct({
   consumerInstance: U64,
@@ -234,6 +242,10 @@ export const GlobalStatsJson = Schema.Struct({
       dcName: nullable(Schema.String),
       dcId: nullable(DcIdHex),
       catalogRevision: nullable(U64),
+      /** ◆3 the relay's load and readiness watches, followed for routing decisions (§7.1). */
+      watches: Schema.optional(
+        Schema.Struct({ load: SignalWatchStatsJson, readiness: SignalWatchStatsJson })
+      ),
       lanes: Schema.Array(GlobalLaneStatsJson)
     })
   ),

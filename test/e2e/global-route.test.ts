@@ -176,6 +176,18 @@ describe("routing decisions end to end (PROTOCOL §7.1 ◆3)", () => {
       terms: { uncachedTokens: PROMPT_TOKENS, queueTokens: 0, penaltyTokens: 0 }
     })
     expect(candidates["east"]!.load.ageMs).toBeGreaterThanOrEqual(0)
+    // The consumer's stats show each relay's load and readiness watches standing.
+    const stats = (await request(`${global.url}/v1/stats`)).body as {
+      relays: ReadonlyArray<{
+        name: string
+        watches: Record<string, { state: string; receivedAt: string | null }>
+      }>
+    }
+    for (const relay of stats.relays) {
+      expect(relay.watches["load"]!.state, relay.name).toBe("up")
+      expect(relay.watches["readiness"]!.state, relay.name).toBe("up")
+      expect(relay.watches["load"]!.receivedAt).not.toBeNull()
+    }
   }, 60_000)
 
   it("an idle DC with nothing cached wins over the cached DC whose queue costs more than its cache saves", async () => {
