@@ -89,7 +89,10 @@ const storedFrames = (worker: Worker, hashes: Uint32Array): Array<Buffer> => {
   })
 }
 
-const discoveryDocument = (workers: ReadonlyArray<Worker>) => ({
+const discoveryDocument = (
+  workers: ReadonlyArray<Worker>,
+  metricsUrl: ((index: number) => string) | undefined = undefined
+) => ({
   version: 1,
   cards: workers.map((w) => ({
     namespace: "bench",
@@ -99,13 +102,14 @@ const discoveryDocument = (workers: ReadonlyArray<Worker>) => ({
     modelSuffix: null,
     card: { name: "bench-model", sourcePath: "bench/model", kvCacheBlockSize: 16 }
   })),
-  sources: workers.map((w) => ({
+  sources: workers.map((w, i) => ({
     kvStateEndpoint: "bench.backend.generate",
     workerId: w.workerId,
     dpRank: 0,
     publisherId: String(w.publisherId),
     transport: { kind: "dynamo-zmq", endpoint: w.endpoint, topic: KV_EVENT_TOPIC },
-    recoveryTarget: null
+    recoveryTarget: null,
+    ...(metricsUrl === undefined ? {} : { metricsUrl: metricsUrl(i) })
   }))
 })
 
@@ -328,11 +332,22 @@ interface PhaseResult {
   readonly p99Ms: number
 }
 
-const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<PhaseResult> => {
+/** More sources beside the 4 that send (idle publishers), and engine metrics for every source. */
+interface PhaseSetup {
+  readonly idleSources?: number | undefined
+  readonly metricsUrl?: ((index: number) => string) | undefined
+}
+
+const runPhase = async (
+  ctx: BenchContext,
+  otlp: string | undefined,
+  setup: PhaseSetup = {}
+): Promise<PhaseResult> => {
   const dir = mkdtempSync(join(tmpdir(), "kvrelay-bench-e2e-"))
-  const workers = await makeWorkers(4)
+  const everyWorker = await makeWorkers(4 + (setup.idleSources ?? 0))
+  const workers = everyWorker.slice(0, 4)
   const discoveryPath = join(dir, "discovery.json")
-  writeFileSync(discoveryPath, JSON.stringify(discoveryDocument(workers)))
+  writeFileSync(discoveryPath, JSON.stringify(discoveryDocument(everyWorker, setup.metricsUrl)))
   const relay = await startRelay(discoveryPath, otlp)
   let subscriber: Subscriber | undefined
   try {
@@ -577,7 +592,7 @@ const runPhase = async (ctx: BenchContext, otlp: string | undefined): Promise<Ph
   } finally {
     subscriber?.close()
     await stopRelay(relay)
-    await Promise.all(workers.map((w) => w.socket.close()))
+    await Promise.all(everyWorker.map((w) => w.socket.close()))
     rmSync(dir, { recursive: true, force: true })
   }
 }
@@ -728,5 +743,80 @@ export const benchEndToEnd = async (ctx: BenchContext): Promise<void> => {
     onP99,
     offP99,
     `at half of peak, tracing on, median of ${rounds}; baseline = p99 tracing off`
+  )
+}
+
+/** Fake engines' metrics pages for the e2e relay: one URL per source, vLLM's gauges for rank 0. */
+const startMetricsPages = (): Promise<{
+  readonly url: (index: number) => string
+  readonly reads: () => number
+  readonly close: () => void
+}> =>
+  new Promise((resolve) => {
+    let reads = 0
+    const page = (index: number) =>
+      [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        `vllm:num_requests_running{engine="0",model_name="bench-model"} ${index % 5}.0`,
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        `vllm:num_requests_waiting{engine="0",model_name="bench-model"} ${index % 3}.0`,
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        'vllm:kv_cache_usage_perc{engine="0",model_name="bench-model"} 0.5',
+        ""
+      ].join("\n")
+    const server = createServer((req, res) => {
+      reads++
+      const index = Number((req.url ?? "").split("/").pop())
+      res.writeHead(200, { "content-type": "text/plain; version=0.0.4" })
+      res.end(page(Number.isFinite(index) ? index : 0))
+    })
+    server.listen(0, "127.0.0.1", () => {
+      const port = (server.address() as AddressInfo).port
+      resolve({
+        url: (index) => `http://127.0.0.1:${port}/metrics/${index}`,
+        reads: () => reads,
+        close: () => server.close()
+      })
+    })
+  })
+
+/**
+ * `e2e_relay_blocks_engine_metrics`: the e2e peak with 64 sources (4 sending, 60 idle) whose
+ * engine metrics the relay reads every second, against the same 64 sources without `metricsUrl`;
+ * alternating rounds, median of each. Reads run beside ingest, so the target is ≥ 0.95×.
+ */
+export const benchEndToEndEngineMetrics = async (ctx: BenchContext): Promise<void> => {
+  const rounds = 3
+  const pages = await startMetricsPages()
+  const off: Array<number> = []
+  const on: Array<number> = []
+  const offCpu: Array<number> = []
+  const onCpu: Array<number> = []
+  try {
+    for (let round = 0; round < rounds; round++) {
+      const plain = await runPhase(ctx, undefined, { idleSources: 60 })
+      const before = pages.reads()
+      const read = await runPhase(ctx, undefined, { idleSources: 60, metricsUrl: pages.url })
+      off.push(plain.blocksPerSecond)
+      on.push(read.blocksPerSecond)
+      if (plain.cpuPerEvent !== undefined) offCpu.push(plain.cpuPerEvent)
+      if (read.cpuPerEvent !== undefined) onCpu.push(read.cpuPerEvent)
+      ctx.log(
+        `  round ${round + 1}: metrics off ${Math.round(plain.blocksPerSecond)} blocks/s (${plain.cpuPerEvent?.toFixed(1) ?? "?"} µs relay CPU/event), on ${Math.round(read.blocksPerSecond)} blocks/s (${read.cpuPerEvent?.toFixed(1) ?? "?"} µs) (${pages.reads() - before} metrics reads)`
+      )
+    }
+  } finally {
+    pages.close()
+  }
+  record(
+    ctx,
+    "e2e_relay_blocks_engine_metrics",
+    "blocks/s",
+    median(on),
+    median(off),
+    `64 sources (4 sending, 60 idle) each with a metricsUrl read every second, vs the same sources without; median of ${rounds} alternating rounds; target >= 0.95x; relay CPU per event ${offCpu.length === 0 ? "?" : median(onCpu).toFixed(1)} µs on vs ${offCpu.length === 0 ? "?" : median(offCpu).toFixed(1)} µs off`
   )
 }

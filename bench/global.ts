@@ -32,12 +32,16 @@ import {
   EndpointId,
   KvQuerySemantics
 } from "../src/protocol/Model.js"
+import type { EngineLoad } from "../src/relay/EngineLoad.js"
 import * as RelayHttpServer from "../src/relay/http/RelayHttpServer.js"
 import { make as makeRegistry } from "../src/relay/internal/PoolRegistryLive.js"
 import type { KvDcRelayService } from "../src/relay/KvDcRelay.js"
+import * as LoadWindows from "../src/relay/LoadWindows.js"
+import type { PoolLoadSnapshot } from "../src/relay/PoolLoad.js"
 import type { PoolAttachment } from "../src/relay/PoolRegistry.js"
 import * as PublicationSource from "../src/relay/PublicationSource.js"
 import { UnknownEndpoint } from "../src/relay/RelayErrors.js"
+import type { TopologyPublisher, TopologySnapshot } from "../src/relay/Topology.js"
 import { type BenchContext, gc, HashStream, percentile, record } from "./harness.js"
 
 export const LANES = 16
@@ -58,6 +62,52 @@ export interface BenchRelay {
 }
 
 /** One DC: the real registry, publication source and relay HTTP server, one attached pool. */
+/**
+ * Engine load as a relay with metrics endpoints would report it: one observed rank per pool, a
+ * load that depends on the relay, so that routing decisions have every term to price.
+ */
+const benchEngineLoad = (seed: bigint): EngineLoad => ({
+  additions: (pools) =>
+    Effect.succeed(
+      pools.map(() => ({
+        runningRequests: Number(seed % 5n),
+        waitingRequests: Number(seed % 3n),
+        kvUsage: 0.5,
+        loadObservedRanks: 1
+      }))
+    ),
+  sourceStats: () => Effect.succeed(undefined)
+})
+
+/** A readiness of one READY entry listing the bench pool (the bench relays have no membership). */
+const readyTopology = (poolId: PoolId) =>
+  Effect.gen(function* () {
+    const snapshot: TopologySnapshot = {
+      revision: 1n,
+      entries: [
+        {
+          namespace: "bench",
+          canonicalModelId: canonicalModelId("llama"),
+          state: "READY",
+          presentRoles: ["aggregated"],
+          missingRoles: [],
+          members: [
+            {
+              endpoint: new EndpointId({ namespace: "bench", component: "backend", endpoint: "generate" }),
+              roles: ["aggregated"],
+              poolId
+            }
+          ],
+          duplicateRoleEndpoints: [],
+          legacyFallbackActive: false,
+          adapters: []
+        }
+      ]
+    }
+    const ref = yield* SubscriptionRef.make(snapshot)
+    return { ref, current: SubscriptionRef.get(ref) } satisfies TopologyPublisher
+  })
+
 export const startRelay = (name: string, expectedUniqueBlocks: number) =>
   Effect.gen(function* () {
     const dcId = stableDcId(name)
@@ -100,20 +150,34 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
       flush: Effect.void,
       shutdown: Effect.zipRight(source.shutdown, registry.shutdown)
     }
+    const poolId = new PoolId(DOMAIN, dcId)
+    // The bench pool's load window: no KV occupancy reports, engine load as metrics would give it.
+    const loadRef = yield* SubscriptionRef.make<ReadonlyArray<PoolLoadSnapshot>>([])
     const server = yield* RelayHttpServer.serve(service, {
       host: "127.0.0.1",
       port: 0,
-      intervals: { shutdownGrace: "100 millis" }
+      intervals: { shutdownGrace: "100 millis" },
+      topology: yield* readyTopology(poolId),
+      loadWindows: yield* LoadWindows.make(loadRef, { engineLoad: benchEngineLoad(dcId.value).additions })
     })
     const attachment = yield* Effect.orDie(
       registry.attach({
-        poolId: new PoolId(DOMAIN, dcId),
+        poolId,
         endpoint: new EndpointId({ namespace: "bench", component: "backend", endpoint: "generate" }),
         registrations: [baseRegistration(canonicalModelId("llama"), [])],
         querySemantics: new KvQuerySemantics({ kvBlockSize: BLOCK_TOKENS, hashFormat: "dynamo_standard_v1" }),
         roles: ["aggregated"]
       })
     )
+    yield* SubscriptionRef.set(loadRef, [
+      {
+        producer: attachment.identity,
+        kvUsedBlocks: undefined,
+        totalKvBlocks: undefined,
+        kvObservedRanks: 0,
+        kvExpectedRanks: 1
+      }
+    ])
     const relay: BenchRelay = { name, url: server.url, attachment }
     return relay
   })

@@ -19,12 +19,13 @@ import {
   benchProducerApply,
   benchReplaceRanks
 } from "./ckf.js"
-import { benchEndToEnd } from "./e2e.js"
+import { benchEndToEnd, benchEndToEndEngineMetrics } from "./e2e.js"
 import { benchGlobal } from "./global.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
-import { benchOverlapHttp } from "./overlapHttp.js"
+import { benchOverlapHttp, benchRouteHttp } from "./overlapHttp.js"
+import { benchEngineMetricsParse, benchRouteCost } from "./routeCost.js"
 import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
 import { benchWorkerQuery } from "./workerQuery.js"
@@ -63,7 +64,11 @@ const suites: ReadonlyArray<Suite> = [
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
   ["worker_query_http", benchWorkerQueryHttp],
+  ["route_http", benchRouteHttp],
+  ["route_cost", benchRouteCost],
+  ["engine_metrics_parse", benchEngineMetricsParse],
   ["e2e", benchEndToEnd],
+  ["e2e_engine_metrics", benchEndToEndEngineMetrics],
   ["soak_memory", benchSoakMemory, "named"]
 ]
 

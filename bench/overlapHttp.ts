@@ -169,6 +169,7 @@ const load = (options: {
   readonly bodies: ReadonlyArray<string>
   readonly seconds: number
   readonly rate?: number | undefined
+  /** Default `/v1/overlap`. */
   readonly path?: string | undefined
 }): Promise<LoadResult> =>
   new Promise((resolve, reject) => {
@@ -595,6 +596,74 @@ const program = (ctx: BenchContext) =>
       `peak while 16 relays publish (${Math.round((events * 1000) / ingestMs)} events/s of ${INGEST_BLOCKS_PER_EVENT} blocks, ${Math.round((published * 1000) / ingestMs)} deltas/s installed) vs idle; target >= 0.5x`
     )
   })
+
+/**
+ * `route_http`: `POST /v1/route` against `POST /v1/overlap` on the same prompts and the same
+ * consumer (16 ready lanes whose relays send load windows with engine load every second and a
+ * READY readiness), alternating rounds, median of each. The decision adds the readiness and load
+ * lookups, the cost model over 16 candidates and a longer answer to the overlap itself.
+ */
+const routeProgram = (ctx: BenchContext) =>
+  Effect.gen(function* () {
+    const seconds = ctx.quick ? 2 : 5
+    const rounds = 3
+    const { consumer, realUrl, bodies } = yield* startGlobal(512)
+    // Every lane's load and readiness arrive before anything is timed.
+    const settle = performance.now()
+    for (;;) {
+      const answer = yield* Effect.promise(() =>
+        fetch(`${realUrl}/v1/route`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: bodies[0]!
+        }).then(async (r) => ({
+          status: r.status,
+          body: (await r.json()) as { candidates?: Array<{ reason?: string }> }
+        }))
+      )
+      const known = answer.body.candidates?.filter((c) => c.reason === undefined).length ?? 0
+      if (answer.status === 200 && known === LANES) break
+      if (performance.now() - settle > 60_000)
+        return yield* Effect.dieMessage(
+          `route answers never had ${LANES} candidates with known load: ${answer.status} ${JSON.stringify(answer.body.candidates?.map((c) => c.reason ?? "ok"))}`
+        )
+      yield* Effect.sleep("100 millis")
+    }
+    void consumer
+    const run = (what: string, path: string) =>
+      Effect.promise(() => measured({ url: realUrl, bodies, seconds, path })).pipe(
+        Effect.map((r) => ({ ...checked(what, r), cpu: r.cpuPerQueryUs }))
+      )
+    yield* run("warm-up route", "/v1/route")
+    yield* run("warm-up overlap", "/v1/overlap")
+    const routes: Array<number> = []
+    const overlaps: Array<number> = []
+    const routeCpu: Array<number> = []
+    const overlapCpu: Array<number> = []
+    for (let r = 0; r < rounds; r++) {
+      const route = yield* run("route", "/v1/route")
+      const overlap = yield* run("overlap", "/v1/overlap")
+      routes.push(route.qps)
+      overlaps.push(overlap.qps)
+      routeCpu.push(route.cpu)
+      overlapCpu.push(overlap.cpu)
+      ctx.log(
+        `  round ${r + 1}: route ${route.qps.toFixed(0)} q/s (${route.cpu.toFixed(0)} µs CPU/q), overlap ${overlap.qps.toFixed(0)} q/s (${overlap.cpu.toFixed(0)} µs CPU/q)`
+      )
+    }
+    record(
+      ctx,
+      "route_http",
+      "queries/s",
+      median(routes),
+      median(overlaps),
+      `${LANES} lanes with live load windows and readiness, 1024-token prompts, ${CONNECTIONS} connections, median of ${rounds} alternating rounds of ${seconds} s; vs /v1/overlap on the same prompts; target >= 0.8x; CPU/q ${median(routeCpu).toFixed(0)} µs vs ${median(overlapCpu).toFixed(0)} µs`
+    )
+  })
+
+export const benchRouteHttp = async (ctx: BenchContext): Promise<void> => {
+  await Effect.runPromise(routeProgram(ctx).pipe(Effect.scoped, Logger.withMinimumLogLevel(LogLevel.Error)))
+}
 
 export const benchOverlapHttp = async (ctx: BenchContext): Promise<void> => {
   await Effect.runPromise(program(ctx).pipe(Effect.scoped, Logger.withMinimumLogLevel(LogLevel.Error)))

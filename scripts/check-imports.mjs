@@ -32,7 +32,7 @@ export const LAYERS = [
   ["ckf", "version.ts"],
   ["client", "protocol"],
   ["observability"],
-  ["http", "discovery", "recovery"],
+  ["http", "discovery", "recovery", "load", "routing"],
   ["transport"],
   ["relay", "consumer"],
   ["relay/http", "consumer/http"],

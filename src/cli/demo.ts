@@ -13,11 +13,13 @@ import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
-import { Context, Duration, Effect, Either, Fiber, Layer, Random, Ref, Schedule } from "effect"
+import { Clock, Context, Duration, Effect, Either, Fiber, Layer, Random, Ref, Schedule } from "effect"
 import { chainSequenceHash } from "../ckf/global.js"
 import { localBlockHashes, sequenceHashes } from "../ckf/tokens.js"
 import { hashPairsToBigInts } from "../ckf/u64.js"
 import { RelayQueryClient } from "../client/http.js"
+import { GlobalConsumer } from "../consumer/GlobalConsumer.js"
+import { routeOf } from "../consumer/GlobalRoute.js"
 import { GlobalView } from "../consumer/GlobalView.js"
 import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
 import { Discovery } from "../discovery/Discovery.js"
@@ -26,10 +28,12 @@ import type { KvEventSource } from "../protocol/Discovery.js"
 import { KvEventSourceJson } from "../protocol/Discovery.js"
 import { encodeJson } from "../protocol/Json.js"
 import { EndpointId } from "../protocol/Model.js"
+import { DEFAULT_ROUTE_POLICY } from "../protocol/RouteApi.js"
 import * as RelayHttpServer from "../relay/http/RelayHttpServer.js"
 import type { KvDcRelayService } from "../relay/KvDcRelay.js"
 import * as RelayHost from "../relay/RelayHost.js"
 import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
+import { movingLoad, serveEngineMetrics } from "../simulate/EngineMetricsEndpoint.js"
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
@@ -287,7 +291,10 @@ const startDc = (dc: number, dir: string, settings: DemoSettings) =>
       Array.from({ length: settings.workers }, (_, i) => i),
       (i) => makeWorker(dc, i)
     )
-    const sources = yield* Effect.forEach(workers, (w) => w.source)
+    const metrics = yield* Effect.forEach(workers, (_, i) => startWorkerMetrics(dc, i))
+    const sources = yield* Effect.forEach(workers, (w, i) =>
+      Effect.map(w.source, (source) => ({ ...source, metricsUrl: metrics[i]!.url }))
+    )
     const path = join(dir, `${name}-discovery.json`)
     const encodeSource = encodeJson(KvEventSourceJson)
     const document = {
@@ -310,6 +317,64 @@ const startDc = (dc: number, dir: string, settings: DemoSettings) =>
       port: settings.httpPort === 0 ? 0 : settings.httpPort + dc
     })
     return { name, url: address.url, relay, workers, path } satisfies DcRuntime & { readonly path: string }
+  })
+
+/**
+ * A worker's metrics endpoint (vLLM's names for Dynamo-format and vLLM workers, SGLang's for
+ * SGLang ones) whose load moves in a wave: the DCs' waves are half a period apart, so each DC
+ * takes its turn being the idle one and the route decisions of the summary change with them.
+ */
+const startWorkerMetrics = (dc: number, index: number) =>
+  Effect.gen(function* () {
+    const endpoint = yield* serveEngineMetrics({
+      format: index % 4 === 3 ? "sglang" : "vllm",
+      model: MODEL
+    })
+    const phase = dc / DCS.length
+    yield* Effect.forkScoped(
+      movingLoad(endpoint, {
+        phase,
+        periodS: LOAD_PERIOD_S,
+        kvUsage: () =>
+          0.3 + 0.5 * Math.max(0, Math.sin(2 * Math.PI * (Date.now() / (LOAD_PERIOD_S * 1000) + phase)))
+      })
+    )
+    return endpoint
+  })
+
+/** Seconds per wave of the simulated engines' load. */
+const LOAD_PERIOD_S = 40
+
+/** The summary's routing lines: per sample, the decision and each DC's cost and load (PROTOCOL §7.1). */
+const routeLines = (routed: ReadonlyArray<Sample>) =>
+  Effect.gen(function* () {
+    const consumer = yield* GlobalConsumer
+    const now = yield* Clock.currentTimeMillis
+    const lines: Array<string> = []
+    for (const sample of routed) {
+      const answer = routeOf(
+        consumer,
+        { namespace: NAMESPACE, model: MODEL, tokens: sample.tokens },
+        DEFAULT_ROUTE_POLICY,
+        new Map(),
+        now
+      )
+      if (!("candidates" in answer)) {
+        lines.push(`    route ${sample.label.padEnd(30)} ${answer.message}`)
+        continue
+      }
+      const terms = answer.candidates
+        .map((c) => {
+          const load =
+            c.load.runningRequests === undefined
+              ? "load unknown"
+              : `${c.load.runningRequests}+${c.load.waitingRequests ?? "?"} requests on ${c.load.observedRanks}/${c.load.expectedRanks} ranks`
+          return `${c.relay} ${c.cost === undefined ? "-" : `cost ${fmt(c.cost)}`}${c.reason === undefined ? "" : ` ${c.reason}`} (${load})`
+        })
+        .join("; ")
+      lines.push(`    route ${sample.label.padEnd(30)} → ${answer.decision?.relay ?? "none"}   ${terms}`)
+    }
+    return lines
   })
 
 interface Sample {
@@ -455,6 +520,7 @@ const summary = (
     }
     lines.push(`  which worker holds ${samples[0]!.label} (POST /v1/query, blocks per tier):`)
     lines.push(...(yield* workerQueryLines(dcs)))
+    lines.push(...(yield* routeLines(samples.slice(0, 2))))
     const text = `${lines.join("\n")}\n`
     yield* Effect.sync(() => {
       // On a terminal, redraw in place; otherwise append (logs and CI output stay readable).
@@ -481,7 +547,12 @@ export const demoProgram = (settings: DemoSettings) =>
     yield* Effect.sync(() => {
       process.stdout.write(`kvrelay demo: discovery documents in ${dir}\n`)
       for (const dc of dcs) process.stdout.write(`  relay ${dc.name}: ${dc.url} (${dc.path})\n`)
-      process.stdout.write(`  global consumer: ${globalUrl}  (POST /v1/overlap, GET /v1/domains)\n`)
+      process.stdout.write(
+        `  global consumer: ${globalUrl}  (POST /v1/overlap, POST /v1/route, GET /v1/domains)\n`
+      )
+      process.stdout.write(
+        `  each worker serves engine metrics whose load moves in a ${LOAD_PERIOD_S}s wave, the DCs in turn: watch the route decisions follow it\n`
+      )
       process.stdout.write(
         `  a query that hits once the workers have warmed up (a few seconds; 4 blocks of ${BLOCK_SIZE} tokens and 3 that do not count):\n    ${pasteableQuery(globalUrl)}\n`
       )
@@ -502,6 +573,7 @@ export const demoProgram = (settings: DemoSettings) =>
     yield* Effect.forkScoped(
       summary(dcs, globalUrl, previous, started, settings.dropEvery).pipe(
         Effect.provideService(GlobalView, Context.get(globalContext, GlobalView)),
+        Effect.provideService(GlobalConsumer, Context.get(globalContext, GlobalConsumer)),
         Effect.repeat(Schedule.spaced("2 seconds")),
         Effect.delay("2 seconds")
       )

@@ -8,7 +8,7 @@ import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
 import * as GlobalProcess from "./globalProcess.js"
 import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
 import { relayConnectionSecurity, serverSecurity } from "./security.js"
-import { type GlobalSettings, splitAddress, splitRelayTarget } from "./settings.js"
+import { type GlobalSettings, globalRouting, splitAddress, splitRelayTarget } from "./settings.js"
 
 export const globalProgram = (settings: GlobalSettings) => {
   const { host, port } = splitAddress(settings.http)
@@ -36,6 +36,7 @@ export const globalProgram = (settings: GlobalSettings) => {
               host,
               port,
               maxBodyBytes: settings.maxRequestBodyBytes,
+              routing: globalRouting(settings),
               ...server,
               relayTls,
               client: { bearerToken }

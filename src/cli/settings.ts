@@ -3,13 +3,16 @@
  * Schema each merged settings record is decoded with.
  */
 
-import { Either, Schema } from "effect"
+import { Either, ParseResult, Schema } from "effect"
+import type { RoutingSettings } from "../consumer/GlobalRoute.js"
 import {
   type DiscoveryConfig,
   makeDiscoveryConfig,
   parseDiscoveryBackend,
   validateEtcdPrefix
 } from "../discovery/DiscoveryConfig.js"
+import { DEFAULT_ROUTE_POLICY, type RoutePolicy } from "../protocol/RouteApi.js"
+import { parseRoutePolicyFlag, relayPenalties } from "../routing/RouteCost.js"
 import {
   BooleanFlag,
   type CommandSpec,
@@ -143,6 +146,32 @@ export const globalCommand: CommandSpec = {
     {
       name: "max-request-body-bytes",
       help: "largest body of the overlap routes, in bytes (default 16777216); 413 BODY_TOO_LARGE beyond",
+      placeholder: "N"
+    },
+    {
+      name: "relay-penalty",
+      help: "tokens added to the cost of routing to that relay's DC, for distance or egress; 0 when not given",
+      repeatable: true,
+      placeholder: "NAME=TOKENS"
+    },
+    {
+      name: "route-overlap-credit",
+      help: "prefill tokens a cached token saves in routing decisions, finite and >= 0 (default 1)",
+      placeholder: "X"
+    },
+    {
+      name: "route-request-tokens",
+      help: "tokens of work each running or waiting request stands for, an integer >= 0 (default 1024)",
+      placeholder: "N"
+    },
+    {
+      name: "route-max-kv-usage",
+      help: "KV usage at which a DC is overloaded for routing, in (0, 1] (default 0.98)",
+      placeholder: "X"
+    },
+    {
+      name: "route-max-waiting-per-rank",
+      help: "waiting requests per rank at which a DC is overloaded for routing, > 0 (default 16)",
       placeholder: "N"
     },
     ...serverTlsFlags,
@@ -360,6 +389,45 @@ const RelayTarget = Schema.String.pipe(
   })
 )
 
+/** A policy flag of `global` (`--route-max-kv-usage 0.9`): its range is the policy's (PROTOCOL §7.1). */
+const policyFlag = (field: keyof RoutePolicy) =>
+  Schema.transformOrFail(Schema.Union(Schema.String, Schema.Number), Schema.Number, {
+    strict: true,
+    decode: (input, _, ast) =>
+      Either.match(parseRoutePolicyFlag(field, String(input)), {
+        // The settings' problems are prefixed with the flag already.
+        onLeft: (message) =>
+          ParseResult.fail(new ParseResult.Type(ast, input, message.replace(/^--[\w-]+: /, ""))),
+        onRight: (value) => ParseResult.succeed(value)
+      }),
+    encode: (value) => ParseResult.succeed(value)
+  })
+
+/** Every `--relay-penalty` problem: a value not NAME=TOKENS, a name no `--relay` gives, a repeat. */
+const penaltyProblems = (settings: {
+  readonly relay: ReadonlyArray<string>
+  readonly relayPenalty?: ReadonlyArray<string> | undefined
+}): ReadonlyArray<Schema.FilterIssue> =>
+  // Without valid relays the names cannot be checked; --relay's own problem is reported.
+  !Array.isArray(settings.relay)
+    ? []
+    : Either.match(
+        relayPenalties(
+          settings.relayPenalty ?? [],
+          settings.relay.map((r) => r.slice(0, r.indexOf("=")))
+        ),
+        {
+          // One line for the flag, naming every bad value (the settings report one problem per flag).
+          onLeft: (problems) => [
+            {
+              path: ["relayPenalty"],
+              message: problems.map((message) => message.replace(/^--relay-penalty:? ?/, "")).join("; ")
+            }
+          ],
+          onRight: () => []
+        }
+      )
+
 export const GlobalSettings = Schema.Struct({
   http: withDefault(HttpAddress, () => "127.0.0.1:8090"),
   relay: Schema.Union(
@@ -385,11 +453,39 @@ export const GlobalSettings = Schema.Struct({
   relayCert: Schema.optional(FilePath),
   relayKey: Schema.optional(FilePath),
   relayTokenFile: Schema.optional(FilePath),
+  relayPenalty: Schema.optional(StringList),
+  routeOverlapCredit: withDefault(policyFlag("overlapCredit"), () => DEFAULT_ROUTE_POLICY.overlapCredit),
+  routeRequestTokens: withDefault(policyFlag("requestTokens"), () => DEFAULT_ROUTE_POLICY.requestTokens),
+  routeMaxKvUsage: withDefault(policyFlag("maxKvUsage"), () => DEFAULT_ROUTE_POLICY.maxKvUsage),
+  routeMaxWaitingPerRank: withDefault(
+    policyFlag("maxWaitingPerRank"),
+    () => DEFAULT_ROUTE_POLICY.maxWaitingPerRank
+  ),
   otlp: Schema.optional(Url),
   logLevel: withDefault(LogLevel, () => "info" as const)
 }).pipe(
-  Schema.filter(requiredTogether([...SERVER_TLS_PAIRS, ["relayKey", "relayCert"], ["relayCert", "relayKey"]]))
+  Schema.filter(
+    requiredTogether([...SERVER_TLS_PAIRS, ["relayKey", "relayCert"], ["relayCert", "relayKey"]])
+  ),
+  Schema.filter(penaltyProblems)
 )
+
+/** The routing settings of `global` (PROTOCOL §7.1): policy defaults and relay penalties. */
+export const globalRouting = (settings: GlobalSettings): RoutingSettings => ({
+  policy: {
+    overlapCredit: settings.routeOverlapCredit,
+    requestTokens: settings.routeRequestTokens,
+    maxKvUsage: settings.routeMaxKvUsage,
+    maxWaitingPerRank: settings.routeMaxWaitingPerRank
+  },
+  penalties: Either.getOrElse(
+    relayPenalties(
+      settings.relayPenalty ?? [],
+      settings.relay.map((r) => r.slice(0, r.indexOf("=")))
+    ),
+    () => new Map<string, number>()
+  )
+})
 export type GlobalSettings = typeof GlobalSettings.Type
 
 export const DemoSettings = Schema.Struct({

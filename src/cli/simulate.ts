@@ -31,6 +31,7 @@ import { type ModelCardInstance, ModelCardInstanceJson } from "../protocol/Disco
 import { decodeJson } from "../protocol/Json.js"
 import { EndpointId } from "../protocol/Model.js"
 import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
+import { movingLoad, serveEngineMetrics } from "../simulate/EngineMetricsEndpoint.js"
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
 import { observabilityLayer } from "./runtime.js"
@@ -177,17 +178,43 @@ const makeWorker = (
         }
       }
     })
-    const advertisedSource = advertiseSource(source, host)
+    const metrics = yield* serveWorkerMetrics(settings, index, host)
+    const advertisedSource = { ...advertiseSource(source, host), metricsUrl: metrics.url }
     const where = yield* registry.register(workerId, card, advertisedSource)
     yield* Effect.logInfo("simulated worker registered").pipe(
       Effect.annotateLogs({
         worker: workerId,
         format: worker.label,
         endpoint: advertisedSource.transport.endpoint,
+        metricsUrl: metrics.url,
         ...where
       })
     )
     return worker
+  })
+
+/**
+ * A worker's engine metrics endpoint (PROTOCOL §2 `metricsUrl`): vLLM's names for Dynamo-format
+ * and vLLM workers, SGLang's for SGLang ones, bound beside its ZeroMQ sockets. Its load moves in
+ * a 60 s wave whose phase differs per worker, so relays and routers see load change.
+ */
+const serveWorkerMetrics = (settings: SimulateSettings, index: number, advertiseHost: string) =>
+  Effect.gen(function* () {
+    const endpoint = yield* serveEngineMetrics({
+      format: index % 4 === 3 ? "sglang" : "vllm",
+      model: settings.model,
+      host: settings.bindHost,
+      advertiseHost
+    })
+    const phase = (index * 0.37) % 1
+    yield* Effect.forkScoped(
+      movingLoad(endpoint, {
+        phase,
+        periodS: 60,
+        kvUsage: () => 0.2 + 0.6 * Math.max(0, Math.sin(2 * Math.PI * (Date.now() / 60_000 + phase)))
+      })
+    )
+    return endpoint
   })
 
 /**

@@ -33,6 +33,7 @@ import {
 } from "./GlobalCkfIngestionPool.js"
 import type { KnownModelsView } from "./KnownModels.js"
 import { make as makeRelayClient, type RelayClient, type RelayClientOptions } from "./RelayClient.js"
+import type { RelaySignalsView } from "./RelaySignals.js"
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -199,6 +200,11 @@ export interface RelayStatus {
   readonly info: RelayInfo | undefined
   /** The latest catalog of the current epoch (forgotten when the epoch ends). */
   readonly catalog: CatalogSnapshot | undefined
+  /**
+   * The newest catalog the relay sent, kept across an ended epoch until the next one's catalog
+   * replaces it: a relay that went away keeps its pools as routing candidates (PROTOCOL §7.1).
+   */
+  readonly lastCatalog: CatalogSnapshot | undefined
   readonly connected: boolean
   readonly epochs: number
   readonly lastError: string | undefined
@@ -243,6 +249,8 @@ export interface GlobalConsumerService {
   readonly problems: () => ReadonlyArray<string>
   /** What the relays' catalogs have registered since the consumer started (PROTOCOL §7 ◆3). */
   readonly known: KnownModelsView
+  /** Each relay's latest load window and readiness (PROTOCOL §7.1 ◆3), read by routing. */
+  readonly signals: RelaySignalsView
   /** Sets the consumer's gauges from the current state (called before a metrics scrape). */
   readonly refreshGauges: Effect.Effect<void>
 }

@@ -74,6 +74,7 @@ import {
 import { make as makeIngestionPool } from "./internal/IngestionPoolLive.js"
 import { KnownModels } from "./KnownModels.js"
 import { type PoolStreamEvent, type RelayClient, relayClientErrorText } from "./RelayClient.js"
+import * as RelaySignals from "./RelaySignals.js"
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
@@ -150,6 +151,7 @@ export const make = (
       info: undefined,
       knownDcId: undefined,
       catalog: undefined,
+      lastCatalog: undefined,
       connected: false,
       epochs: 0,
       lastError: undefined,
@@ -822,6 +824,7 @@ export const make = (
                 )
               }
               relay.catalog = catalog
+              relay.lastCatalog = catalog
               relay.connected = true
               relay.lastError = undefined
               known.remember(relays.flatMap((r) => (r.catalog === undefined ? [] : [r.catalog])))
@@ -841,6 +844,20 @@ export const make = (
       Effect.gen(function* () {
         const client = relay.client ?? (yield* connector.connect(relay.spec))
         relay.client = client
+        if (!followed.has(relay.index)) {
+          followed.add(relay.index)
+          yield* Effect.forkIn(
+            RelaySignals.follow(signals, {
+              relay: relay.spec.name,
+              client,
+              subscriberId,
+              resetAfterMs,
+              backoff: backoffDelay,
+              relayConnected: () => relay.connected
+            }),
+            consumerScope
+          )
+        }
         let attempt = 0
         for (;;) {
           const started = nowMs()
@@ -868,6 +885,10 @@ export const make = (
           attempt += 1
         }
       }).pipe(Effect.annotateLogs(relayAnnotations(relay)))
+
+    // Each relay's load and readiness, for routing decisions (PROTOCOL §7.1 ◆3).
+    const signals = new RelaySignals.RelaySignals()
+    const followed = new Set<number>()
 
     for (const relay of relays) {
       yield* Effect.forkIn(supervised("consumer.relay", relayLoop(relay)), consumerScope)
@@ -920,6 +941,7 @@ export const make = (
           lane: relay.index,
           info: relay.info,
           catalog: relay.catalog,
+          lastCatalog: relay.lastCatalog,
           connected: relay.connected,
           epochs: relay.epochs,
           lastError: relay.lastError
@@ -927,6 +949,7 @@ export const make = (
       domains: domainList,
       problems: () => [...currentProblems.values()],
       known,
+      signals,
       refreshGauges
     }
     return service

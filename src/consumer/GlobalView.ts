@@ -29,7 +29,12 @@ import {
   NoReadyLane,
   type OverlapError
 } from "./ConsumerErrors.js"
-import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from "./GlobalConsumer.js"
+import {
+  type DomainStatus,
+  GlobalConsumer,
+  type GlobalConsumerService,
+  type LaneStatus
+} from "./GlobalConsumer.js"
 
 // ---------------------------------------------------------------------------------------------
 // Requests, results, errors
@@ -321,6 +326,56 @@ export const overlapOf = (
     })
   }
   return sortByDepth(results)
+}
+
+/** One lane of a domain a query matched, probed when it was ready (PROTOCOL §7.1 ◆3). */
+export interface LaneProbe {
+  readonly domain: DomainStatus
+  readonly lane: LaneStatus
+  /** The lane's prefix depth; undefined when the lane could not be probed (not ready). */
+  readonly prefixDepth: number | undefined
+  readonly kvBlockSize: number
+  /** Full blocks of the query in the domain's semantics. */
+  readonly queryBlocks: number
+}
+
+/**
+ * Every lane of every domain that matches `request`, ready or not, with the depth of each lane
+ * the query could probe: the candidates of a routing decision. Fails as `overlapOf` does for a
+ * name no relay has registered; a known model with no lane now is an empty list.
+ */
+export const probeLanesOf = (
+  consumer: GlobalConsumerService,
+  request: OverlapRequest
+): ReadonlyArray<LaneProbe> | OverlapError => {
+  const adapter = adapterOf(request)
+  const unknown = unknownTarget(consumer, request, adapter)
+  if (unknown !== undefined) return unknown
+  const all = consumer.domains()
+  const matching =
+    "poolDomain" in request
+      ? all.filter((domain) => domain.id.equals(request.poolDomain))
+      : all.filter((domain) => servesModel(domain, request.namespace, request.model))
+  const addresses = new QueryAddresses(request)
+  const probes: Array<LaneProbe> = []
+  for (const domain of matching) {
+    const semantics = domain.querySemantics
+    const probed = addresses.for(semantics)
+    const captured = domain.indexer.prefixDepthsInto(probed, queryDepths)
+    const mask = captured === "Unavailable" ? 0 : captured
+    for (const lane of domain.lanes.values()) {
+      const physical = lane.lane
+      const probedHere = lane.ready && (mask & (1 << physical)) !== 0
+      probes.push({
+        domain,
+        lane,
+        prefixDepth: probedHere ? queryDepths[physical]! : undefined,
+        kvBlockSize: semantics.kvBlockSize,
+        queryBlocks: probed.length / 2
+      })
+    }
+  }
+  return probes
 }
 
 /** The base registrations of a domain's pools, with their aliases and the adapters on them. */

@@ -28,7 +28,14 @@ import {
   PoolFrameDecodeError,
   PoolFrameDecoder
 } from "../protocol/PoolStream.js"
-import { CatalogSnapshotJson, RelayInfoJson } from "../protocol/RelayApi.js"
+import {
+  CatalogSnapshotJson,
+  type LoadWindowDocument,
+  LoadWindowJson,
+  type ReadinessDocument,
+  ReadinessJson,
+  RelayInfoJson
+} from "../protocol/RelayApi.js"
 import { SseParser } from "../protocol/Sse.js"
 import {
   CatalogWatchEnded,
@@ -38,7 +45,8 @@ import {
   type RelayClientError,
   RelayHttpError,
   RelayProtocolError,
-  RelayTransportError
+  RelayTransportError,
+  SignalWatchEnded
 } from "./ConsumerErrors.js"
 
 /** One line for logs and diagnostics. */
@@ -270,6 +278,43 @@ export class CatalogWatchReader {
   }
 }
 
+/**
+ * SSE bytes in, documents out, for the relay's load and readiness watches: events named `event`
+ * only, each payload decoded by `decode`; anything else ends the watch.
+ */
+export class SignalWatchReader<A> {
+  private readonly parser = new SseParser()
+
+  constructor(
+    private readonly watch: "load" | "readiness",
+    private readonly decode: (text: string) => Either.Either<A, { readonly message: string }>
+  ) {}
+
+  push(chunk: Uint8Array): Array<A> | SignalWatchEnded {
+    const out: Array<A> = []
+    for (const message of this.parser.push(chunk)) {
+      if (message.event !== this.watch) {
+        return new SignalWatchEnded({
+          watch: this.watch,
+          message: `unexpected ${this.watch} watch event ${JSON.stringify(message.event.slice(0, 40))}`
+        })
+      }
+      const decoded = this.decode(message.data)
+      if (Either.isLeft(decoded)) {
+        return new SignalWatchEnded({
+          watch: this.watch,
+          message: `malformed ${this.watch} event: ${decoded.left.message}`
+        })
+      }
+      out.push(decoded.right)
+    }
+    return out
+  }
+}
+
+export const decodeLoadWindow = decodeJsonText(LoadWindowJson)
+export const decodeReadiness = decodeJsonText(ReadinessJson)
+
 // ---------------------------------------------------------------------------------------------
 // The client
 
@@ -307,6 +352,10 @@ export interface RelayClient {
     expected: ProducerIdentity,
     subscriberId: string
   ) => Stream.Stream<PoolStreamEvent, RelayClientError>
+  /** `GET /v1/load/watch` (PROTOCOL §5): one window a second; ends only with an error. */
+  readonly watchLoad: (subscriberId: string) => Stream.Stream<LoadWindowDocument, RelayClientError>
+  /** `GET /v1/readiness/watch` (PROTOCOL §5): the readiness now and on change; ends only with an error. */
+  readonly watchReadiness: (subscriberId: string) => Stream.Stream<ReadinessDocument, RelayClientError>
 }
 
 const encodeProducer = encodeJson(ProducerIdentityJson)
@@ -512,11 +561,44 @@ export const make = (
       )
     }
 
+    const watchSignal = <A>(
+      watch: "load" | "readiness",
+      subscriberId: string,
+      decode: (text: string) => Either.Either<A, { readonly message: string }>
+    ): Stream.Stream<A, RelayClientError> => {
+      const url = `${base}/v1/${watch}/watch?subscriber=${encodeURIComponent(subscriberId)}`
+      return Stream.unwrapScoped(
+        Effect.gen(function* () {
+          const response = yield* execute(
+            HttpClientRequest.get(url).pipe(HttpClientRequest.setHeader("accept", "text/event-stream"))
+          )
+          yield* requireContentType(url, response, "text/event-stream")
+          const reader = new SignalWatchReader(watch, decode)
+          const idle = () =>
+            new SignalWatchEnded({
+              watch,
+              message: `${watch} watch silent for ${Duration.format(idleTimeout)}`
+            })
+          return bodyOf(url, response, idle).pipe(
+            Stream.mapConcatEffect((chunk) => {
+              const out = reader.push(chunk)
+              return out instanceof SignalWatchEnded ? Effect.fail(out) : Effect.succeed(out)
+            }),
+            Stream.concat(
+              Stream.fail(new SignalWatchEnded({ watch, message: `${watch} watch closed by the relay` }))
+            )
+          )
+        })
+      ).pipe(Stream.withSpan(`RelayClient.watch ${watch}`, { attributes: { "kvrelay.relay_url": base } }))
+    }
+
     return {
       baseUrl: base,
       relayInfo: getJson("/v1/relay", decodeRelayInfo),
       catalog: getJson("/v1/catalog", decodeCatalogJson),
       watchCatalog,
-      subscribePool
+      subscribePool,
+      watchLoad: (subscriberId) => watchSignal("load", subscriberId, decodeLoadWindow),
+      watchReadiness: (subscriberId) => watchSignal("readiness", subscriberId, decodeReadiness)
     }
   })

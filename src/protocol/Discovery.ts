@@ -116,7 +116,16 @@ export const KvEventSourceJson = Schema.Struct({
   publisherId: U64,
   transport: KvEventTransportJson,
   /** null = live only (no worker-query recovery). */
-  recoveryTarget: Schema.optionalWith(Schema.NullOr(Schema.Struct({ endpoint: NonEmptyString })), nullDefault)
+  recoveryTarget: Schema.optionalWith(
+    Schema.NullOr(Schema.Struct({ endpoint: NonEmptyString })),
+    nullDefault
+  ),
+  /**
+   * ◆3 The engine's Prometheus endpoint, read for engine load (§5). Absent or null: no engine
+   * load. Any text decodes: a URL the relay cannot read is that source's read error in
+   * `/v1/stats`, never a reason to drop its events.
+   */
+  metricsUrl: Schema.optionalWith(Schema.NullOr(Schema.String), { exact: true })
 })
 export type KvEventSource = typeof KvEventSourceJson.Type
 

@@ -34,6 +34,13 @@ import {
   openApiEndpoint,
   statusPageEndpoint
 } from "./RelayApi.js"
+import {
+  RouteAnswerJson,
+  RouteBatchAnswerJson,
+  RouteBatchJson,
+  RoutePolicyFieldJson,
+  RouteUnavailableJson
+} from "./RouteApi.js"
 import { openApiDocument } from "./Routes.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -212,6 +219,14 @@ export const GlobalLaneStatsJson = Schema.Struct({
   lastFault: nullable(Schema.String)
 })
 
+/** One of a relay's watches followed for routing: its state, retries, last error and last document's time. */
+export const SignalWatchStatsJson = Schema.Struct({
+  state: Schema.Literal("starting", "up", "failing"),
+  resubscribes: Count,
+  lastError: nullable(Schema.String),
+  receivedAt: nullable(Schema.Date)
+})
+
 /** `GET /v1/stats` of `kvrelay global`. */
 export const GlobalStatsJson = Schema.Struct({
   consumerInstance: U64,
@@ -227,6 +242,10 @@ export const GlobalStatsJson = Schema.Struct({
       dcName: nullable(Schema.String),
       dcId: nullable(DcIdHex),
       catalogRevision: nullable(U64),
+      /** ◆3 the relay's load and readiness watches, followed for routing decisions (§7.1). */
+      watches: Schema.optional(
+        Schema.Struct({ load: SignalWatchStatsJson, readiness: SignalWatchStatsJson })
+      ),
       lanes: Schema.Array(GlobalLaneStatsJson)
     })
   ),
@@ -243,6 +262,14 @@ export const OverlapRequestJson = Schema.Union(
   ModelLocalOverlapJson,
   DomainTokensOverlapJson,
   DomainLocalOverlapJson
+)
+
+/** `POST /v1/route` (§7.1 ◆3): an overlap body plus an optional `policy`. */
+export const RouteRequestJson = Schema.Union(
+  Schema.extend(ModelTokensOverlapJson, RoutePolicyFieldJson),
+  Schema.extend(ModelLocalOverlapJson, RoutePolicyFieldJson),
+  Schema.extend(DomainTokensOverlapJson, RoutePolicyFieldJson),
+  Schema.extend(DomainLocalOverlapJson, RoutePolicyFieldJson)
 )
 
 /**
@@ -280,6 +307,24 @@ export const GlobalHttpApi = HttpApi.make("global")
           .addError(...errorWith(400))
           .addError(...errorWith(413))
           .annotate(OpenApi.Summary, "Up to 256 overlap queries, each answered or failed on its own")
+      )
+      .add(
+        HttpApiEndpoint.post("route", "/v1/route")
+          .setPayload(RouteRequestJson)
+          .addSuccess(RouteAnswerJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(404))
+          .addError(...errorWith(413))
+          .addError(RouteUnavailableJson, { status: 503 })
+          .annotate(OpenApi.Summary, "Where to send a prompt: the decision and every candidate's cost (§7.1)")
+      )
+      .add(
+        HttpApiEndpoint.post("routeBatch", "/v1/route/batch")
+          .setPayload(RouteBatchJson)
+          .addSuccess(RouteBatchAnswerJson)
+          .addError(...errorWith(400))
+          .addError(...errorWith(413))
+          .annotate(OpenApi.Summary, "Up to 256 routing decisions, each answered or failed on its own")
       )
       .add(
         HttpApiEndpoint.get("health", "/v1/health")

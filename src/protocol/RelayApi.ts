@@ -352,7 +352,13 @@ export const LoadPoolJson = Schema.Struct({
   kvUsedBlocks: U64,
   totalKvBlocks: U64,
   kvObservedRanks: U32,
-  kvExpectedRanks: U32
+  kvExpectedRanks: U32,
+  // ◆3 engine load (§5): sums and the mean over the observed ranks, absent when unknown.
+  runningRequests: Schema.optionalWith(Schema.Number, { exact: true }),
+  waitingRequests: Schema.optionalWith(Schema.Number, { exact: true }),
+  kvUsage: Schema.optionalWith(Schema.Number, { exact: true }),
+  /** A window from a relay before revision 3 has none: no rank observed. */
+  loadObservedRanks: Schema.optionalWith(U32, { default: () => 0 })
 })
 
 /** Every `event: load` of `/v1/load/watch`. */
@@ -382,6 +388,14 @@ export const SLOT_LIFECYCLES = [
   "fenced",
   "lightweight"
 ] as const
+
+/** A source's last engine-metrics read and its error (PROTOCOL §5 ◆3); a time absent: none yet. */
+export const SourceMetricsJson = Schema.Struct({
+  url: Schema.String,
+  lastReadAt: Schema.optional(Schema.Date),
+  lastSuccessAt: Schema.optional(Schema.Date),
+  error: Schema.optional(Schema.Struct({ reason: Schema.String, message: Schema.String }))
+})
 
 export const EndpointStatsJson = Schema.Struct({
   servingEndpoint: EndpointTextJson,
@@ -481,7 +495,9 @@ export const EndpointStatsJson = Schema.Struct({
       state: Schema.Literal("connecting", "live", "recovering", "degraded", "rejected"),
       since: Schema.Date,
       history: Schema.Literal("complete", "partial"),
-      reason: Schema.optional(Schema.String)
+      reason: Schema.optional(Schema.String),
+      /** ◆3 the source's engine-metrics reads (§5); absent without `metricsUrl`. */
+      metrics: Schema.optional(SourceMetricsJson)
     })
   )
 })

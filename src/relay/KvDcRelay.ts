@@ -17,6 +17,7 @@ import type { DpRank, MalformedReason, SkipCounts, WorkerId } from "../protocol/
 import type { DcRelayIdentity, EndpointId } from "../protocol/Model.js"
 import type * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
+import type { EngineLoad, SourceMetricsStats } from "./EngineLoad.js"
 import type { DcPoolCatalog } from "./PoolCatalog.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import type { PoolFeed, PublicationFrame } from "./PublicationSource.js"
@@ -54,6 +55,8 @@ export interface SourceStats {
   /** `partial` from the moment the relay knows it missed stored events of the rank (§3.3). */
   readonly history: "complete" | "partial"
   readonly reason: string | undefined
+  /** The source's engine-metrics reads (PROTOCOL §5 ◆3); undefined without `metricsUrl`. */
+  readonly metrics: SourceMetricsStats | undefined
 }
 
 export interface RelayHealth {
@@ -230,6 +233,8 @@ export interface KvDcRelayService {
   readonly membershipRef: SubscriptionRef.SubscriptionRef<DcMembershipView>
   /** Per-pool load, sorted by PoolId; windows are cut from it once per second. */
   readonly loadRef: SubscriptionRef.SubscriptionRef<ReadonlyArray<PoolLoadSnapshot>>
+  /** Engine load read from the sources' `metricsUrl`s (PROTOCOL §5 ◆3); absent: none read. */
+  readonly engineLoad?: EngineLoad | undefined
   /**
    * A pool stream: every snapshot chunk, then contiguous deltas. Fails before the stream starts
    * (NotFound, ProducerMismatch, ResourceExhausted, Unavailable) or as the stream's error.

@@ -10,6 +10,7 @@
  */
 
 import { Clock, Deferred, Duration, Effect, Option, Queue, type Scope, Stream, SubscriptionRef } from "effect"
+import type { EngineLoadAdditions } from "../load/EngineLoadWindow.js"
 import { loopStep, supervised } from "../observability/Supervised.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import { LoadWindowLagged, LoadWindowsClosed } from "./RelayErrors.js"
@@ -24,7 +25,12 @@ export interface LoadWindow {
   readonly observedMs: bigint
   readonly windowMs: bigint
   /** Sorted by PoolId; an empty list is a valid idle window. */
-  readonly pools: ReadonlyArray<PoolLoadSnapshot>
+  readonly pools: ReadonlyArray<LoadWindowPool>
+}
+
+/** A pool's entry: its KV occupancy and its engines' load (PROTOCOL §5 ◆3; absent = none read). */
+export interface LoadWindowPool extends PoolLoadSnapshot {
+  readonly engine?: EngineLoadAdditions | undefined
 }
 
 export type LoadWindowError = LoadWindowLagged | LoadWindowsClosed
@@ -51,6 +57,16 @@ export interface LoadWindowsOptions {
   readonly window?: Duration.DurationInput | undefined
   /** Windows buffered per subscriber (default 16, at most 65,536). */
   readonly fanoutCapacity?: number | undefined
+  /**
+   * The engines' load of each pool at the cut's time (PROTOCOL §5 ◆3), in the pools' order. It
+   * must not wait on an engine: it reads what the metrics poller left behind.
+   */
+  readonly engineLoad?:
+    | ((
+        pools: ReadonlyArray<PoolLoadSnapshot>,
+        nowMs: number
+      ) => Effect.Effect<ReadonlyArray<EngineLoadAdditions>>)
+    | undefined
   /** Called once per window cut (metrics). */
   readonly onWindow?: ((window: LoadWindow) => Effect.Effect<void>) | undefined
 }
@@ -84,8 +100,14 @@ export const make = (
       )
 
     const cut = Effect.gen(function* () {
-      const pools = yield* SubscriptionRef.get(loadRef)
-      const observedMs = BigInt(yield* Clock.currentTimeMillis)
+      const snapshots = yield* SubscriptionRef.get(loadRef)
+      const nowMs = yield* Clock.currentTimeMillis
+      const observedMs = BigInt(nowMs)
+      let pools: ReadonlyArray<LoadWindowPool> = snapshots
+      if (options.engineLoad !== undefined) {
+        const engine = yield* options.engineLoad(snapshots, nowMs)
+        pools = snapshots.map((pool, i) => ({ ...pool, engine: engine[i] }))
+      }
       sequence += 1n
       const next: LoadWindow = { windowSequence: sequence, observedMs, windowMs, pools }
       current = Option.some(next)

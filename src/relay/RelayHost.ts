@@ -61,6 +61,7 @@ import { compareUtf8 } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
 import * as EndpointSlot from "./EndpointSlot.js"
+import * as EngineLoad from "./EngineLoad.js"
 import * as PoolRegistryLive from "./internal/PoolRegistryLive.js"
 import type { ExpectedSourceState } from "./KvDcRelay.js"
 import {
@@ -121,6 +122,11 @@ export interface RelayHostConfig {
   readonly eventTransport: KvEventTransport
   /** How often each rank's load is observed (default 1 s). */
   readonly loadObservationInterval?: Duration.DurationInput | undefined
+  /**
+   * Engine load from the sources' `metricsUrl`s (PROTOCOL §5 ◆3): the poller's settings (read
+   * every 1 s, 1 s each, 16 at once by default), or false to read none.
+   */
+  readonly engineMetrics?: EngineLoad.EngineLoadOptions | false | undefined
 }
 
 const positiveInteger = (
@@ -359,6 +365,29 @@ export const make = (
     const monitors = yield* FiberSet.make<void>()
 
     const slots = new Map<string, EndpointSlotTask>()
+
+    // Every materialized generation's expected sources, for the engine-metrics poller's ticks.
+    const poolSources = Effect.suspend(() =>
+      Effect.forEach(
+        Array.from(slots.values(), (slot) => slot.status),
+        (status) => {
+          const attachment = status.attachment
+          const subscriber = status.subscriber
+          if (attachment === undefined || subscriber === undefined) return Effect.succeed([])
+          return Effect.map(subscriber.health, (health) => [
+            {
+              producerKey: attachment.identity.key,
+              servingEndpoint: status.endpoint.toString(),
+              sources: health.expected
+            }
+          ])
+        }
+      )
+    ).pipe(Effect.map((lists) => lists.flat()))
+    const engineLoad =
+      config.engineMetrics === false
+        ? EngineLoad.noEngineLoad
+        : yield* EngineLoad.make(poolSources, config.engineMetrics ?? {})
     /** Current and retiring slots: shutdown drains both. */
     const running = new Set<EndpointSlotTask>()
     let slotIncarnation = 0
@@ -558,16 +587,21 @@ export const make = (
                   publishDelay: diagnostics.publishDelay
                 },
           ingest,
-          sources: (health?.expected ?? []).map((source) => ({
-            workerId: source.workerId,
-            dpRank: source.dpRank,
-            publisherId: source.publisherId,
-            transportEndpoint: source.transportEndpoint,
-            state: source.state,
-            since: new Date(source.since),
-            history: partial.has(memberKey(source.workerId, source.dpRank)) ? "partial" : "complete",
-            reason: source.reason
-          }))
+          sources: yield* Effect.forEach(health?.expected ?? [], (source) =>
+            Effect.map(engineLoad.sourceStats(source.metricsUrl, source.dpRank), (metrics) => ({
+              workerId: source.workerId,
+              dpRank: source.dpRank,
+              publisherId: source.publisherId,
+              transportEndpoint: source.transportEndpoint,
+              state: source.state,
+              since: new Date(source.since),
+              history: partial.has(memberKey(source.workerId, source.dpRank))
+                ? ("partial" as const)
+                : ("complete" as const),
+              reason: source.reason,
+              metrics
+            }))
+          )
         } satisfies EndpointStats
       })
 
@@ -685,6 +719,7 @@ export const make = (
       catalogRef: registry.catalogRef,
       membershipRef,
       loadRef: registry.loadRef,
+      engineLoad,
       subscribePool: publication.subscribePool,
       subscribePoolFeed: publication.subscribePoolFeed,
       health: Effect.gen(function* () {

@@ -61,6 +61,8 @@ export interface ExpectedSource {
   readonly publisherId: bigint
   /** The source's `transport.endpoint`. */
   readonly transportEndpoint: string
+  /** The source's `metricsUrl` (PROTOCOL §2 ◆3), when it has one. */
+  readonly metricsUrl: string | undefined
   readonly state: ExpectedSourceState
   /** `Clock` milliseconds since the source is in `state`. */
   readonly since: number
@@ -379,6 +381,7 @@ export const make = (options: SourceSubscriberOptions): Effect.Effect<SourceSubs
             dpRank: source.dpRank,
             publisherId: source.publisherId,
             transportEndpoint: source.transport.endpoint,
+            metricsUrl: source.metricsUrl ?? undefined,
             state,
             since: record.since,
             reason

@@ -269,6 +269,9 @@ export class FakeRelay {
       return this.infoFailure === undefined ? Effect.succeed(this.info) : Effect.fail(this.infoFailure)
     }),
     catalog: Effect.suspend(() => SubscriptionRef.get(this.catalogRef)),
+    // The fake serves no load nor readiness: a route through it sees neither.
+    watchLoad: () => Stream.never,
+    watchReadiness: () => Stream.never,
     watchCatalog: () =>
       Stream.unwrap(
         Effect.gen(this, function* () {

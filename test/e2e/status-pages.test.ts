@@ -574,6 +574,14 @@ describe.skipIf(SKIP)("status pages in headless Chromium", () => {
       )
       expect(await textOf(page, '#q-results tr[data-relay="dc-b"] td.depth')).toBe("0")
       expect(await textOf(page, '#q-results tr[data-relay="dc-b"] td.matched')).toBe("0")
+      // The same prompt's routing decision: no engine serves metrics here, so both loads are
+      // unknown (eligible, LOAD_UNKNOWN) and the DC holding the prompt wins on its cache.
+      await waitForText(page, "#r-decision", "Route: dc-a (lane 0, prod.backend.generate)")
+      expect(await textOf(page, '#r-candidates tr[data-relay="dc-a"] td.reason')).toBe("LOAD_UNKNOWN")
+      expect(await textOf(page, '#r-candidates tr[data-relay="dc-a"] td.cost')).toBe("0")
+      expect(await textOf(page, '#r-candidates tr[data-relay="dc-b"] td.cost')).toBe(
+        String(PROMPT_BLOCKS * KV_BLOCK_SIZE)
+      )
 
       // A model no relay serves: the server's message is shown.
       const refused = await postJson(`${global.url}/v1/overlap`, { ...query, model: "no-such-model" }, TOKEN)

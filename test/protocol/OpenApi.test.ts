@@ -50,6 +50,8 @@ describe("OpenAPI documents", () => {
         "/v1/openapi.json",
         "/v1/overlap",
         "/v1/overlap/batch",
+        "/v1/route",
+        "/v1/route/batch",
         "/v1/stats"
       ].sort()
     )

@@ -225,6 +225,18 @@ const encodeHealth = encodeJson(GlobalHealthJson)
 const encodeStats = encodeJson(GlobalStatsJson)
 
 /** Lanes of each relay (by lane index) across the consumer's domains, and the ready ones. */
+/** A relay's load or readiness watch as `/v1/stats` shows it (PROTOCOL §7.1: followed for routing). */
+const watchStats = (consumer: GlobalConsumerService, relay: string, watch: "load" | "readiness") => {
+  const status = consumer.signals.status(relay, watch)
+  const received = watch === "load" ? consumer.signals.load(relay) : consumer.signals.readiness(relay)
+  return {
+    state: status.state,
+    resubscribes: status.resubscribes,
+    lastError: status.lastError,
+    receivedAt: received === undefined ? undefined : new Date(received.receivedAtMs)
+  }
+}
+
 const laneCounts = (consumer: GlobalConsumerService): Map<number, { lanes: number; ready: number }> => {
   const counts = new Map<number, { lanes: number; ready: number }>()
   for (const domain of consumer.domains()) {
@@ -279,6 +291,10 @@ export const stats: Effect.Effect<
     dcName: relay.info?.dcName,
     dcId: relay.info?.dcId,
     catalogRevision: relay.catalog?.revision,
+    watches: {
+      load: watchStats(consumer, relay.name, "load"),
+      readiness: watchStats(consumer, relay.name, "readiness")
+    },
     lanes: domains.flatMap((domain) => {
       const lane = domain.lanes.get(relay.lane)
       if (lane === undefined) return []

@@ -35,11 +35,13 @@ import { DomainsResponseJson, GlobalHttpApi, globalOpenApi } from "../../protoco
 import { encodeJson } from "../../protocol/Json.js"
 import type { ErrorReason } from "../../protocol/RelayApi.js"
 import { type RouteName, routesOf } from "../../protocol/Routes.js"
-import type { GlobalConsumer } from "../GlobalConsumer.js"
+import { GlobalConsumer } from "../GlobalConsumer.js"
+import * as GlobalRoute from "../GlobalRoute.js"
 import { GlobalView } from "../GlobalView.js"
 import * as GlobalDiagnostics from "./GlobalDiagnostics.js"
 import * as GlobalStatusPage from "./GlobalStatusPage.js"
 import * as OverlapQuery from "./OverlapQuery.js"
+import * as RouteQuery from "./RouteQuery.js"
 
 export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
 export const DEFAULT_GLOBAL_HTTP_PORT = 8090
@@ -63,6 +65,8 @@ export interface GlobalHttpServerOptions {
    * them through the router too (tests compare the two).
    */
   readonly fastPath?: boolean | undefined
+  /** The routing routes' policy defaults and relay penalties (`global`'s flags, PROTOCOL §7.1). */
+  readonly routing?: GlobalRoute.RoutingSettings | undefined
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,6 +211,18 @@ const overlapBatch = (maxBodyBytes: number) =>
     return replyResponse(OverlapQuery.batchReply(results))
   }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
 
+/** `POST /v1/route` and `/v1/route/batch` (PROTOCOL §7.1 ◆3). */
+const routeHandler = (
+  maxBodyBytes: number,
+  settings: GlobalRoute.RoutingSettings | undefined,
+  route: string
+) =>
+  Effect.gen(function* () {
+    const routing = yield* GlobalRoute.make(yield* GlobalConsumer, settings)
+    const text = yield* readBody(maxBodyBytes)
+    return replyResponse(RouteQuery.answerRoute(routing, route, text))
+  }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
+
 const traced =
   (route: string) =>
   <E, R>(
@@ -225,7 +241,7 @@ const traced =
 type Method = "GET" | "POST"
 
 /** The routes whose requests `GlobalDiagnostics` times and counts. */
-const QUERY_ROUTES: ReadonlySet<string> = new Set(["overlap", "overlapBatch"])
+const QUERY_ROUTES: ReadonlySet<string> = new Set(["overlap", "overlapBatch", "route", "routeBatch"])
 
 /** `GET /v1/openapi.json`, rendered once. */
 let openApiText: string | undefined
@@ -249,6 +265,8 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
     domains,
     overlap: overlap(maxBodyBytes),
     overlapBatch: overlapBatch(maxBodyBytes),
+    route: routeHandler(maxBodyBytes, options.routing, RouteQuery.ROUTE_ROUTE),
+    routeBatch: routeHandler(maxBodyBytes, options.routing, RouteQuery.ROUTE_BATCH_ROUTE),
     health: GlobalDiagnostics.health,
     stats: GlobalDiagnostics.stats,
     openApi
@@ -313,7 +331,8 @@ export const layer = (
               view: yield* GlobalView,
               queries: (yield* GlobalDiagnostics.GlobalDiagnostics).queries,
               maxBodyBytes: options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
-              auth: options.auth
+              auth: options.auth,
+              extraRoutes: yield* routeFastPaths(options.routing)
             })
       const listener =
         fast === undefined
@@ -326,6 +345,19 @@ export const layer = (
       return server
     })
   ).pipe(Layer.provideMerge(NodeHttpServer.layerContext), Layer.provide(GlobalDiagnostics.layer))
+
+/** The routing routes as fast-path handlers over the consumer. */
+const routeFastPaths = (settings: GlobalRoute.RoutingSettings | undefined) =>
+  Effect.gen(function* () {
+    const routing = yield* GlobalRoute.make(yield* GlobalConsumer, settings)
+    return new Map<string, (text: string) => OverlapQuery.Reply>([
+      [RouteQuery.ROUTE_ROUTE, (text) => RouteQuery.answerRoute(routing, RouteQuery.ROUTE_ROUTE, text)],
+      [
+        RouteQuery.ROUTE_BATCH_ROUTE,
+        (text) => RouteQuery.answerRoute(routing, RouteQuery.ROUTE_BATCH_ROUTE, text)
+      ]
+    ])
+  })
 
 /** `http://host:port` of the bound server (`serverUrlOf(true)`: `https://`). */
 export const serverUrl: Effect.Effect<string, never, HttpServer.HttpServer> = Effect.suspend(() =>

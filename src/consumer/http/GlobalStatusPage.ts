@@ -2,7 +2,9 @@
  * The global consumer's status page, `GET /` (PROTOCOL §7 ◆): the relays it follows, its
  * indexer domains with their lanes and their state, the query counts, and a form that runs an
  * overlap query by tokens (`POST /v1/overlap` with `{namespace, model, tokens, loraName?}`) and
- * shows each ready lane's `prefixDepth` and `matchedTokens`, or the answer's `message`.
+ * shows each ready lane's `prefixDepth` and `matchedTokens`, or the answer's `message`; the same
+ * body's routing decision (`POST /v1/route`, PROTOCOL §7.1) follows, with every candidate's
+ * eligibility, reason, cost terms and load.
  *
  * Data: `/v1/domains`, and `/v1/health` and `/v1/stats` when the server has them (without them
  * the relays are the names the lanes give, and the lanes show no counters).
@@ -25,6 +27,12 @@ const BODY = `
 <p id="q-status" class="muted"></p>
 <table id="q-results" hidden>
 <thead><tr><th>Relay</th><th>Lane</th><th>Serving endpoint</th><th>Prefix depth</th><th>Matched tokens</th></tr></thead>
+<tbody></tbody>
+</table>
+<p id="r-decision" class="muted" hidden></p>
+<table id="r-candidates" hidden>
+<thead><tr><th>Relay</th><th>Lane</th><th>Eligible</th><th>Reason</th><th>Cost</th><th>Uncached</th><th>Queue</th>
+<th>Penalty</th><th>Running</th><th>Waiting</th><th>KV usage</th><th>Ranks observed</th><th>Load age</th></tr></thead>
 <tbody></tbody>
 </table>
 </section>
@@ -87,6 +95,46 @@ const SCRIPT = String.raw`
     $("q-status").className = bad ? "bad" : "muted";
   }
 
+  function opt(value, digits) {
+    if (value === undefined || value === null) return "—";
+    return digits === undefined ? String(value) : Number(value).toFixed(digits);
+  }
+
+  /** The routing decision for the same body (POST /v1/route, PROTOCOL §7.1): decision and every candidate's terms. */
+  async function showRoute(body) {
+    var decision = $("r-decision");
+    try {
+      var answer = await kv.api("/v1/route", { method: "POST", body: body, ok: [200, 503] });
+      var d = answer.decision;
+      decision.textContent = d ? "Route: " + d.relay + " (lane " + d.lane + ", " + kv.endpointText(d.servingEndpoint) + ")"
+        : "Route: no eligible candidate (" + (answer.message || answer.reason || "none") + ")";
+      decision.className = d ? "" : "bad";
+      kv.rows($("r-candidates").tBodies[0], (answer.candidates || []).map(function (c) {
+        var terms = c.terms || {};
+        var load = c.load || {};
+        return el("tr", { "data-relay": c.relay, "data-lane": c.lane }, [
+          td(c.relay, "relay"), num(c.lane), td(c.eligible ? "yes" : "no", "eligible"), td(c.reason || "", "reason"),
+          el("td", { class: "num cost", text: opt(c.cost) }),
+          el("td", { class: "num", text: opt(terms.uncachedTokens) }),
+          el("td", { class: "num", text: opt(terms.queueTokens) }),
+          el("td", { class: "num", text: opt(terms.penaltyTokens) }),
+          el("td", { class: "num", text: opt(load.runningRequests) }),
+          el("td", { class: "num", text: opt(load.waitingRequests) }),
+          el("td", { class: "num", text: opt(load.kvUsage, 2) }),
+          el("td", { class: "num", text: load.observedRanks + "/" + load.expectedRanks }),
+          el("td", { class: "num", text: load.ageMs === undefined ? "—" : load.ageMs + " ms" })
+        ]);
+      }), "no candidate");
+      decision.hidden = false;
+      $("r-candidates").hidden = false;
+    } catch (e) {
+      decision.hidden = false;
+      $("r-candidates").hidden = true;
+      decision.className = "bad";
+      decision.textContent = "route: " + (e instanceof kv.HttpError ? e.detail : (e && e.message ? e.message : e));
+    }
+  }
+
   $("query").addEventListener("submit", async function (event) {
     event.preventDefault();
     var tokens = parseTokens($("q-tokens").value);
@@ -108,6 +156,7 @@ const SCRIPT = String.raw`
       }), "no ready lane answered");
       $("q-results").hidden = false;
       showStatus(tokens.length + " tokens: " + results.length + " lane" + (results.length === 1 ? "" : "s") + " answered", false);
+      await showRoute(body);
     } catch (e) {
       $("q-results").hidden = true;
       if (e instanceof kv.Unauthorized) showStatus("a bearer token is needed: enter it above and query again", true);

@@ -333,6 +333,8 @@ export interface FastPathOptions {
   readonly queries: QueryStats
   readonly maxBodyBytes: number
   readonly auth: TokenFile | undefined
+  /** More `POST` routes served alike (the routing routes): path → the reply to a complete body. */
+  readonly extraRoutes?: ReadonlyMap<string, (text: string) => Reply> | undefined
 }
 
 /** The tracer Effect runs with when none is installed: its spans go nowhere. */
@@ -355,6 +357,7 @@ export const makeFastPath = (
     const runSync = Runtime.runSync(runtime)
     const runFork = Runtime.runFork(runtime)
     const { view, queries, maxBodyBytes, auth } = options
+    const extraRoutes = options.extraRoutes ?? new Map<string, (text: string) => Reply>()
 
     const authorized = (request: IncomingMessage): boolean => {
       if (auth === undefined) return true
@@ -364,6 +367,8 @@ export const makeFastPath = (
 
     /** The reply to a complete body, and the span attributes it adds. */
     const answer = (route: string, text: string, span: Tracer.Span | undefined): Reply => {
+      const extra = extraRoutes.get(route)
+      if (extra !== undefined) return extra(text)
       if (route === OVERLAP_ROUTE) {
         const request = parseOverlapRequest(text)
         if (typeof request === "string") return errorReply(400, "INVALID_REQUEST", request)
@@ -462,8 +467,8 @@ export const makeFastPath = (
     }
 
     return (request, response) => {
-      const route =
-        request.url === OVERLAP_ROUTE ? OVERLAP_ROUTE : request.url === BATCH_ROUTE ? BATCH_ROUTE : undefined
+      const url = request.url ?? ""
+      const route = url === OVERLAP_ROUTE || url === BATCH_ROUTE || extraRoutes.has(url) ? url : undefined
       if (route === undefined || request.method !== "POST" || !authorized(request)) return false
       const started = performance.now()
       const spans = traced ? openSpans(request, route) : undefined

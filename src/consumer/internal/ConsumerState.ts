@@ -49,6 +49,8 @@ export interface RelayState {
   /** The dc id last learned; kept across epochs so the lane layout of the domains is stable. */
   knownDcId: DcId | undefined
   catalog: CatalogSnapshot | undefined
+  /** The last epoch's catalog while the relay is away: its pools stay routing candidates (§7.1). */
+  lastCatalog: CatalogSnapshot | undefined
   connected: boolean
   epochs: number
   lastError: string | undefined

@@ -51,6 +51,7 @@ import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
 import type { ProducerIdentity } from "../../ckf/identity.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
 import { methodNotAllowedMessage, noRouteMessage } from "../../http/ErrorText.js"
+import type { EngineLoadAdditions } from "../../load/EngineLoadWindow.js"
 import * as Prometheus from "../../observability/Prometheus.js"
 import { EMPTY_PUBLISH_DELAY } from "../../observability/PublishDelay.js"
 import * as RelayMetrics from "../../observability/RelayMetrics.js"
@@ -253,9 +254,25 @@ const loadWindowDocument = (window: LoadWindows.LoadWindow): LoadWindowDocument 
     kvUsedBlocks: pool.kvUsedBlocks ?? 0n,
     totalKvBlocks: pool.totalKvBlocks ?? 0n,
     kvObservedRanks: pool.kvObservedRanks,
-    kvExpectedRanks: pool.kvExpectedRanks
+    kvExpectedRanks: pool.kvExpectedRanks,
+    // Engine load: a value no observed rank gave stays out of the JSON, never 0 (PROTOCOL §5 ◆3).
+    ...engineFields(pool.engine)
   }))
 })
+
+const engineFields = (engine: EngineLoadAdditions | undefined) => {
+  if (engine === undefined) return { loadObservedRanks: 0 }
+  const fields: {
+    runningRequests?: number
+    waitingRequests?: number
+    kvUsage?: number
+    loadObservedRanks: number
+  } = { loadObservedRanks: engine.loadObservedRanks }
+  if (engine.runningRequests !== undefined) fields.runningRequests = engine.runningRequests
+  if (engine.waitingRequests !== undefined) fields.waitingRequests = engine.waitingRequests
+  if (engine.kvUsage !== undefined) fields.kvUsage = engine.kvUsage
+  return fields
+}
 
 const loadWatch: Handler = (ctx, request, query) =>
   Effect.gen(function* () {
@@ -681,6 +698,7 @@ export const makeApp = (
       (yield* LoadWindows.make(relay.loadRef, {
         window: intervals.loadWindow,
         fanoutCapacity: options.loadFanoutCapacity,
+        engineLoad: relay.engineLoad?.additions,
         onWindow: () => RelayMetrics.loadWindowEmitted
       }))
     const exposition = yield* Prometheus.make({

@@ -1026,7 +1026,9 @@ describe("RelayHttpServer: load watch", () => {
           kvUsedBlocks: "10",
           totalKvBlocks: "1000",
           kvObservedRanks: 1,
-          kvExpectedRanks: 1
+          kvExpectedRanks: 1,
+          // No source reads engine metrics: no engine load, and none of its values (§5 ◆3).
+          loadObservedRanks: 0
         }
       ])
       const metrics = yield* get(base, "/metrics")

@@ -1,4 +1,4 @@
-// The package ships no types; this is the shape its README documents (prom2json's).
+// The package ships no types: the shape its README documents (prom2json's), as the tests declare it too.
 declare module "parse-prometheus-text-format" {
   export interface ParsedSample {
     readonly value?: string
