@@ -22,6 +22,7 @@ import {
   ZMTP_ERROR_REASONS,
   type ZmtpErrorReason
 } from "../protocol/Events.js"
+import { counterFamily, gaugeFamily } from "./MetricFamilies.js"
 import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "./PublishDelay.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
@@ -32,96 +33,85 @@ export type LimitScope = "total" | "per_pool" | "initialized_hub"
 
 export type TopologyStateLabel = "ready" | "unavailable" | "unknown"
 
-const subscribers = Metric.gauge("kv_dc_relay_subscribers", {
-  description: "current subscribers per stream type"
-})
+const subscribers = gaugeFamily("kv_dc_relay_subscribers", "current subscribers per stream type")
 
-const subscriberLagged = Metric.counter("kv_dc_relay_subscriber_lagged_total", {
-  description: "streams terminated for bounded-queue lag",
-  incremental: true
-})
+const subscriberLagged = counterFamily(
+  "kv_dc_relay_subscriber_lagged_total",
+  "streams terminated for bounded-queue lag"
+)
 
-const subscriberLimitRejected = Metric.counter("kv_dc_relay_subscriber_limit_rejected_total", {
-  description: "subscriptions rejected at a limit",
-  incremental: true
-})
+const subscriberLimitRejected = counterFamily(
+  "kv_dc_relay_subscriber_limit_rejected_total",
+  "subscriptions rejected at a limit"
+)
 
-const poolHeartbeats = Metric.counter("kv_dc_relay_pool_heartbeats_total", {
-  description: "heartbeats emitted on pool streams",
-  incremental: true
-})
+const poolHeartbeats = counterFamily(
+  "kv_dc_relay_pool_heartbeats_total",
+  "heartbeats emitted on pool streams"
+)
 
-const loadUpdates = Metric.counter("kv_dc_relay_load_updates_total", {
-  description: "complete load windows emitted",
-  incremental: true
-})
+const loadUpdates = counterFamily("kv_dc_relay_load_updates_total", "complete load windows emitted")
 
-const catalogPoolCount = Metric.gauge("kv_dc_relay_catalog_pool_count", {
-  description: "pools in the catalog"
-})
+const catalogPoolCount = gaugeFamily("kv_dc_relay_catalog_pool_count", "pools in the catalog")
 
-const catalogRevision = Metric.gauge("kv_dc_relay_catalog_revision", {
-  description: "current pool catalog revision"
-})
+const catalogRevision = gaugeFamily("kv_dc_relay_catalog_revision", "current pool catalog revision")
 
-const requestedHubs = Metric.gauge("kv_dc_relay_requested_publication_hub_count", {
-  description: "pools whose lazy hub was requested"
-})
-const initializedHubs = Metric.gauge("kv_dc_relay_initialized_publication_hub_count", {
-  description: "hubs holding an initialized mirror"
-})
-const readyHubs = Metric.gauge("kv_dc_relay_ready_publication_hub_count", {
-  description: "hubs with a contiguous ready mirror"
-})
-const idleHubs = Metric.gauge("kv_dc_relay_idle_publication_hub_count", {
-  description: "ready hubs with no subscribers"
-})
+const requestedHubs = gaugeFamily(
+  "kv_dc_relay_requested_publication_hub_count",
+  "pools whose lazy hub was requested"
+)
+const initializedHubs = gaugeFamily(
+  "kv_dc_relay_initialized_publication_hub_count",
+  "hubs holding an initialized mirror"
+)
+const readyHubs = gaugeFamily(
+  "kv_dc_relay_ready_publication_hub_count",
+  "hubs with a contiguous ready mirror"
+)
+const idleHubs = gaugeFamily("kv_dc_relay_idle_publication_hub_count", "ready hubs with no subscribers")
 
-const terminalPublicationFailures = Metric.counter("kv_dc_relay_terminal_publication_failures_total", {
-  description: "generations fenced after terminal publication failure",
-  incremental: true
-})
+const terminalPublicationFailures = counterFamily(
+  "kv_dc_relay_terminal_publication_failures_total",
+  "generations fenced after terminal publication failure"
+)
 
-const servingTopologyCount = Metric.gauge("kv_dc_relay_serving_topology_count", {
-  description: "topology entries by state"
-})
+const servingTopologyCount = gaugeFamily("kv_dc_relay_serving_topology_count", "topology entries by state")
 
-const degradedLoadCoverage = Metric.gauge("kv_dc_relay_degraded_load_coverage_pool_count", {
-  description: "pools with any observed < expected"
-})
+const degradedLoadCoverage = gaugeFamily(
+  "kv_dc_relay_degraded_load_coverage_pool_count",
+  "pools with any observed < expected"
+)
 
 // Ingest drops, by reason, across every endpoint (PROTOCOL §3.2).
-const ingestSkippedEvents = Metric.counter("kv_dc_relay_ingest_skipped_events_total", {
-  description: "engine KV events skipped because they are not the worker's device cache, by reason",
-  incremental: true
-})
-const ingestMalformedMessages = Metric.counter("kv_dc_relay_ingest_malformed_messages_total", {
-  description: "KV event messages rejected as malformed (nothing of them applied), by reason",
-  incremental: true
-})
+const ingestSkippedEvents = counterFamily(
+  "kv_dc_relay_ingest_skipped_events_total",
+  "engine KV events skipped because they are not the worker's device cache, by reason"
+)
+const ingestMalformedMessages = counterFamily(
+  "kv_dc_relay_ingest_malformed_messages_total",
+  "KV event messages rejected as malformed (nothing of them applied), by reason"
+)
 // The supervisor counts its drops under the same key (SourceSupervisor.ts).
-const ingestDroppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_total", {
-  description: "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)",
-  incremental: true
-})
+const ingestDroppedBatches = counterFamily(
+  "kv_dc_relay_ingest_dropped_batches_total",
+  "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)"
+)
 
 // The pool actor counts unanchored blocks under the same key (PoolActor.ts).
-const ingestSkippedBlocks = Metric.counter("kv_dc_relay_ingest_skipped_blocks_total", {
-  description: "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)",
-  incremental: true
-})
+const ingestSkippedBlocks = counterFamily(
+  "kv_dc_relay_ingest_skipped_blocks_total",
+  "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)"
+)
 export const SKIPPED_BLOCK_REASONS: ReadonlyArray<string> = ["unanchored"]
 
-const sourcesByState = Metric.gauge("kv_dc_relay_sources", {
-  description: "expected KV event source ranks by state (connecting, live, recovering, degraded, rejected)"
-})
+const sourcesByState = gaugeFamily(
+  "kv_dc_relay_sources",
+  "expected KV event source ranks by state (connecting, live, recovering, degraded, rejected)"
+)
 export const SOURCE_STATES = ["connecting", "live", "recovering", "degraded", "rejected"] as const
 export type SourceStateLabel = (typeof SOURCE_STATES)[number]
 
-const recoveries = Metric.counter("kv_dc_relay_recoveries_total", {
-  description: "rank recoveries by outcome",
-  incremental: true
-})
+const recoveries = counterFamily("kv_dc_relay_recoveries_total", "rank recoveries by outcome")
 
 // ---------------------------------------------------------------------------------------------
 // Streams (HTTP layer)
@@ -212,10 +202,10 @@ export const recoveryFinished = (outcome: string): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(recoveries, "outcome", outcome))
 
 /** `kv_dc_relay_zmtp_protocol_errors_total{reason}`, on the relay's `/metrics`. */
-export const zmtpProtocolErrorsTotal = Metric.counter("kv_dc_relay_zmtp_protocol_errors_total", {
-  description: "ZMTP connections of event subscribers closed for a protocol error, by reason",
-  incremental: true
-})
+export const zmtpProtocolErrorsTotal = counterFamily(
+  "kv_dc_relay_zmtp_protocol_errors_total",
+  "ZMTP connections of event subscribers closed for a protocol error, by reason"
+)
 
 /** Registers every family with a zero update, so scrapes list them before anything happened. */
 export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(

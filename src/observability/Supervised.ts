@@ -13,11 +13,12 @@
  */
 
 import { Cause, Clock, Context, Duration, Effect, Exit, Metric, Option, Schedule } from "effect"
+import { counterFamily } from "./MetricFamilies.js"
 
-const restartsTotal = Metric.counter("kvrelay_supervised_restarts_total", {
-  description: "restarts of supervised long-lived loops after a defect or failure, by loop",
-  incremental: true
-})
+const restartsTotal = counterFamily(
+  "kvrelay_supervised_restarts_total",
+  "restarts of supervised long-lived loops after a defect or failure, by loop"
+)
 
 /** Restarts per loop name since the process started (also in the metric), for scrapes and tests. */
 const restartCounts = new Map<string, number>()
