@@ -18,20 +18,12 @@ import { readFile, stat } from "node:fs/promises"
 import { basename, dirname } from "node:path"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Data, Duration, Effect, Queue, type Scope, SubscriptionRef } from "effect"
+import { Duration, Effect, Queue, type Scope, SubscriptionRef } from "effect"
 import type { ErrorReason } from "../protocol/RelayApi.js"
+import { FlagFileError, fileErrorText } from "./FlagFile.js"
 
 /** A token file that cannot be used at startup. */
-export class TokenFileError extends Data.TaggedError("TokenFileError")<{
-  /** The flag that named the file (`--auth-token-file`). */
-  readonly flag: string
-  readonly path: string
-  readonly reason: string
-}> {
-  override get message(): string {
-    return `${this.flag}: ${this.reason}`
-  }
-}
+export class TokenFileError extends FlagFileError("TokenFileError") {}
 
 // RFC 6750 §2.1 b64token: what can follow `Bearer ` in a header.
 const TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/
@@ -102,14 +94,6 @@ export interface TokenFileOptions {
   readonly settle?: Duration.DurationInput | undefined
 }
 
-const errorText = (cause: unknown): string => {
-  const error = cause as { readonly code?: unknown; readonly message?: unknown } | undefined
-  if (error?.code === "ENOENT") return "no such file"
-  if (error?.code === "EACCES") return "permission denied"
-  if (error?.code === "EISDIR") return "is a directory"
-  return typeof error?.message === "string" ? error.message : String(cause)
-}
-
 /** The file's tokens, or a problem in words. */
 const readTokens = (path: string): Effect.Effect<ReadonlyArray<string> | string> =>
   Effect.promise(() =>
@@ -118,7 +102,7 @@ const readTokens = (path: string): Effect.Effect<ReadonlyArray<string> | string>
         const parsed = parseTokenFile(text)
         return typeof parsed === "string" ? `${path} ${parsed}` : parsed
       },
-      (cause: unknown) => `cannot read ${path}: ${errorText(cause)}`
+      (cause: unknown) => `cannot read ${path}: ${fileErrorText(cause)}`
     )
   )
 
@@ -127,7 +111,7 @@ const fingerprint = (path: string): Effect.Effect<string> =>
   Effect.promise(() =>
     stat(path).then(
       (s) => `${s.ino}:${s.size}:${s.mtimeMs}:${s.ctimeMs}`,
-      (cause: unknown) => `error:${errorText(cause)}`
+      (cause: unknown) => `error:${fileErrorText(cause)}`
     )
   )
 

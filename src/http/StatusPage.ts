@@ -281,9 +281,11 @@ export const renderStatusPage = (page: {
   readonly title: string
   readonly heading: string
   readonly body: string
+  /** The body of the page's function, which runs with `el`, `td`, `num` and `$` of the `kv` helpers in scope. */
   readonly script: string
 }): StatusPage => {
-  const script = `${PRELUDE}\n${page.script}`
+  // Each page's script runs in a function of its own, with the helpers it uses most as locals.
+  const script = `${PRELUDE}\n(function () {\n  var el = kv.el, td = kv.td, num = kv.num, $ = kv.$;\n${page.script}\n})();\n`
   if (/<\/script/i.test(script)) throw new Error("a status page script must not contain </script")
   const html = `<!doctype html>
 <html lang="en">

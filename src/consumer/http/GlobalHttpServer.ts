@@ -30,6 +30,7 @@ import {
   methodNotAllowedMessage,
   noRouteMessage
 } from "../../http/ErrorText.js"
+import { statusPageResponse } from "../../http/StatusPage.js"
 import type { ServerTlsOptions } from "../../http/Tls.js"
 import { DomainsResponseJson, GlobalHttpApi, globalOpenApi } from "../../protocol/GlobalApi.js"
 import { encodeJson } from "../../protocol/Json.js"
@@ -243,7 +244,7 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
     GlobalView | GlobalConsumer | GlobalDiagnostics.GlobalDiagnostics | HttpServerRequest.HttpServerRequest
   >
   const handlers: { readonly [Name in RouteName<typeof GlobalHttpApi>]: Handler } = {
-    statusPage: Effect.sync(GlobalStatusPage.response),
+    statusPage: Effect.sync(() => statusPageResponse(GlobalStatusPage.GLOBAL_STATUS_PAGE)),
     healthz,
     metrics,
     domains,

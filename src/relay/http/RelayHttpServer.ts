@@ -52,6 +52,7 @@ import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
 import type { ProducerIdentity } from "../../ckf/identity.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
 import { methodNotAllowedMessage, noRouteMessage } from "../../http/ErrorText.js"
+import { statusPageResponse } from "../../http/StatusPage.js"
 import * as Prometheus from "../../observability/Prometheus.js"
 import { EMPTY_PUBLISH_DELAY } from "../../observability/PublishDelay.js"
 import * as RelayMetrics from "../../observability/RelayMetrics.js"
@@ -535,7 +536,7 @@ const openApi: Handler = () =>
 
 /** The handler of each route `RelayHttpApi` declares. */
 const HANDLERS: { readonly [Name in RouteName<typeof RelayHttpApi>]: Handler } = {
-  statusPage: () => Effect.sync(RelayStatusPage.response),
+  statusPage: () => Effect.sync(() => statusPageResponse(RelayStatusPage.RELAY_STATUS_PAGE)),
   healthz,
   health,
   relayInfo,
