@@ -6,7 +6,7 @@
  * additively.
  */
 
-import { Context, type Deferred, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
+import { Context, type Effect, type SubscriptionRef } from "effect"
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
 import type { DiscoveryStatus } from "../discovery/Discovery.js"
 import type { DcMembershipView } from "../discovery/Membership.js"
@@ -17,8 +17,8 @@ import type * as SourceSupervisor from "../recovery/SourceSupervisor.js"
 import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
 import type { DcPoolCatalog } from "./PoolCatalog.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
-import type { PoolFeed, PublicationFrame } from "./PublicationSource.js"
-import type { KvDcRelayError, PublicationError } from "./RelayErrors.js"
+import type { PublicationSource } from "./PublicationSource.js"
+import type { KvDcRelayError } from "./RelayErrors.js"
 
 /**
  * The state of an expected source rank (an advertised source of the pool), PROTOCOL §5 ◆3:
@@ -211,20 +211,12 @@ export interface KvDcRelayService {
    * `ended` completes as soon as the stream is terminal, before its end is pulled
    * (`PublicationSource.subscribePool`).
    */
-  readonly subscribePool: (
-    expected: ProducerIdentity,
-    subscriberId: string,
-    ended?: Deferred.Deferred<PublicationError>
-  ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
+  readonly subscribePool: PublicationSource["subscribePool"]
   /**
    * `subscribePool` as a callback-driven `PoolFeed` (`PublicationSource.subscribePoolFeed`): the
    * HTTP pool stream's form, which moves frames without a fiber per frame.
    */
-  readonly subscribePoolFeed: (
-    expected: ProducerIdentity,
-    subscriberId: string,
-    ended?: Deferred.Deferred<PublicationError>
-  ) => Effect.Effect<PoolFeed, PublicationError, Scope.Scope>
+  readonly subscribePoolFeed: PublicationSource["subscribePoolFeed"]
   readonly health: Effect.Effect<RelayHealth>
   readonly stats: Effect.Effect<RelayStats, KvDcRelayError>
   readonly diagnosticSnapshot: (endpoint: EndpointId) => Effect.Effect<DiagnosticSnapshot, KvDcRelayError>
