@@ -13,7 +13,7 @@ import * as RelayHttpServer from "../relay/http/RelayHttpServer.js"
 import { KvDcRelay } from "../relay/KvDcRelay.js"
 import * as RelayHost from "../relay/RelayHost.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
-import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
+import { bindFailure, commandObservability, printListening, StartupProblem } from "./runtime.js"
 import { serverSecurity } from "./security.js"
 import { type RelaySettings, splitAddress } from "./settings.js"
 
@@ -90,13 +90,5 @@ export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig
         })
       )
     ),
-    Effect.provide(
-      observabilityLayer({
-        logLevel: settings.logLevel,
-        otlp: settings.otlp,
-        env: process.env,
-        defaultServiceName: "kvrelay-relay",
-        attributes: { "kvrelay.dc": settings.dcId }
-      })
-    )
+    Effect.provide(commandObservability(settings, "kvrelay-relay", { "kvrelay.dc": settings.dcId }))
   )

@@ -45,6 +45,20 @@ export const observabilityLayer = (options: {
     })
   )
 
+/** `observabilityLayer` for a command: its `--log-level` and `--otlp`, the process's environment. */
+export const commandObservability = (
+  settings: { readonly logLevel: LogLevelName; readonly otlp?: string | undefined },
+  defaultServiceName: string,
+  attributes?: Record<string, unknown>
+): Layer.Layer<never> =>
+  observabilityLayer({
+    logLevel: settings.logLevel,
+    otlp: settings.otlp,
+    env: process.env,
+    defaultServiceName,
+    ...(attributes === undefined ? {} : { attributes })
+  })
+
 /** The readiness line of PROTOCOL §1: one JSON line on stdout once the HTTP server listens. */
 export const printListening = (url: string): Effect.Effect<void> =>
   Effect.sync(() => {

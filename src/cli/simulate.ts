@@ -33,7 +33,7 @@ import { EndpointId } from "../protocol/Model.js"
 import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
-import { observabilityLayer } from "./runtime.js"
+import { commandObservability } from "./runtime.js"
 import type { SimulateSettings } from "./settings.js"
 
 /** System prompts of the workload; requests favour the first few steeply. */
@@ -305,14 +305,4 @@ export const simulateProgram = (settings: SimulateSettings) =>
     yield* Effect.forEach(workers, (worker) => Effect.forkScoped(runWorkload(worker, settings, systemBlocks)))
     if (settings.durationS !== undefined) yield* Effect.sleep(Duration.seconds(settings.durationS))
     else yield* Effect.never
-  }).pipe(
-    Effect.scoped,
-    Effect.provide(
-      observabilityLayer({
-        logLevel: settings.logLevel,
-        otlp: settings.otlp,
-        env: process.env,
-        defaultServiceName: "kvrelay-simulate"
-      })
-    )
-  )
+  }).pipe(Effect.scoped, Effect.provide(commandObservability(settings, "kvrelay-simulate")))
