@@ -526,6 +526,18 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
           })
         )
 
+      /**
+       * Runs a supervisor call while the actor's faults are collected; a producer fence among
+       * them is reported and wins over the call's result.
+       */
+      const fencedOr = <A>(active: { readonly attachment: PoolAttachment }, call: Effect.Effect<A>) =>
+        Effect.gen(function* () {
+          const collected = yield* collectPendingWhile(active.attachment.faults, pending, call)
+          if (collected._tag !== "ProducerFence") return collected
+          yield* reportProducerFenceTrigger(collected.trigger)
+          return "Fenced" as const
+        })
+
       /** The retirement mode a fault asks for (undefined: the generation stays). */
       const handleFault = (action: PendingActorAction): Effect.Effect<PoolRetirementMode | undefined> =>
         Effect.gen(function* () {
@@ -541,9 +553,8 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
               return undefined
             case "ReportResourceFailure": {
               if (active === undefined) return undefined
-              const collected = yield* collectPendingWhile(
-                active.attachment.faults,
-                pending,
+              const collected = yield* fencedOr(
+                active,
                 active.subscriber.supervisor.handleTargetFault(
                   fault.workerId,
                   fault.dpRank,
@@ -551,17 +562,12 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
                   false
                 )
               )
-              if (collected._tag === "ProducerFence") {
-                yield* reportProducerFenceTrigger(collected.trigger)
-                return "Fenced" as const
-              }
-              return targetFaultRetirementMode(collected.value)
+              return collected === "Fenced" ? collected : targetFaultRetirementMode(collected.value)
             }
             case "RejectSource": {
               if (active === undefined) return undefined
-              const collected = yield* collectPendingWhile(
-                active.attachment.faults,
-                pending,
+              const collected = yield* fencedOr(
+                active,
                 active.subscriber.supervisor.rejectSource(
                   fault.workerId,
                   fault.dpRank,
@@ -569,11 +575,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
                   fault.message
                 )
               )
-              if (collected._tag === "ProducerFence") {
-                yield* reportProducerFenceTrigger(collected.trigger)
-                return "Fenced" as const
-              }
-              return undefined
+              return collected === "Fenced" ? collected : undefined
             }
             case "FenceAndRebuildProducer":
               return "Fenced" as const
