@@ -326,6 +326,8 @@ const decodeSnapshotChunk = (
   }
 }
 
+// Same opening as `decodeSnapshotChunk` (body length against the frame's prefix): the two frame
+// kinds check different prefixes and name their own errors, on the consumer's per-frame decode path.
 const decodeDelta = (
   bytes: Uint8Array,
   view: DataView,

@@ -277,6 +277,8 @@ class MemberLineage {
   }
 
   /** Forgets `ext[k, k + 1]`, writing its canonical hash to `out[at, at + 1]`; false if absent. */
+  // Probe loop repeated from `get` on purpose: each of these runs per block on the apply hot path,
+  // and a shared probe returning a slot index was not inlined into both (see the note on boxing).
   delete(ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
     const hi = ext[k]!
     const lo = ext[k + 1]!

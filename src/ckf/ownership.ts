@@ -607,6 +607,8 @@ class EdgeTable {
     return true
   }
 
+  // The probe set-up repeats `has` on purpose: both run per edge on the apply hot path and keep
+  // their keys in locals (a shared helper would return them boxed; see the header).
   insertAbsent(m: number): void {
     const slots = this.slots
     const cap = this.capacity

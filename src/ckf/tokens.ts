@@ -144,6 +144,7 @@ const chainHasher = chainHasherFor(CHAIN_SEED)
  * chained from the parent's sequence hash, the pair `parent[parentAt]`, or, with `parent`
  * undefined, starting at the first block's local hash.
  */
+// The parameters of `Xxh3Seeded.chainInto`, which this passes on as they are (hot path).
 export const sequenceHashesInto = (
   local: Uint32Array,
   from: number,

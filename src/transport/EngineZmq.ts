@@ -565,6 +565,8 @@ export const readEngineBatch = (
         case 3:
           rank = readBatchRank(r) ?? rank
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()
