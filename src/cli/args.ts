@@ -7,7 +7,7 @@
 import { Either, Option, ParseResult, Schema } from "effect"
 
 /** One flag of a command. */
-export interface FlagSpec {
+interface FlagSpec {
   /** Long name without dashes, kebab-case (`dc-id`). */
   readonly name: string
   /** Takes no value (`--quick`). */
@@ -36,18 +36,9 @@ export const keyOf = (flag: string): string => flag.replace(/-([a-z0-9])/g, (_, 
 /** The flag of a camelCase key (`dcId` → `--dc-id`). */
 export const flagOf = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`
 /** The environment variable of a flag (`dc-id` → `KVRELAY_DC_ID`). */
-export const envOf = (flag: string): string => `KVRELAY_${flag.replace(/-/g, "_").toUpperCase()}`
+const envOf = (flag: string): string => `KVRELAY_${flag.replace(/-/g, "_").toUpperCase()}`
 
 export type RawValue = string | boolean | ReadonlyArray<string>
-
-/** Parses `--flag value`, `--flag=value` and boolean flags; unknown flags are usage errors. */
-export const parseFlags = (
-  spec: CommandSpec,
-  argv: ReadonlyArray<string>
-): Either.Either<Record<string, RawValue>, UsageError> => {
-  const { values, problems } = parseFlagsGathering(spec, argv)
-  return problems.length > 0 ? Either.left(new UsageError(problems)) : Either.right(values)
-}
 
 /**
  * The flags that parse, and a problem for each one that does not: the settings that did parse
@@ -280,7 +271,6 @@ const shownValue = (value: unknown): string => {
 }
 
 export const PositiveInt = intFrom("a positive integer", 1)
-export const Port = intFrom("a port number 0..65535", 0, 65_535)
 
 export const NonBlank = Schema.String.pipe(
   Schema.filter((s) => s.length > 0 || "must not be empty"),

@@ -290,7 +290,7 @@ const samples: ReadonlyArray<Sample> = [
 ]
 
 /** The query a user can paste: the first 4 blocks of the most popular dc-east prompt. */
-export const pasteableQuery = (globalUrl: string): string =>
+const pasteableQuery = (globalUrl: string): string =>
   `curl -s ${globalUrl}/v1/overlap -d '${JSON.stringify({
     namespace: NAMESPACE,
     model: MODEL,

@@ -461,7 +461,7 @@ export type SimulateSettings = typeof SimulateSettings.Type
 // ---------------------------------------------------------------------------------------------
 // Loading
 
-export interface SettingsSources {
+interface SettingsSources {
   readonly argv: ReadonlyArray<string>
   readonly env: Readonly<Record<string, string | undefined>>
   /** Reads a `--config` file; errors are reported against `--config`. */
@@ -469,7 +469,7 @@ export interface SettingsSources {
 }
 
 /** What the flags, the environment and a `--config` file say, merged but not yet decoded. */
-export interface SettingsInput {
+interface SettingsInput {
   /** Flag over environment over file, by camelCase key; flags that did not parse are left out. */
   readonly merged: Readonly<Record<string, unknown>>
   /** Problems found before decoding: flags that do not parse, an unusable or unknown-keyed file. */

@@ -40,7 +40,7 @@ import type { SimulateSettings } from "./settings.js"
 const SYSTEM_PROMPTS = 32
 
 /** Token ids of system prompt `p`: 6 to 14 blocks of 100000 + 1000·p + i (easy to type in a query). */
-export const systemPromptTokens = (prompt: number, blockSize: number): Array<number> =>
+const systemPromptTokens = (prompt: number, blockSize: number): Array<number> =>
   Array.from({ length: (6 + (prompt % 5) * 2) * blockSize }, (_, i) => 100_000 + 1000 * prompt + i)
 
 interface Block {

@@ -167,7 +167,7 @@ export const equalJitter = (ceiling: Duration.DurationInput): Effect.Effect<Dura
 // ---------------------------------------------------------------------------------------------
 // Connector (how relay clients are made; tests substitute in-memory relays)
 
-export interface RelayConnectorService {
+interface RelayConnectorService {
   readonly connect: (relay: RelaySpec) => Effect.Effect<RelayClient>
 }
 
@@ -191,7 +191,7 @@ export class RelayConnector extends Context.Tag("kvrelay/consumer/RelayConnector
 // Public state
 
 /** What the consumer knows about one relay. */
-export interface RelayStatus {
+interface RelayStatus {
   readonly name: string
   readonly url: string
   /** The relay's position: its lane in every domain. */
@@ -205,7 +205,7 @@ export interface RelayStatus {
 }
 
 /** One lane of one domain, as queries see it. */
-export interface LaneStatus {
+interface LaneStatus {
   readonly lane: number
   readonly relay: string
   readonly descriptor: DcPoolDescriptor

@@ -35,10 +35,10 @@ import { type DomainStatus, GlobalConsumer, type GlobalConsumerService } from ".
 // Requests, results, errors
 
 /** Block hashes as u64 values, or already as hash pairs (`[hi, lo]*`) on the hot path. */
-export type BlockHashes = ReadonlyArray<bigint> | Uint32Array
+type BlockHashes = ReadonlyArray<bigint> | Uint32Array
 
 /** Which domains a query asks: those serving a model in a namespace, or one pool domain. */
-export type OverlapTarget =
+type OverlapTarget =
   | { readonly namespace: string; readonly model: string }
   | { readonly poolDomain: IndexerDomainId }
 
@@ -48,7 +48,7 @@ export type OverlapTarget =
  * in process only, the canonical sequence hashes themselves (`kvrelay/client` computes them),
  * for a router that hashes a prompt once and probes it many times.
  */
-export type OverlapKeys =
+type OverlapKeys =
   | { readonly tokens: ArrayLike<number>; readonly loraName?: string | null | undefined }
   | { readonly localBlockHashes: BlockHashes }
   | { readonly sequenceHashes: BlockHashes }
@@ -66,7 +66,7 @@ export interface OverlapResult {
   readonly matchedTokens: number
 }
 
-export interface DomainLaneView {
+interface DomainLaneView {
   readonly lane: number
   readonly relay: string
   readonly poolId: PoolId
@@ -77,7 +77,7 @@ export interface DomainLaneView {
 }
 
 /** A base model registered by the domain's pools (PROTOCOL §7 ◆3). */
-export interface DomainModelView {
+interface DomainModelView {
   readonly namespace: string
   readonly model: string
   /** Sorted, over every lane's registration of the model. */
@@ -86,7 +86,7 @@ export interface DomainModelView {
   readonly adapters: ReadonlyArray<string>
 }
 
-export interface DomainView {
+interface DomainView {
   readonly id: IndexerDomainId
   readonly querySemantics: KvQuerySemantics
   /** Ordered by namespace, then model. */
@@ -275,7 +275,7 @@ const unknownTarget = (
 }
 
 /** Query the matching domains of `consumer` (no Effect: one synchronous pass). */
-export const overlapOf = (
+const overlapOf = (
   consumer: GlobalConsumerService,
   request: OverlapRequest
 ): ReadonlyArray<OverlapResult> | OverlapError => {
@@ -364,7 +364,7 @@ const modelsOf = (domain: DomainStatus): ReadonlyArray<DomainModelView> => {
 }
 
 /** The lanes of every live domain, ordered by domain and lane. */
-export const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<DomainView> =>
+const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<DomainView> =>
   consumer.domains().map((domain) => ({
     id: domain.id,
     querySemantics: domain.querySemantics,

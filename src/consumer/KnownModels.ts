@@ -12,7 +12,7 @@
 import type { CatalogSnapshot } from "../protocol/Model.js"
 
 /** Names no current catalog lists that are still remembered (docs/decisions.md). */
-export const DEFAULT_RETAINED_NAMES = 4096
+const DEFAULT_RETAINED_NAMES = 4096
 
 /** The query side: read by `GlobalView` on every query that needs it. */
 export interface KnownModelsView {

@@ -7,7 +7,7 @@
  * one snapshot to the next, so consumers can detect unchanged records by reference.
  */
 
-import { Clock, Context, Data, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
+import { Clock, Context, Data, Effect, Ref, Stream, SubscriptionRef } from "effect"
 import type { KvEventSource, ModelCardInstance } from "../protocol/Discovery.js"
 
 /**
@@ -103,21 +103,6 @@ export const emptySnapshot = (revision: bigint): DiscoverySnapshot => ({
   sourceStream: { epoch: 0, bound: true }
 })
 
-/** Same records by reference and same stream state: nothing a consumer could observe changed. */
-export const sameRecords = (a: DiscoverySnapshot, b: DiscoverySnapshot): boolean =>
-  sameElements(a.cards, b.cards) &&
-  sameElements(a.sources, b.sources) &&
-  sameElements(a.rejectedSources, b.rejectedSources) &&
-  a.sourceStream.epoch === b.sourceStream.epoch &&
-  a.sourceStream.bound === b.sourceStream.bound
-
-const sameElements = <A>(a: ReadonlyArray<A>, b: ReadonlyArray<A>): boolean => {
-  if (a === b) return true
-  if (a.length !== b.length) return false
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false
-  return true
-}
-
 /**
  * The publishing half shared by the backends: a `SubscriptionRef` whose `changes` end on close.
  * Publishing is serialized by the ref, so readers see snapshots in publication order.
@@ -168,6 +153,3 @@ export const makeStaticDiscovery = (snapshot: DiscoverySnapshot) =>
     }
     return service
   })
-
-export const staticDiscoveryLayer = (snapshot: DiscoverySnapshot): Layer.Layer<Discovery> =>
-  Layer.effect(Discovery, makeStaticDiscovery(snapshot))

@@ -19,7 +19,7 @@ export interface DiscoveryScope {
   readonly watchAll: boolean
 }
 
-export type DiscoveryBackend =
+type DiscoveryBackend =
   | { readonly _tag: "File"; readonly path: string }
   | { readonly _tag: "Etcd"; readonly endpoints: ReadonlyArray<string> }
 
@@ -35,7 +35,7 @@ export interface ConfigProblem {
   readonly message: string
 }
 
-export class InvalidDiscoveryConfig extends Data.TaggedError("InvalidDiscoveryConfig")<{
+class InvalidDiscoveryConfig extends Data.TaggedError("InvalidDiscoveryConfig")<{
   readonly problems: ReadonlyArray<ConfigProblem>
 }> {
   override get message(): string {
@@ -163,9 +163,6 @@ export const parseDiscoveryBackend = (
   return Either.left(problem(setting, `${BACKEND_SHAPE}, got ${JSON.stringify(text)}`))
 }
 
-export const formatDiscoveryBackend = (backend: DiscoveryBackend): string =>
-  backend._tag === "File" ? `file:${backend.path}` : `etcd:${backend.endpoints.join(",")}`
-
 export const validateEtcdPrefix = (prefix: string, setting = "etcdPrefix"): ConfigProblem | undefined => {
   if (!prefix.startsWith("/")) return problem(setting, `must start with "/", got ${JSON.stringify(prefix)}`)
   if (prefix.length > 1 && prefix.endsWith("/"))
@@ -181,7 +178,7 @@ export const validateEtcdPrefix = (prefix: string, setting = "etcdPrefix"): Conf
 // Decoding
 
 /** The configuration-file form of the discovery settings; unknown fields are rejected. */
-export const DiscoveryConfigJson = Schema.Struct({
+const DiscoveryConfigJson = Schema.Struct({
   discovery: Schema.String,
   etcdPrefix: Schema.optional(Schema.String),
   namespaces: Schema.optional(Schema.Array(Schema.String)),
@@ -192,7 +189,7 @@ export const DiscoveryConfigJson = Schema.Struct({
    */
   watchAll: Schema.optional(Schema.Boolean)
 })
-export type DiscoveryConfigInput = typeof DiscoveryConfigJson.Encoded
+type DiscoveryConfigInput = typeof DiscoveryConfigJson.Encoded
 
 /** Checks the settings together and reports every problem, each naming its setting. */
 export const makeDiscoveryConfig = (

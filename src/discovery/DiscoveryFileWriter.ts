@@ -25,7 +25,7 @@ export class DiscoveryFileWriteError extends Data.TaggedError("DiscoveryFileWrit
 }
 
 /** What one writer advertises: its model cards and its ranks' sources. */
-export interface AdvertisedRecords {
+interface AdvertisedRecords {
   readonly cards: ReadonlyArray<ModelCardInstance>
   readonly sources: ReadonlyArray<KvEventSource>
 }

@@ -7,7 +7,6 @@
 import { Equal } from "effect"
 import type { KvEventSource, ModelCardInstance } from "../protocol/Discovery.js"
 import type { WorkerId } from "../protocol/Events.js"
-import { EndpointId } from "../protocol/Model.js"
 
 /** `ModelCardInstanceId`: one card per worker per model; a suffix marks an adapter card. */
 export interface ModelCardInstanceId {
@@ -29,9 +28,6 @@ export const cardInstanceId = (card: ModelCardInstance): ModelCardInstanceId => 
 /** `{namespace}/{component}/{endpoint}/{instanceId}[/{modelSuffix}]`: the etcd key below `cards/`. */
 export const cardPath = (id: ModelCardInstanceId): string =>
   `${id.namespace}/${id.component}/${id.endpoint}/${id.instanceId}${id.modelSuffix === null ? "" : `/${id.modelSuffix}`}`
-
-export const cardEndpoint = (card: ModelCardInstanceId): EndpointId =>
-  new EndpointId({ namespace: card.namespace, component: card.component, endpoint: card.endpoint })
 
 /** `{kvStateEndpoint}/{workerId}/{dpRank}/{publisherId}`: the etcd key below `sources/`. */
 export const sourceRecordKey = (source: KvEventSource): string =>

@@ -31,7 +31,7 @@ import {
 import { DEFAULT_ETCD_PREFIX } from "./DiscoveryConfig.js"
 import { cardPath, sourceRecordKey } from "./DiscoveryRecords.js"
 
-export interface EtcdConnectionOptions {
+interface EtcdConnectionOptions {
   /** `http://host:port` URLs of the etcd cluster. */
   readonly endpoints: ReadonlyArray<string>
   /** Key prefix (default `/kvrelay/v1`). */
@@ -40,7 +40,7 @@ export interface EtcdConnectionOptions {
   readonly callTimeout?: Duration.DurationInput
 }
 
-export interface EtcdDiscoveryOptions extends EtcdConnectionOptions {
+interface EtcdDiscoveryOptions extends EtcdConnectionOptions {
   /** Periodic full re-list (default 30 s). */
   readonly relistInterval?: Duration.DurationInput
   /** First rebind delay (default 100 ms); doubles per failure. */
@@ -81,11 +81,7 @@ const decodeSourceText = decodeJsonText(KvEventSourceJson)
 const U64_TEXT = /^(0|[1-9][0-9]{0,19})$/
 
 /** Decodes one key/value; the second element is the warning to log when the record is not used. */
-export const decodeEtcdRecord = (
-  prefix: string,
-  key: string,
-  raw: string
-): readonly [Entry, string | undefined] => {
+const decodeEtcdRecord = (prefix: string, key: string, raw: string): readonly [Entry, string | undefined] => {
   const rest = key.startsWith(`${prefix}/`) ? key.slice(prefix.length + 1) : undefined
   if (rest?.startsWith("cards/")) {
     const decoded = decodeCardText(raw)
@@ -484,12 +480,12 @@ export const etcdDiscoveryLayer = (options: EtcdDiscoveryOptions): Layer.Layer<D
 // ---------------------------------------------------------------------------------------------
 // Registrar (workers, tests, the demo)
 
-export interface EtcdRegistrarOptions extends EtcdConnectionOptions {
+interface EtcdRegistrarOptions extends EtcdConnectionOptions {
   /** Lease TTL in seconds (default 10; etcd raises TTLs below its minimum, about 2 s by default). */
   readonly ttlSeconds?: number
 }
 
-export interface EtcdRegistrar {
+interface EtcdRegistrar {
   /** The lease id (decimal), for logs. */
   readonly leaseId: string
   /** Puts the card under the lease; the key is deleted when the returned scope closes. */

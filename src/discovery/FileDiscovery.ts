@@ -36,7 +36,7 @@ export interface FileDiscoveryOptions {
   readonly settle?: Duration.DurationInput
 }
 
-export class InvalidDiscoveryDocument extends Data.TaggedError("InvalidDiscoveryDocument")<{
+class InvalidDiscoveryDocument extends Data.TaggedError("InvalidDiscoveryDocument")<{
   readonly problems: ReadonlyArray<string>
 }> {
   override get message(): string {
@@ -45,7 +45,7 @@ export class InvalidDiscoveryDocument extends Data.TaggedError("InvalidDiscovery
 }
 
 /** A decoded document plus, per record, its raw JSON text: the next decode reuses unchanged records. */
-export interface DecodedDocument {
+interface DecodedDocument {
   readonly cards: ReadonlyArray<ModelCardInstance>
   readonly sources: ReadonlyArray<KvEventSource>
   readonly cardsByRaw: ReadonlyMap<string, ModelCardInstance>

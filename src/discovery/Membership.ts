@@ -108,7 +108,7 @@ export interface ProjectionDiagnostic {
 // ---------------------------------------------------------------------------------------------
 // Conflicts
 
-export const subjectText = (subject: ConflictSubject): string => {
+const subjectText = (subject: ConflictSubject): string => {
   switch (subject._tag) {
     case "Endpoint":
       return `Endpoint(${subject.endpoint})`

@@ -533,7 +533,7 @@ const endpointOf = (card: ModelCardInstance): EndpointId =>
 // ---------------------------------------------------------------------------------------------
 // Full projection
 
-export interface MembershipProjection {
+interface MembershipProjection {
   readonly view: DcMembershipView
   readonly nextGeneration: number
   /** Every soft error and ambiguous name of this projection. */

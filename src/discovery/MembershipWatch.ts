@@ -5,23 +5,18 @@
  * a defect it resubscribes, and the latest snapshot comes first.
  */
 
-import { Context, Effect, Layer, type Scope, Stream, SubscriptionRef } from "effect"
+import { Effect, type Scope, Stream, SubscriptionRef } from "effect"
 import { loopStep, supervised } from "../observability/Supervised.js"
 import { Discovery, type DiscoverySnapshot } from "./Discovery.js"
 import type { DiscoveryScope } from "./DiscoveryConfig.js"
 import type { DcMembershipView } from "./Membership.js"
 import { MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"
 
-export interface MembershipWatchShape {
+interface MembershipWatchShape {
   readonly current: Effect.Effect<DcMembershipView>
   /** The current view, then every changed view. */
   readonly changes: Stream.Stream<DcMembershipView>
 }
-
-export class MembershipWatch extends Context.Tag("kvrelay/MembershipWatch")<
-  MembershipWatch,
-  MembershipWatchShape
->() {}
 
 const project = (
   projector: MembershipProjector,
@@ -80,6 +75,3 @@ export const makeMembershipWatch = (
     )
     return { current: SubscriptionRef.get(ref), changes: ref.changes }
   }).pipe(Effect.annotateLogs("component", "membership-watch"))
-
-export const membershipWatchLayer = (scope: DiscoveryScope): Layer.Layer<MembershipWatch, never, Discovery> =>
-  Layer.scoped(MembershipWatch, makeMembershipWatch(scope))

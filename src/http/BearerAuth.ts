@@ -23,7 +23,7 @@ import type { ErrorReason } from "../protocol/RelayApi.js"
 import { FlagFileError, fileErrorText } from "./FlagFile.js"
 
 /** A token file that cannot be used at startup. */
-export class TokenFileError extends FlagFileError("TokenFileError") {}
+class TokenFileError extends FlagFileError("TokenFileError") {}
 
 // RFC 6750 §2.1 b64token: what can follow `Bearer ` in a header.
 const TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/
@@ -45,7 +45,7 @@ export const parseTokenFile = (text: string): ReadonlyArray<string> | string => 
 const digest = (token: string): Buffer => createHash("sha256").update(token, "utf8").digest()
 
 /** The tokens in force. */
-export interface TokenSet {
+interface TokenSet {
   /** Counts successful reads that changed the set (1 after the startup read). */
   readonly revision: number
   readonly count: number
@@ -87,7 +87,7 @@ export interface TokenFile {
   readonly reload: Effect.Effect<void>
 }
 
-export interface TokenFileOptions {
+interface TokenFileOptions {
   /** How often the file is stat'ed besides the directory watch (default 2 s). */
   readonly pollInterval?: Duration.DurationInput | undefined
   /** A change waits this long before the read, so that a file being written is read whole (default 50 ms). */

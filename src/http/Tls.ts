@@ -129,7 +129,7 @@ const checkContext = (
 }
 
 /** The files behind a server's TLS (the CLI checks that cert and key come together). */
-export interface ServerTlsFiles {
+interface ServerTlsFiles {
   readonly cert: TlsFile
   readonly key: TlsFile
   readonly clientCa?: TlsFile | undefined
@@ -147,7 +147,7 @@ export const loadServerTls = (files: ServerTlsFiles): Effect.Effect<ServerTlsOpt
   })
 
 /** The files behind the consumer's TLS towards relays; each part is optional. */
-export interface ClientTlsFiles {
+interface ClientTlsFiles {
   readonly ca?: TlsFile | undefined
   readonly cert?: TlsFile | undefined
   readonly key?: TlsFile | undefined

@@ -26,12 +26,12 @@ import { counterFamily, gaugeFamily } from "./MetricFamilies.js"
 import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "./PublishDelay.js"
 
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
-export const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
+const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
 
 /** `per_pool` and `initialized_hub` only exist for `stream="pool"`. */
-export type LimitScope = "total" | "per_pool" | "initialized_hub"
+type LimitScope = "total" | "per_pool" | "initialized_hub"
 
-export type TopologyStateLabel = "ready" | "unavailable" | "unknown"
+type TopologyStateLabel = "ready" | "unavailable" | "unknown"
 
 const subscribers = gaugeFamily("kv_dc_relay_subscribers", "current subscribers per stream type")
 
@@ -102,16 +102,14 @@ const ingestSkippedBlocks = counterFamily(
   "kv_dc_relay_ingest_skipped_blocks_total",
   "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)"
 )
-export const SKIPPED_BLOCK_REASONS: ReadonlyArray<string> = ["unanchored"]
+const SKIPPED_BLOCK_REASONS: ReadonlyArray<string> = ["unanchored"]
 
 const sourcesByState = gaugeFamily(
   "kv_dc_relay_sources",
   "expected KV event source ranks by state (connecting, live, recovering, degraded, rejected)"
 )
-export const SOURCE_STATES = ["connecting", "live", "recovering", "degraded", "rejected"] as const
-export type SourceStateLabel = (typeof SOURCE_STATES)[number]
-
-const recoveries = counterFamily("kv_dc_relay_recoveries_total", "rank recoveries by outcome")
+const SOURCE_STATES = ["connecting", "live", "recovering", "degraded", "rejected"] as const
+type SourceStateLabel = (typeof SOURCE_STATES)[number]
 
 // ---------------------------------------------------------------------------------------------
 // Streams (HTTP layer)
@@ -138,26 +136,6 @@ export const loadWindowEmitted: Effect.Effect<void> = Metric.increment(loadUpdat
 
 export const setCatalog = (poolCount: number, revision: bigint): Effect.Effect<void> =>
   Effect.zipRight(Metric.set(catalogPoolCount, poolCount), Metric.set(catalogRevision, Number(revision)))
-
-export interface PublicationHubCounts {
-  readonly requested: number
-  readonly initialized: number
-  readonly ready: number
-  readonly idle: number
-}
-
-export const setPublicationHubCounts = (counts: PublicationHubCounts): Effect.Effect<void> =>
-  Effect.all(
-    [
-      Metric.set(requestedHubs, counts.requested),
-      Metric.set(initializedHubs, counts.initialized),
-      Metric.set(readyHubs, counts.ready),
-      Metric.set(idleHubs, counts.idle)
-    ],
-    { discard: true }
-  )
-
-export const terminalPublicationFailure: Effect.Effect<void> = Metric.increment(terminalPublicationFailures)
 
 export const setServingTopologyCounts = (
   counts: Readonly<Record<TopologyStateLabel, number>>
@@ -196,10 +174,6 @@ export const ingestMalformedMessage = (reason: MalformedReason): Effect.Effect<v
 
 export const ingestDropped = (reason: DropReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestDroppedBatches, "reason", reason))
-
-/** One finished rank recovery; `outcome` e.g. `events`, `tree_dump`, `degraded`, `failed`. */
-export const recoveryFinished = (outcome: string): Effect.Effect<void> =>
-  Metric.increment(Metric.tagged(recoveries, "outcome", outcome))
 
 /** `kv_dc_relay_zmtp_protocol_errors_total{reason}`, on the relay's `/metrics`. */
 export const zmtpProtocolErrorsTotal = counterFamily(

@@ -9,7 +9,7 @@ import * as OtlpTracer from "@effect/opentelemetry/OtlpTracer"
 import * as FetchHttpClient from "@effect/platform/FetchHttpClient"
 import { Layer } from "effect"
 
-export interface TracingOptions {
+interface TracingOptions {
   /** OTLP/HTTP base URL (`http://collector:4318`) or the full traces URL (`…/v1/traces`). */
   readonly endpoint: string | undefined
   readonly serviceName: string

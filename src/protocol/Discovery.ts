@@ -134,7 +134,7 @@ export type DiscoveryDocument = typeof DiscoveryDocumentJson.Type
 export type RankKey = string
 export const rankKey = (workerId: WorkerId, dpRank: DpRank): RankKey => `${workerId}/${dpRank}`
 
-export type KvSourceAmbiguity =
+type KvSourceAmbiguity =
   | { readonly _tag: "Incarnations"; readonly publisherIds: ReadonlyArray<bigint> }
   | { readonly _tag: "ConflictingDescriptor"; readonly publisherId: bigint }
   | { readonly _tag: "EndpointMapping"; readonly endpoints: ReadonlyArray<EndpointId> }

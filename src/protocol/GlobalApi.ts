@@ -238,7 +238,7 @@ export type GlobalStats = typeof GlobalStatsJson.Type
 // The routes (§7)
 
 /** `POST /v1/overlap`: by model or by pool domain, by tokens or by local block hashes. */
-export const OverlapRequestJson = Schema.Union(
+const OverlapRequestJson = Schema.Union(
   ModelTokensOverlapJson,
   ModelLocalOverlapJson,
   DomainTokensOverlapJson,

@@ -24,7 +24,7 @@ export const FRAME_TERMINAL_ERROR: PoolFrameKind = 4
 /** Bytes after the length field before the payload: kind + three u64. */
 export const POOL_FRAME_FIXED_BYTES = 1 + 8 + 8 + 8
 /** The largest frame a receiver must accept: a full CBI1 chunk plus the fixed fields. */
-export const MAX_POOL_FRAME_BYTES = POOL_FRAME_FIXED_BYTES + CBI1_MAX_FRAME_BYTES
+const MAX_POOL_FRAME_BYTES = POOL_FRAME_FIXED_BYTES + CBI1_MAX_FRAME_BYTES
 
 export interface PoolFrame {
   readonly kind: PoolFrameKind

@@ -550,7 +550,7 @@ export const openApiEndpoint = HttpApiEndpoint.get("openApi", "/v1/openapi.json"
   .annotate(OpenApi.Summary, "This document")
 
 /** Server-sent events (`text/event-stream`); the events' data are the documents named per route. */
-export const SseBody = HttpApiSchema.Text({ contentType: "text/event-stream" })
+const SseBody = HttpApiSchema.Text({ contentType: "text/event-stream" })
 
 /** `?subscriber=ID`: who asks (logged with the stream); required by the catalog watch only. */
 const subscriberParam = Schema.Struct({ subscriber: SubscriberIdJson })

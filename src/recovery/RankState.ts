@@ -20,7 +20,7 @@ import type { RouterEvent } from "../protocol/Events.js"
 /** Buffer bound (in commit groups); on overflow the oldest entries are dropped. */
 export const RECOVERY_PENDING_LIVE_EVENT_LIMIT = 1024
 /** `plan_pending_drain` discards everything before `len - margin` in one step when that entry is stale. */
-export const RECOVERY_PENDING_FAST_PRUNE_MARGIN = 10
+const RECOVERY_PENDING_FAST_PRUNE_MARGIN = 10
 
 /** A run of consecutive events that share one event id; never empty. */
 export interface CommitGroup {
@@ -50,7 +50,7 @@ const containsClear = (group: CommitGroup): boolean =>
   group.events.some((event) => event.data._tag === "Cleared")
 
 /** `CursorState::observe` of the simple cursor (recovery-events.md §2.1); `undefined` is `Initial`. */
-export type CursorObservation =
+type CursorObservation =
   | { readonly _tag: "Initial"; readonly got: number }
   | { readonly _tag: "Stale"; readonly got: number; readonly lastApplied: number }
   | { readonly _tag: "Contiguous"; readonly got: number }
@@ -86,7 +86,7 @@ export type LiveEventAction =
 
 const IGNORE: LiveEventAction = { _tag: "Ignore" }
 
-export interface PendingDrainPlan {
+interface PendingDrainPlan {
   /** The buffered tail to admit after the recovered events, flattened in group order. */
   readonly events: ReadonlyArray<RouterEvent>
   readonly cursor: number | undefined

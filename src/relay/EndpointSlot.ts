@@ -100,17 +100,17 @@ export const targetFaultRetirementMode = (
   disposition: TargetFaultDisposition
 ): PoolRetirementMode | undefined => (disposition === "Fenced" ? "Fenced" : undefined)
 
-export const START_RETRY_INITIAL: Duration.Duration = Duration.millis(100)
+const START_RETRY_INITIAL: Duration.Duration = Duration.millis(100)
 /**
  * How long the first ranks' restores wait for the rest of the initial wave before the pool is
  * rebuilt from the ones that arrived. The seed waits a whole recovery attempt (30 s); a replay
  * endpoint that never answers then holds every healthy sibling's blocks back that long
  * (PROTOCOL §3.2). A straggler's restore lands later in a batch of its own.
  */
-export const INITIAL_RECOVERY_WAVE_DEADLINE: Duration.Duration = Duration.millis(500)
-export const START_RETRY_MAX: Duration.Duration = Duration.seconds(5)
+const INITIAL_RECOVERY_WAVE_DEADLINE: Duration.Duration = Duration.millis(500)
+const START_RETRY_MAX: Duration.Duration = Duration.seconds(5)
 /** How often each rank's `kvUsedBlocks` is observed from the actor's member block counts. */
-export const LOAD_OBSERVATION_INTERVAL: Duration.Duration = Duration.seconds(1)
+const LOAD_OBSERVATION_INTERVAL: Duration.Duration = Duration.seconds(1)
 
 // ---------------------------------------------------------------------------------------------
 // Bindings and pure helpers
@@ -121,7 +121,7 @@ export interface ActorBinding {
   readonly kvStateEndpoint: EndpointId
 }
 
-export const bindingEquals = (a: ActorBinding | undefined, b: ActorBinding | undefined): boolean =>
+const bindingEquals = (a: ActorBinding | undefined, b: ActorBinding | undefined): boolean =>
   a === undefined || b === undefined
     ? a === b
     : resolvedIndexerDomainEquals(a.domain, b.domain) &&
@@ -140,7 +140,7 @@ export const inactiveSlotLifecycle = (membership: EndpointMembership | undefined
       : "discovered"
 
 /** The materialization gate (§2.8): the binding a generation should have now, if any. */
-export const desiredBinding = (
+const desiredBinding = (
   membership: EndpointMembership | undefined,
   sourceView: CoordinatedSourceView | undefined
 ): ActorBinding | undefined => {
@@ -157,7 +157,7 @@ export const desiredBinding = (
 const sameMembership = (a: EndpointMembership | undefined, b: EndpointMembership | undefined): boolean =>
   a === b || (a !== undefined && b !== undefined && a.generation === b.generation && membershipEquals(a, b))
 
-export type RegistrationRefresh = "Skipped" | "Published"
+type RegistrationRefresh = "Skipped" | "Published"
 
 /**
  * Publishes new registrations for the active generation only while its binding is still the
@@ -204,7 +204,7 @@ export class EndpointSlotStatus {
 // ---------------------------------------------------------------------------------------------
 // The slot
 
-export interface EndpointSlotOptions {
+interface EndpointSlotOptions {
   readonly endpoint: EndpointId
   readonly dcId: DcId
   readonly registry: PoolRegistry

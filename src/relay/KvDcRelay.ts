@@ -41,7 +41,7 @@ export interface SourceCounts {
 }
 
 /** One expected source rank in `/v1/stats` (PROTOCOL §5 ◆3). */
-export interface SourceStats {
+interface SourceStats {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   readonly publisherId: bigint
@@ -70,7 +70,7 @@ export interface RelayHealth {
   readonly discovery: DiscoveryStatus
 }
 
-export interface EndpointAggregationStats {
+interface EndpointAggregationStats {
   readonly members: ReadonlyArray<{
     readonly workerId: WorkerId
     readonly dpRank: DpRank
@@ -87,7 +87,7 @@ export interface EndpointAggregationStats {
   readonly occupiedSlotCount: number
 }
 
-export interface EndpointPublicationStats {
+interface EndpointPublicationStats {
   readonly sequence: bigint
   readonly pendingEvents: number
   readonly emittedImages: number
@@ -98,7 +98,7 @@ export interface EndpointPublicationStats {
   readonly netRevertedBuckets: number
 }
 
-export interface EndpointRecoveryStats {
+interface EndpointRecoveryStats {
   readonly degradedResets: number
   readonly rebuildCount: number
   readonly rebuildTotalMs: number
@@ -113,7 +113,7 @@ export interface EndpointRecoveryStats {
   readonly sources: ReadonlyArray<SourceStateEntry>
 }
 
-export interface EndpointMemoryStats {
+interface EndpointMemoryStats {
   readonly filterBytes: number
   readonly dirtyTrackingBytes: number
   readonly ownershipBytes: number
@@ -124,7 +124,7 @@ export interface EndpointMemoryStats {
   readonly insertionScratchCapacity: number
 }
 
-export interface EndpointActorStats {
+interface EndpointActorStats {
   readonly mailboxDepth: number
   readonly mailboxCapacity: number
   readonly activeCommand: string | undefined

@@ -14,9 +14,9 @@ import { loopStep, supervised } from "../observability/Supervised.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import { LoadWindowLagged, LoadWindowsClosed } from "./RelayErrors.js"
 
-export const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
-export const DEFAULT_LOAD_FANOUT_CAPACITY = 16
-export const MAX_LOAD_FANOUT_CAPACITY = 65_536
+const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
+const DEFAULT_LOAD_FANOUT_CAPACITY = 16
+const MAX_LOAD_FANOUT_CAPACITY = 65_536
 
 export interface LoadWindow {
   readonly windowSequence: bigint
@@ -27,9 +27,9 @@ export interface LoadWindow {
   readonly pools: ReadonlyArray<PoolLoadSnapshot>
 }
 
-export type LoadWindowError = LoadWindowLagged | LoadWindowsClosed
+type LoadWindowError = LoadWindowLagged | LoadWindowsClosed
 
-export interface LoadWindowSubscription {
+interface LoadWindowSubscription {
   /**
    * The next window: the current one first, then every newer one; fails once the subscriber was
    * dropped as lagged or the publisher stopped. Safe to interrupt (nothing is lost).
@@ -46,7 +46,7 @@ export interface LoadWindows {
   readonly subscriberCount: () => number
 }
 
-export interface LoadWindowsOptions {
+interface LoadWindowsOptions {
   /** Default 1 s; the first window is cut one window after start. */
   readonly window?: Duration.DurationInput | undefined
   /** Windows buffered per subscriber (default 16, at most 65,536). */

@@ -21,7 +21,7 @@ import { DEFAULT_FAULT_CAPACITY } from "./PoolActor.js"
 
 export const MAX_PENDING_SOURCE_FAULTS = DEFAULT_FAULT_CAPACITY
 
-export type ProducerFenceTrigger =
+type ProducerFenceTrigger =
   | { readonly _tag: "Fault"; readonly fault: ActorFault }
   | { readonly _tag: "PendingOverflow"; readonly fault: ActorFault }
 
@@ -140,7 +140,7 @@ export const drainReadyFaults = (
     }
   })
 
-export type FaultCollection<A> =
+type FaultCollection<A> =
   | { readonly _tag: "Completed"; readonly value: A }
   /** The effect was interrupted; the caller must retire the producer generation. */
   | { readonly _tag: "ProducerFence"; readonly trigger: ProducerFenceTrigger }
@@ -233,7 +233,7 @@ export const drainFaultsWhile = <A, E, R>(
     return yield* drain.pipe(Effect.onInterrupt(() => Effect.zipRight(Fiber.interrupt(fiber), closeAndLog)))
   })
 
-export const faultLogFields = (fault: ActorFault) => ({
+const faultLogFields = (fault: ActorFault) => ({
   workerId: fault.workerId,
   dpRank: fault.dpRank,
   sourceEpoch: fault.sourceEpoch,

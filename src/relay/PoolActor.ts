@@ -81,7 +81,7 @@ export interface ActorStats {
   readonly partialMembers: ReadonlyArray<CkfMemberRef>
 }
 
-export interface ActorDiagnostics {
+interface ActorDiagnostics {
   readonly activeCommand: string | undefined
   readonly shuttingDown: boolean
   readonly lastError: string | undefined

@@ -18,7 +18,7 @@ import type { RuntimeConfig } from "../protocol/Discovery.js"
 import type { DpRank, WorkerId } from "../protocol/Events.js"
 
 /** Data-parallel ranks one worker may declare. */
-export const MAX_DATA_PARALLEL_RANKS = 4096
+const MAX_DATA_PARALLEL_RANKS = 4096
 
 const U32_MAX = 0xffff_ffff
 const U64_MAX = (1n << 64n) - 1n
@@ -32,9 +32,9 @@ export interface ActiveLoad {
   readonly kvUsedBlocks?: bigint | undefined
 }
 
-export type LoadObservationOutcome = "UnknownRank" | "IgnoredAdvisory" | "Updated"
+type LoadObservationOutcome = "UnknownRank" | "IgnoredAdvisory" | "Updated"
 
-export type LoadCapacityProblem = "ZeroDataParallelSize" | "TooManyRanks" | "RankRangeOverflow"
+type LoadCapacityProblem = "ZeroDataParallelSize" | "TooManyRanks" | "RankRangeOverflow"
 
 const loadCapacityMessages: Record<
   LoadCapacityProblem,

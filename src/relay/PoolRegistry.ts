@@ -77,7 +77,7 @@ export interface PoolActorConfig {
 }
 
 /** Runtime facts of a serving pool; a local-only pool has none and publishes no load. */
-export interface PoolServingFacts {
+interface PoolServingFacts {
   readonly runtimeConfigs: ReadonlyMap<WorkerId, RuntimeConfig>
 }
 

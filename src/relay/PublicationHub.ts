@@ -52,9 +52,9 @@ import {
 /** The supervised loop name of every hub's consumer fiber (`kvrelay_supervised_restarts_total`). */
 export const PUBLICATION_HUB_LOOP = "relay.publication-hub"
 
-export const DEFAULT_QUEUE_CAPACITY = 16
-export const DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
-export const DEFAULT_MAX_SUBSCRIBERS = 64
+const DEFAULT_QUEUE_CAPACITY = 16
+const DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
+const DEFAULT_MAX_SUBSCRIBERS = 64
 export const DEFAULT_MAX_INITIALIZED_POOL_HUBS = 64
 /** What one queued frame costs a subscriber beyond its payload. */
 export const FRAME_OVERHEAD_BYTES = 256
@@ -149,7 +149,7 @@ class MirrorImage {
   constructor(readonly words: Uint32Array) {}
 }
 
-export interface HubSnapshot {
+interface HubSnapshot {
   readonly identity: ProducerIdentity
   readonly lease: LaneLease
   readonly sequence: bigint
@@ -164,7 +164,7 @@ export interface HubFrame {
   readonly payload: Uint8Array
 }
 
-export type SubscriberCloseReason = "Active" | "Lagged" | "Retired"
+type SubscriberCloseReason = "Active" | "Lagged" | "Retired"
 
 /** A subscriber of one hub. One fiber at a time may `recv`. */
 export interface HubSubscription {
@@ -355,7 +355,7 @@ class HubSubscriber implements HubSubscription {
 // ---------------------------------------------------------------------------------------------
 // The hub
 
-export interface PublicationHubStats {
+interface PublicationHubStats {
   readonly ready: boolean
   readonly lastError: string | undefined
   readonly sequence: bigint
@@ -710,7 +710,7 @@ const snapshotProblem = (
   return undefined
 }
 
-export interface StartPublicationHubOptions {
+interface StartPublicationHubOptions {
   readonly actor: PoolActor
   readonly config: PublicationHubConfig
   /** Called (uninterruptibly) once with the reason when the hub fails for good. */

@@ -30,11 +30,11 @@ import type { PoolRegistry } from "./PoolRegistry.js"
 import type { HubFrame } from "./PublicationHub.js"
 import { PublicationError, type PublicationHubError, SubscriberLagged } from "./RelayErrors.js"
 
-export const DEFAULT_MAX_POOL_STREAMS = 64
-export const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration.Duration = Duration.seconds(60)
+const DEFAULT_MAX_POOL_STREAMS = 64
+const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration.Duration = Duration.seconds(60)
 
 /** The driver-level kind of a hub error (relay-service §3.3). */
-export const publicationErrorOf = (error: PublicationHubError): PublicationError => {
+const publicationErrorOf = (error: PublicationHubError): PublicationError => {
   switch (error._tag) {
     case "UnknownPool":
       return new PublicationError({ kind: "NotFound", message: error.message })
@@ -52,7 +52,7 @@ export const publicationErrorOf = (error: PublicationHubError): PublicationError
   }
 }
 
-export type PublicationFrameKind = "SnapshotChunk" | "Delta"
+type PublicationFrameKind = "SnapshotChunk" | "Delta"
 
 export interface PublicationFrame {
   readonly kind: PublicationFrameKind
@@ -68,7 +68,7 @@ export interface PublicationFrame {
  * down (the stream ends silently), or the error the stream ended with. An end is final: every
  * later poll returns it again.
  */
-export type PoolFeedNext = ReadonlyArray<PublicationFrame> | PublicationError | "end"
+type PoolFeedNext = ReadonlyArray<PublicationFrame> | PublicationError | "end"
 
 /**
  * A pool stream as a callback-driven source, for a consumer that moves frames without a fiber per
@@ -128,7 +128,7 @@ const END: Effect.Effect<never, Option.Option<never>> = Effect.fail(Option.none(
 const NOTHING_YET: ReadonlyArray<PublicationFrame> = []
 
 /** `feed` pulled: each pull takes what is ready, or waits for the feed's next wake-up. */
-export const feedStream = (feed: PoolFeed): Stream.Stream<PublicationFrame, PublicationError> => {
+const feedStream = (feed: PoolFeed): Stream.Stream<PublicationFrame, PublicationError> => {
   const settle = (
     next: PoolFeedNext
   ): Effect.Effect<Chunk.Chunk<PublicationFrame>, Option.Option<PublicationError>> | undefined => {

@@ -122,11 +122,7 @@ export class SubscriberLagged extends Data.TaggedError("SubscriberLagged")<{ rea
   }
 }
 
-export type InvalidHubPublicationReason =
-  | "IdentityChanged"
-  | "LeaseChanged"
-  | "SequenceGap"
-  | "BucketOutOfRange"
+type InvalidHubPublicationReason = "IdentityChanged" | "LeaseChanged" | "SequenceGap" | "BucketOutOfRange"
 
 export class InvalidHubPublication extends Data.TaggedError("InvalidHubPublication")<{
   readonly reason: InvalidHubPublicationReason

@@ -83,10 +83,10 @@ import {
 
 export const DEFAULT_EXPECTED_UNIQUE_BLOCKS = 1_048_576
 export const DEFAULT_PUBLICATION_THRESHOLD = 16
-export const DEFAULT_PUBLICATION_DELAY_MS = 1
-export const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT_MS = 30_000
+const DEFAULT_PUBLICATION_DELAY_MS = 1
+const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT_MS = 30_000
 /** Worker queries in flight relay-wide (the seed's `DEFAULT_RECOVERY_FETCH_CONCURRENCY`). */
-export const DEFAULT_RECOVERY_FETCH_CONCURRENCY = RECOVERY_CONCURRENCY_LIMIT
+const DEFAULT_RECOVERY_FETCH_CONCURRENCY = RECOVERY_CONCURRENCY_LIMIT
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -157,7 +157,7 @@ export const validateRelayConfig = (
 }
 
 /** A random 63-bit relay incarnation (the seed masks a random u64 with `i64::MAX`). */
-export const newRelayIncarnation: Effect.Effect<bigint> = Effect.gen(function* () {
+const newRelayIncarnation: Effect.Effect<bigint> = Effect.gen(function* () {
   const hi = yield* Random.nextIntBetween(0, 0x8000_0000)
   const lo = yield* Random.nextIntBetween(0, 0x1_0000_0000)
   return (BigInt(hi) << 32n) | BigInt(lo)
@@ -215,7 +215,7 @@ const ALWAYS_LIVE: DiscoveryStatus = { state: "live", since: new Date(0) }
  * `KvDcRelay::health` over the slots' statuses. Discovery is reported, not judged: a stale or
  * connecting backend leaves the relay healthy (PROTOCOL §2), since the last membership serves.
  */
-export const NO_SOURCES: SourceCounts = {
+const NO_SOURCES: SourceCounts = {
   expected: 0,
   connecting: 0,
   live: 0,
@@ -225,7 +225,7 @@ export const NO_SOURCES: SourceCounts = {
 }
 
 /** Counts expected sources by state. */
-export const countSources = (
+const countSources = (
   sources: Iterable<{ readonly state: ExpectedSourceState }>,
   into: { -readonly [K in keyof SourceCounts]: SourceCounts[K] } = { ...NO_SOURCES }
 ): SourceCounts => {

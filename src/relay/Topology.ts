@@ -39,7 +39,7 @@ import type { DcPoolCatalog } from "./PoolCatalog.js"
 // ---------------------------------------------------------------------------------------------
 // Evaluator (§6.1)
 
-export type ReadinessState = "READY" | "UNAVAILABLE" | "UNKNOWN"
+type ReadinessState = "READY" | "UNAVAILABLE" | "UNKNOWN"
 
 /** Workers of one endpoint that share `(workerType, modelType, needs)`. */
 export interface ReadinessUnit {
@@ -50,7 +50,7 @@ export interface ReadinessUnit {
   readonly needs: ReadonlyArray<ReadonlyArray<WorkerType>>
 }
 
-export interface ReadinessEvaluation {
+interface ReadinessEvaluation {
   readonly ready: boolean
   /** Typed roles with a live worker, sorted. */
   readonly present: ReadonlyArray<WorkerType>
@@ -104,22 +104,22 @@ export const evaluateReadiness = (units: ReadonlyArray<ReadinessUnit>): Readines
 // ---------------------------------------------------------------------------------------------
 // Projection (§6.2)
 
-export interface TopologyMember {
+interface TopologyMember {
   readonly endpoint: EndpointId
   readonly roles: ReadonlyArray<WorkerRole>
   readonly poolId?: PoolId | undefined
 }
 
-export interface AdapterReadiness {
+interface AdapterReadiness {
   /** The request-facing adapter name. */
   readonly canonicalModelId: CanonicalModelId
   readonly state: ReadinessState
   readonly missingRoles: ReadonlyArray<WorkerType>
 }
 
-export type DuplicateRole = "prefill" | "decode"
+type DuplicateRole = "prefill" | "decode"
 
-export interface TopologyEntry {
+interface TopologyEntry {
   readonly namespace: string
   readonly canonicalModelId: CanonicalModelId
   readonly state: ReadinessState
@@ -152,7 +152,7 @@ export const availabilityFromMembership = (view: DcMembershipView): EndpointAvai
   return availability
 }
 
-export interface TopologyProjection {
+interface TopologyProjection {
   readonly entries: ReadonlyArray<TopologyEntry>
   /** Pool-link keys (`endpoint base-model`) claimed by more than one catalog descriptor. */
   readonly conflictingLinks: ReadonlyArray<string>
@@ -360,7 +360,7 @@ export const projectTopology = (
 }
 
 /** A canonical text of an entry list: equal texts ⇔ equal entries. */
-export const topologyEntriesKey = (entries: ReadonlyArray<TopologyEntry>): string =>
+const topologyEntriesKey = (entries: ReadonlyArray<TopologyEntry>): string =>
   JSON.stringify(
     entries.map((entry) => [
       entry.namespace,
@@ -393,7 +393,7 @@ export interface TopologyPublisher {
   readonly current: Effect.Effect<TopologySnapshot>
 }
 
-export interface TopologyInputs {
+interface TopologyInputs {
   readonly membershipRef: SubscriptionRef.SubscriptionRef<DcMembershipView>
   readonly catalogRef: SubscriptionRef.SubscriptionRef<DcPoolCatalog>
   /** Default `availabilityFromMembership`. */

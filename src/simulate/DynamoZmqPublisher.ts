@@ -40,7 +40,7 @@ export type HashInput = Uint32Array | ReadonlyArray<bigint | number>
 export const pairsOf = (hashes: HashInput): Uint32Array =>
   hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
 
-export interface DynamoZmqPublisherOptions {
+interface DynamoZmqPublisherOptions {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   /** Default `kv-events`. */
@@ -56,7 +56,7 @@ export interface DynamoZmqPublisherOptions {
   readonly blockSize?: number
 }
 
-export interface StoreOptions {
+interface StoreOptions {
   readonly parentHash?: bigint
   /** The blocks' local hashes (default: of tokens derived from each block's hash). */
   readonly tokensHashes?: HashInput

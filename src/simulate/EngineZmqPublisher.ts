@@ -38,7 +38,7 @@ import {
 import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
 import { advertisement, bindSimulatedPub, logRestart, type SimulatedRank } from "./SimulatedPub.js"
 
-export interface EngineZmqPublisherOptions {
+interface EngineZmqPublisherOptions {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   /** `vllm`, `sglang` or an explicit format. */
@@ -65,7 +65,7 @@ export interface EngineZmqPublisherOptions {
   readonly silentReplay?: boolean
 }
 
-export interface EngineStoreOptions {
+interface EngineStoreOptions {
   readonly parentHash?: bigint
   /** The blocks' token ids (default: derived from each block's hash, see `defaultTokenIds`). */
   readonly tokenIds?: ReadonlyArray<number>

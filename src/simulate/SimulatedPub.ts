@@ -28,7 +28,7 @@ export interface SimulatedRank {
 }
 
 /** A bound PUB socket of a simulated worker. */
-export interface SimulatedPub {
+interface SimulatedPub {
   /** The address it bound (the port resolved). */
   readonly endpoint: string
   /** Sends one message, or drops it when a drop is pending (`dropNext`). */

@@ -25,7 +25,7 @@ import {
 /** `WORKER_KV_INDEXER_BUFFER_SIZE`. */
 export const WORKER_RING_SIZE = 1024
 /** Blocks per synthetic tree-dump event (a chain is split into events of at most this many). */
-export const TREE_DUMP_BLOCKS_PER_EVENT = 256
+const TREE_DUMP_BLOCKS_PER_EVENT = 256
 
 // ---------------------------------------------------------------------------------------------
 // Block ledger: the stored-minus-removed block set of one rank, in first-stored order
@@ -45,7 +45,7 @@ const keyOf = (hi: number, lo: number): string => `${hi}:${lo}`
  * The device-tier blocks a rank holds after a sequence of events. Only the device tier is kept:
  * tree dumps are device-tier Stored events (the pool actor's replace contract).
  */
-export class BlockLedger {
+class BlockLedger {
   private readonly blocks = new Map<string, LedgerEntry>()
 
   get size(): number {
@@ -224,7 +224,7 @@ class RankIndexer {
 // ---------------------------------------------------------------------------------------------
 // Server
 
-export interface WorkerQueryServerOptions {
+interface WorkerQueryServerOptions {
   readonly workerId: WorkerId
   /** Ranks served from the start; a rank also becomes served when an event of it is recorded. */
   readonly dpRanks?: ReadonlyArray<DpRank>
@@ -234,7 +234,7 @@ export interface WorkerQueryServerOptions {
   readonly bufferSize?: number
 }
 
-export interface WorkerQueryServerStats {
+interface WorkerQueryServerStats {
   readonly requests: number
   readonly unanswered: number
   readonly dumpsBuilt: number

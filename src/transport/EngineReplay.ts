@@ -11,7 +11,7 @@ import type { DpRank, WorkerId } from "../protocol/Events.js"
 import { decodeEngineBatch, type EngineBatch } from "./EngineZmq.js"
 import { acquireSocket, connectSocket, receiveFrames, sendFrames, u64FrameOf, ZmqError } from "./ZmqSocket.js"
 
-export const END_SEQ = Buffer.alloc(8, 0xff)
+const END_SEQ = Buffer.alloc(8, 0xff)
 
 // ---------------------------------------------------------------------------------------------
 // Replay client
@@ -21,7 +21,7 @@ export const END_SEQ = Buffer.alloc(8, 0xff)
  * vLLM before mid-2026 send `[empty, seq, payload]`; current vLLM adds its topic,
  * `[empty, topic, seq, payload]`, on every reply and on the end marker. A string says what was wrong.
  */
-export const replayReplyFrames = (
+const replayReplyFrames = (
   frames: ReadonlyArray<Buffer>
 ): { readonly seqFrame: Buffer; readonly payload: Buffer } | string => {
   if (frames.length !== 3 && frames.length !== 4)
@@ -40,7 +40,7 @@ export interface ReplayedBatch {
   readonly error: string | undefined
 }
 
-export interface ReplayOptions {
+interface ReplayOptions {
   readonly replayEndpoint: string
   readonly startSeq: number
   readonly workerId: WorkerId

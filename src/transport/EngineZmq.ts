@@ -47,10 +47,10 @@ const K = (...names: ReadonlyArray<string>): ReadonlyArray<Uint8Array> => names.
  * Why an engine event is not this worker's device cache (PROTOCOL §3.2). Such an event is
  * skipped: it keeps its place in the sequence and is counted by reason, never applied.
  */
-export type EngineSkipReason = SkipReason
+type EngineSkipReason = SkipReason
 const ENGINE_SKIP_REASONS = SKIP_REASONS
-export type EngineSkipCounts = SkipCounts
-export const noSkips = (): Record<EngineSkipReason, number> => ({
+type EngineSkipCounts = SkipCounts
+const noSkips = (): Record<EngineSkipReason, number> => ({
   medium: 0,
   locality: 0,
   ownership: 0,
@@ -58,13 +58,13 @@ export const noSkips = (): Record<EngineSkipReason, number> => ({
 })
 
 /** Why an engine message is malformed beyond its framing; nothing of such a message is applied. */
-export type EngineMalformedReason = Extract<
+type EngineMalformedReason = Extract<
   MalformedReason,
   "hash" | "block-size" | "token-ids" | "token-count" | "lora" | "field-type"
 >
 
 /** A field of an otherwise well-formed msgpack batch that breaks the contract of §3.2. */
-export class EngineFieldError extends Error {
+class EngineFieldError extends Error {
   constructor(
     readonly reason: EngineMalformedReason,
     message: string
@@ -169,7 +169,7 @@ export interface EngineBatch {
 }
 
 /** Options of the decoder that depend on the source's pool. */
-export interface EngineDecodeOptions {
+interface EngineDecodeOptions {
   /** The card's `kvCacheBlockSize`: a `BlockStored` of another `block_size` is malformed. */
   readonly kvBlockSize?: number | undefined
 }
@@ -541,7 +541,7 @@ const readBatchRank = (r: MsgpackReader): number | undefined =>
  * Throws `MsgpackDecodeError` for a msgpack shape error and `EngineFieldError` for a field that
  * breaks §3.2.
  */
-export const readEngineBatch = (
+const readEngineBatch = (
   r: MsgpackReader,
   workerId: WorkerId,
   defaultDpRank: DpRank,
@@ -601,7 +601,7 @@ export const readEngineBatch = (
   return { dpRank, events, skipped, ignored }
 }
 
-export type EngineDecodeResult =
+type EngineDecodeResult =
   | { readonly ok: true; readonly value: EngineBatch }
   | { readonly ok: false; readonly reason: EngineMalformedReason | "payload"; readonly message: string }
 
@@ -624,7 +624,7 @@ export const decodeEngineBatch = (
   }
 }
 
-export interface EngineSourceIdentity {
+interface EngineSourceIdentity {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   /** The advertised publisher id the batches are routed under. */
@@ -633,7 +633,7 @@ export interface EngineSourceIdentity {
 }
 
 /** How far past the last accepted seq a batch may claim to be before it is malformed (§3.2). */
-export const MAX_SEQ_JUMP = 2 ** 32
+const MAX_SEQ_JUMP = 2 ** 32
 
 /**
  * Decodes the 3-frame messages of one engine source, in arrival order. It keeps the last
@@ -688,7 +688,7 @@ export const makeEngineDecoder = (
   }
 }
 
-export interface EngineSubscriptionOptions {
+interface EngineSubscriptionOptions {
   readonly endpoint: string
   readonly source: EngineSourceIdentity
   readonly decode?: EngineDecodeOptions

@@ -83,7 +83,7 @@ export const RECEIVE_BATCH = 32
  * appending to `into`. A receive on a readable socket settles at once, so the batch costs one
  * fiber suspension and a promise per message instead of an Effect per message.
  */
-export const receiveBatch = (
+const receiveBatch = (
   socket: zmq.Readable<Array<Buffer>> & zmq.Socket,
   endpoint: string,
   into: Array<Array<Buffer>>
@@ -195,7 +195,7 @@ export const blockCount = (events: ReadonlyArray<RouterEvent>): number => {
  */
 export type Delivered = Effect.Effect<void> | undefined
 
-export interface SubscriptionOptions {
+interface SubscriptionOptions {
   readonly endpoint: string
   /** Prefix subscription (frame 0). */
   readonly topic: string
@@ -224,7 +224,7 @@ export interface ReceiveLoop {
 export const RECEIVE_LOOP = "transport.zmq-receive"
 
 /** Messages a ZMTP receive takes at most; like `RECEIVE_BATCH`, the turn budget is checked between batches. */
-export const ZMTP_RECEIVE_BATCH = 32
+const ZMTP_RECEIVE_BATCH = 32
 
 /**
  * The receive side of a subscription: an effect that appends the next batch of messages to

@@ -18,17 +18,11 @@ import { GlobalConsumer, type GlobalConsumerService } from "../GlobalConsumer.js
 // ---------------------------------------------------------------------------------------------
 // Query statistics
 
-export type QueryOutcome = "ok" | "invalid" | "not_found" | "unavailable" | "error"
-export const QUERY_OUTCOMES: ReadonlyArray<QueryOutcome> = [
-  "ok",
-  "invalid",
-  "not_found",
-  "unavailable",
-  "error"
-]
+type QueryOutcome = "ok" | "invalid" | "not_found" | "unavailable" | "error"
+const QUERY_OUTCOMES: ReadonlyArray<QueryOutcome> = ["ok", "invalid", "not_found", "unavailable", "error"]
 
 /** What an HTTP status says about a query. */
-export const outcomeOf = (status: number): QueryOutcome =>
+const outcomeOf = (status: number): QueryOutcome =>
   status < 400
     ? "ok"
     : status === 404
@@ -40,7 +34,7 @@ export const outcomeOf = (status: number): QueryOutcome =>
           : "error"
 
 /** Quantiles are taken over this many most recent queries of a route. */
-export const RECENT_QUERY_WINDOW = 1024
+const RECENT_QUERY_WINDOW = 1024
 
 /** Seconds; from 50 µs (a cached probe) to 2.5 s (a batch against a stalled event loop). */
 const LATENCY_BUCKETS = [
@@ -78,7 +72,7 @@ class RouteStats {
 const quantile = (sorted: Float64Array, q: number): number =>
   sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!
 
-export interface RouteStatsSnapshot {
+interface RouteStatsSnapshot {
   readonly route: string
   readonly count: number
   readonly outcomes: Readonly<Record<QueryOutcome, number>>
@@ -156,9 +150,9 @@ export class QueryStats {
 // ---------------------------------------------------------------------------------------------
 // The service
 
-export const QUERY_ROUTES: ReadonlyArray<string> = ["/v1/overlap", "/v1/overlap/batch"]
+const QUERY_ROUTES: ReadonlyArray<string> = ["/v1/overlap", "/v1/overlap/batch"]
 
-export interface GlobalDiagnosticsService {
+interface GlobalDiagnosticsService {
   readonly exposition: Prometheus.PrometheusExposition
   readonly queries: QueryStats
 }

@@ -96,7 +96,7 @@ const unknownField = (
  * form: filters are addressed canonically (PROTOCOL §3.3), so they would never match. Every
  * message names the field at fault in the contract's words and never repeats the body.
  */
-export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string => {
+const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string => {
   if (!isPlainObject(parsed)) return `expected a JSON object ${QUERY_FORMS}, got ${describeValue(parsed)}`
   if ("blockHashes" in parsed) {
     return `blockHashes (engine block hashes) is not a query form: relays address blocks by canonical hashes of their tokens; give ${QUERY_FORMS}`
@@ -181,15 +181,13 @@ export interface Reply {
   readonly body: string
 }
 
-export const errorReply = (status: number, reason: ErrorReason, message: string): Reply => ({
+const errorReply = (status: number, reason: ErrorReason, message: string): Reply => ({
   status,
   body: JSON.stringify({ reason, message: boundedMessage(message) })
 })
 
 /** The status and reason of a view's error (PROTOCOL §7 ◆3). */
-export const overlapErrorBody = (
-  error: OverlapError
-): { readonly status: number; readonly reason: ErrorReason } => {
+const overlapErrorBody = (error: OverlapError): { readonly status: number; readonly reason: ErrorReason } => {
   switch (error._tag) {
     case "ModelNotFound":
       return { status: 404, reason: "MODEL_NOT_FOUND" }
@@ -316,19 +314,18 @@ export const batchAnswers = (
   requests.map((request) => view.overlapNow(request))
 
 /** 413 `BODY_TOO_LARGE` of the query routes, whose limit is `--max-request-body-bytes`. */
-export const tooLarge = (limit: number): Reply =>
-  errorReply(413, "BODY_TOO_LARGE", bodyTooLargeMessage(limit))
+const tooLarge = (limit: number): Reply => errorReply(413, "BODY_TOO_LARGE", bodyTooLargeMessage(limit))
 
 // ---------------------------------------------------------------------------------------------
 // The fast path
 
-export const OVERLAP_ROUTE = "/v1/overlap"
-export const BATCH_ROUTE = "/v1/overlap/batch"
+const OVERLAP_ROUTE = "/v1/overlap"
+const BATCH_ROUTE = "/v1/overlap/batch"
 
 /** The server span's name on either path. */
 export const spanName = (method: string, route: string): string => `GlobalHttpServer ${method} ${route}`
 
-export interface FastPathOptions {
+interface FastPathOptions {
   readonly view: GlobalViewService
   readonly queries: QueryStats
   readonly maxBodyBytes: number

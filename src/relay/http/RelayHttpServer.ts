@@ -35,12 +35,10 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import {
   Cause,
   Clock,
-  Context,
   Deferred,
   Duration,
   Effect,
   Either,
-  Layer,
   Option,
   Schema,
   type Scope,
@@ -76,7 +74,7 @@ import {
 } from "../../protocol/RelayApi.js"
 import { type RouteName, routesOf } from "../../protocol/Routes.js"
 import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
-import { KvDcRelay, type KvDcRelayService } from "../KvDcRelay.js"
+import type { KvDcRelayService } from "../KvDcRelay.js"
 import * as LoadWindows from "../LoadWindows.js"
 import type { DcPoolCatalog } from "../PoolCatalog.js"
 import { hasDegradedCoverage } from "../PoolLoad.js"
@@ -130,12 +128,6 @@ export type {
 
 /** Bytes a response buffers before its writer waits for the socket (one full CBI1 chunk frame). */
 const RESPONSE_HIGH_WATER_MARK = 4 * 1024 * 1024 + 4096
-
-/** The relay's HTTP server, as the address it listens on. */
-export class RelayHttpServer extends Context.Tag("kvrelay/RelayHttpServer")<
-  RelayHttpServer,
-  RelayHttpAddress
->() {}
 
 // ---------------------------------------------------------------------------------------------
 // Responses
@@ -646,7 +638,7 @@ const dispatch = (
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-export interface RelayHttpApp {
+interface RelayHttpApp {
   /** The HTTP app; run it with a per-request scope (as every platform server does). */
   readonly app: Effect.Effect<
     HttpServerResponse.HttpServerResponse,
@@ -662,7 +654,7 @@ export interface RelayHttpApp {
 const durationOf = (input: Duration.DurationInput): Duration.Duration => Duration.decode(input)
 
 /** The app over `relay`; topology and load publishers (unless given) live in the current scope. */
-export const makeApp = (
+const makeApp = (
   relay: KvDcRelayService,
   options: RelayHttpOptions = {}
 ): Effect.Effect<RelayHttpApp, never, Scope.Scope> =>
@@ -763,10 +755,3 @@ export const serve = (
     yield* Effect.logInfo("KV DC Relay HTTP API listening").pipe(Effect.annotateLogs("url", bound.url))
     return bound
   })
-
-/** `RelayHttpServer` (the bound address) serving the `KvDcRelay` in context. */
-export const layer = (options: RelayHttpOptions = {}): Layer.Layer<RelayHttpServer, ServeError, KvDcRelay> =>
-  Layer.scoped(
-    RelayHttpServer,
-    Effect.flatMap(KvDcRelay, (relay) => serve(relay, options))
-  )

@@ -198,12 +198,12 @@ export const raceInterruptibly = <A, E, B, E2>(
 ): Effect.Effect<A | B, E | E2> => Effect.raceFirst(Effect.interruptible(left), Effect.interruptible(right))
 
 // The key `RelayMetrics` registers at zero (the actor does not import observability): one series.
-export const skippedBlocks = counterFamily(
+const skippedBlocks = counterFamily(
   "kv_dc_relay_ingest_skipped_blocks_total",
   "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)"
 )
 
-export const UNANCHORED_LABELS = [MetricLabel.make("reason", "unanchored")]
+const UNANCHORED_LABELS = [MetricLabel.make("reason", "unanchored")]
 
 /** Synchronous, so that the apply path counts without running an effect. */
 export const countUnanchored = (blocks: number): void => {

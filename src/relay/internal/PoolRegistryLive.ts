@@ -16,7 +16,6 @@ import {
   ExecutionStrategy,
   Exit,
   Fiber,
-  Layer,
   Metric,
   Scope,
   SubscriptionRef
@@ -56,7 +55,7 @@ import {
   PoolAttachment,
   type PoolAttachRequest,
   type PoolEntry,
-  PoolRegistry,
+  type PoolRegistry,
   type PoolRegistryOptions,
   type PoolReservation,
   type PoolRetirementMode,
@@ -812,6 +811,3 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
     }
     return registry
   })
-
-export const layer = (options: PoolRegistryOptions): Layer.Layer<PoolRegistry> =>
-  Layer.scoped(PoolRegistry, make(options))

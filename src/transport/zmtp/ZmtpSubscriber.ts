@@ -48,9 +48,9 @@ export interface ZmtpSubscriberOptions {
  * 256 MiB: far above any KV event batch (a Dynamo batch of 10,000 8-block events is ~2 MB),
  * small enough that a corrupt 8-byte size cannot make the relay hold gigabytes for one frame.
  */
-export const DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
+const DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 
-export interface ZmtpSubscriberStats {
+interface ZmtpSubscriberStats {
   /** TCP connections tried. */
   readonly attempts: number
   /** Completed handshakes. */

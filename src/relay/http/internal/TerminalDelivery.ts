@@ -13,7 +13,7 @@ import { Duration, Effect, Metric, Option } from "effect"
 import { counterFamily } from "../../../observability/MetricFamilies.js"
 
 /** How long a connection may take to accept a terminal frame (PROTOCOL §5). */
-export const TERMINAL_DELIVERY_TIMEOUT: Duration.Duration = Duration.seconds(5)
+const TERMINAL_DELIVERY_TIMEOUT: Duration.Duration = Duration.seconds(5)
 
 const connectionsCut = counterFamily(
   "kv_dc_relay_stream_connections_cut_total",
