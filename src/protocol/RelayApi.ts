@@ -57,6 +57,7 @@ const isPoolDescriptor = (u: unknown): u is DcPoolDescriptor =>
   "poolRoles" in u &&
   Array.isArray(u.poolRoles)
 
+/** A pool descriptor in the catalog document (PROTOCOL §5). */
 export const PoolDescriptorJson = Schema.transformOrFail(
   Schema.Struct({
     producer: ProducerIdentityJson,
@@ -77,6 +78,7 @@ export const PoolDescriptorJson = Schema.transformOrFail(
   }
 )
 
+/** The relay's identity in JSON (`drtInstanceId`, `relayIncarnation`). */
 export const RelayIdentityJson = Schema.transform(
   Schema.Struct({ drtInstanceId: U64, relayIncarnation: U64 }),
   Schema.instanceOf(DcRelayIdentity),
@@ -90,6 +92,7 @@ export const RelayIdentityJson = Schema.transform(
   }
 ).annotations({ identifier: "DcRelayIdentity" })
 
+/** The protocol version every relay document carries. */
 export const PROTOCOL_VERSION = 1 as const
 
 const isCatalogSnapshot = (u: unknown): u is CatalogSnapshot =>
@@ -170,6 +173,7 @@ export const RelayInfoJson = Schema.transform(
   }
 )
 
+/** The `reason`s an error body may carry (PROTOCOL §7). */
 export const ERROR_REASONS = [
   "INVALID_REQUEST",
   "POOL_NOT_FOUND",
@@ -192,6 +196,7 @@ export const ERROR_REASONS = [
   "INVALID_PUBLICATION",
   "SNAPSHOT_PROGRESS_TIMEOUT"
 ] as const
+/** One of `ERROR_REASONS`. */
 export type ErrorReason = (typeof ERROR_REASONS)[number]
 
 /** Body of an HTTP error and payload of a terminal stream frame. */
@@ -199,6 +204,7 @@ export const ErrorBodyJson = Schema.Struct({
   reason: Schema.Literal(...ERROR_REASONS),
   message: Schema.String
 }).annotations({ identifier: "ErrorBody" })
+/** An error response body: `{reason, message}`. */
 export type ErrorBody = typeof ErrorBodyJson.Type
 
 /** `discovery` of `GET /v1/health`: the backend's state and when it last changed (ISO-8601, UTC). */
@@ -226,6 +232,7 @@ export const HealthJson = Schema.Struct({
   }),
   discovery: DiscoveryStatusJson
 })
+/** The relay's `GET /v1/health` document. */
 export type Health = typeof HealthJson.Type
 
 /** 1..=128 bytes of UTF-8 without control characters. */
@@ -244,6 +251,7 @@ export const SubscribeRequestJson = Schema.Struct({
   subscriberId: SubscriberIdJson,
   expectedProducer: ProducerIdentityJson
 })
+/** The body of a pool-stream subscription. */
 export type SubscribeRequest = typeof SubscribeRequestJson.Type
 
 // ---------------------------------------------------------------------------------------------
@@ -299,11 +307,13 @@ export const unsupportedProducerFeature = (input: unknown): string | undefined =
 
 /** `UNKNOWN` is a valid state: the relay has no authoritative availability for the group yet. */
 export const READINESS_STATES = ["READY", "UNAVAILABLE", "UNKNOWN"] as const
+/** A readiness state in JSON. */
 export const ReadinessStateJson = Schema.Literal(...READINESS_STATES)
 
 /** A role a worker card can declare (no `legacy`): the evaluator's present and missing roles. */
 export const WorkerTypeRoleJson = Schema.Literal(...WORKER_TYPES)
 
+/** One serving endpoint of a readiness entry, with its roles. */
 export const TopologyMemberJson = Schema.Struct({
   endpoint: EndpointIdJson,
   roles: Schema.Array(WorkerRoleJson),
@@ -311,12 +321,14 @@ export const TopologyMemberJson = Schema.Struct({
   poolId: Schema.optional(PoolIdJson)
 })
 
+/** The readiness of one LoRA adapter of a readiness entry. */
 export const AdapterReadinessJson = Schema.Struct({
   canonicalModelId: CanonicalModelIdJson,
   state: ReadinessStateJson,
   missingRoles: Schema.Array(WorkerTypeRoleJson)
 })
 
+/** One readiness entry: a model in a namespace, its state and members. */
 export const TopologyEntryJson = Schema.Struct({
   namespace: Schema.String,
   canonicalModelId: CanonicalModelIdJson,
@@ -329,6 +341,7 @@ export const TopologyEntryJson = Schema.Struct({
   legacyFallbackActive: Schema.Boolean,
   adapters: Schema.Array(AdapterReadinessJson)
 })
+/** A readiness entry as decoded. */
 export type TopologyEntryDocument = typeof TopologyEntryJson.Type
 
 /** `GET /v1/readiness` and every `event: readiness` of `/v1/readiness/watch`. */
@@ -336,6 +349,7 @@ export const ReadinessJson = Schema.Struct({
   revision: U64,
   entries: Schema.Array(TopologyEntryJson)
 })
+/** The relay's readiness document as decoded. */
 export type ReadinessDocument = typeof ReadinessJson.Type
 
 /** One pool of a load window; unknown sums are sent as 0 (observed < expected marks them). */
@@ -354,6 +368,7 @@ export const LoadWindowJson = Schema.Struct({
   windowMs: U64,
   pools: Schema.Array(LoadPoolJson)
 })
+/** One load window as decoded. */
 export type LoadWindowDocument = typeof LoadWindowJson.Type
 
 /** `undefined` in the domain value, `null` in JSON. */
@@ -364,8 +379,10 @@ export const nullable = <A, I>(schema: Schema.Schema<A, I, never>) =>
     encode: (value) => value ?? null
   })
 
+/** A count in a stats document (a JSON number). */
 export const Count = Schema.Number
 
+/** The lifecycle states of a serving endpoint's slot, as `GET /v1/stats` reports them. */
 export const SLOT_LIFECYCLES = [
   "discovered",
   "starting",
@@ -375,6 +392,7 @@ export const SLOT_LIFECYCLES = [
   "lightweight"
 ] as const
 
+/** One serving endpoint's counters in `GET /v1/stats`. */
 export const EndpointStatsJson = Schema.Struct({
   servingEndpoint: EndpointTextJson,
   lifecycle: Schema.Literal(...SLOT_LIFECYCLES),
@@ -518,6 +536,7 @@ export const DiagnosticSnapshotJson = Schema.Struct({
   format: CkfFormatJson,
   buckets: BucketWordsBase64
 })
+/** The diagnostic snapshot document as decoded. */
 export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type
 
 // ---------------------------------------------------------------------------------------------
