@@ -18,12 +18,14 @@ interface FlagSpec {
   readonly placeholder?: string
 }
 
+/** A command's name, summary and flags: what its help prints and its parser accepts. */
 export interface CommandSpec {
   readonly name: string
   readonly summary: string
   readonly flags: ReadonlyArray<FlagSpec>
 }
 
+/** Flags or variables that could not be read; every problem is listed. */
 export class UsageError extends Error {
   readonly _tag = "UsageError"
   constructor(readonly problems: ReadonlyArray<string>) {
@@ -38,6 +40,7 @@ export const flagOf = (key: string): string => `--${key.replace(/[A-Z]/g, (c) =>
 /** The environment variable of a flag (`dc-id` → `KVRELAY_DC_ID`). */
 const envOf = (flag: string): string => `KVRELAY_${flag.replace(/-/g, "_").toUpperCase()}`
 
+/** A flag's value as given: text, present/absent, or repeated. */
 export type RawValue = string | boolean | ReadonlyArray<string>
 
 /**
@@ -270,13 +273,16 @@ const shownValue = (value: unknown): string => {
   return text.length > 60 ? `${text.slice(0, 57)}…` : text
 }
 
+/** A setting that is an integer of at least 1. */
 export const PositiveInt = intFrom("a positive integer", 1)
 
+/** A setting that is non-empty text without surrounding white space. */
 export const NonBlank = Schema.String.pipe(
   Schema.filter((s) => s.length > 0 || "must not be empty"),
   Schema.filter((s) => s.trim() === s || "must not have leading or trailing whitespace")
 )
 
+/** A setting that is `host:port`. */
 export const HttpAddress = Schema.String.pipe(
   Schema.filter((s) => {
     const m = /^(.+):(\d{1,5})$/.exec(s)
@@ -286,6 +292,7 @@ export const HttpAddress = Schema.String.pipe(
   })
 )
 
+/** A setting that is an absolute URL. */
 export const Url = Schema.String.pipe(
   Schema.filter((s) => {
     try {
@@ -301,8 +308,10 @@ export const Url = Schema.String.pipe(
   })
 )
 
+/** The `--log-level` values. */
 export const LogLevel = Schema.Literal("trace", "debug", "info", "warning", "error", "fatal", "none")
 
+/** A setting that is a flag or `true`/`false` text. */
 export const BooleanFlag = Schema.Union(
   Schema.Boolean,
   Schema.transformOrFail(Schema.String, Schema.Boolean, {

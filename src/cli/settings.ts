@@ -66,6 +66,7 @@ const common = {
 
 const serverTlsFlags = [common.tlsCert, common.tlsKey, common.tlsClientCa, common.authTokenFile]
 
+/** `kvrelay relay`: its flags and help. */
 export const relayCommand: CommandSpec = {
   name: "relay",
   summary: "run the DC relay: discover endpoints, follow KV events, publish pool filters over HTTP",
@@ -128,6 +129,7 @@ export const relayCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay global`: its flags and help. */
 export const globalCommand: CommandSpec = {
   name: "global",
   summary: "run the global consumer: follow up to 16 DC relays and answer overlap queries",
@@ -167,6 +169,7 @@ export const globalCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay demo`: its flags and help. */
 export const demoCommand: CommandSpec = {
   name: "demo",
   summary: "relays, a global consumer and simulated workers on 127.0.0.1, with a live summary",
@@ -192,6 +195,7 @@ export const demoCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay simulate`: its flags and help. */
 export const simulateCommand: CommandSpec = {
   name: "simulate",
   summary: "simulated vLLM, SGLang and Dynamo-format workers that register in etcd or a discovery file",
@@ -250,6 +254,7 @@ export const simulateCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay bench`: its flags and help. */
 export const benchCommand: CommandSpec = {
   name: "bench",
   summary: "run the benchmarks; every figure is printed as a ratio against a same-run baseline",
@@ -318,6 +323,7 @@ const DiscoveryBackendText = Schema.String.pipe(
 )
 const EtcdPrefixText = Schema.String.pipe(Schema.filter((text) => validateEtcdPrefix(text)?.message ?? true))
 
+/** The settings of `kvrelay relay`, from flags and `KVRELAY_*` variables, with their defaults. */
 export const RelaySettings = Schema.Struct({
   dcId: NonBlank,
   discovery: withDefault(DiscoveryBackendText, () => "file:kvrelay-discovery.json"),
@@ -360,6 +366,7 @@ const RelayTarget = Schema.String.pipe(
   })
 )
 
+/** The settings of `kvrelay global`, from flags and `KVRELAY_*` variables, with their defaults. */
 export const GlobalSettings = Schema.Struct({
   http: withDefault(HttpAddress, () => "127.0.0.1:8090"),
   relay: Schema.Union(
@@ -392,6 +399,7 @@ export const GlobalSettings = Schema.Struct({
 )
 export type GlobalSettings = typeof GlobalSettings.Type
 
+/** The settings of `kvrelay demo`. */
 export const DemoSettings = Schema.Struct({
   workers: withDefault(PositiveInt, () => 4),
   // The demo takes this port and the next two (a relay per DC, then the global consumer).
@@ -403,6 +411,7 @@ export const DemoSettings = Schema.Struct({
 })
 export type DemoSettings = typeof DemoSettings.Type
 
+/** The settings of `kvrelay bench`. */
 export const BenchSettings = Schema.Struct({
   quick: withDefault(BooleanFlag, () => false),
   json: withDefault(BooleanFlag, () => false),
@@ -425,6 +434,7 @@ const oneRegistry = (settings: {
   return []
 }
 
+/** The settings of `kvrelay simulate`. */
 export const SimulateSettings = Schema.Struct({
   etcd: Schema.optional(
     StringList.pipe(

@@ -37,6 +37,7 @@ import { make as makeRelayClient, type RelayClient, type RelayClientOptions } fr
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** One relay the consumer follows: its name and URL. */
 export interface RelaySpec {
   /** The consumer's label of the relay (`--relay NAME=URL`); results name relays by it. */
   readonly name: string
@@ -44,6 +45,7 @@ export interface RelaySpec {
   readonly url: string
 }
 
+/** The backoff between connection attempts to a relay. */
 export interface ReconnectConfig {
   readonly initial: Duration.DurationInput
   readonly max: Duration.DurationInput
@@ -51,6 +53,7 @@ export interface ReconnectConfig {
   readonly resetAfter: Duration.DurationInput
 }
 
+/** The backoff used when none is given. */
 export const DEFAULT_RECONNECT: ReconnectConfig = Object.freeze({
   initial: Duration.millis(500),
   max: Duration.seconds(30),
@@ -68,6 +71,7 @@ export const DEFAULT_CONSUMER_INGESTION: GlobalCkfIngestionPoolConfig = Object.f
   maxDirtyToAppliedAge: Duration.millis(250)
 })
 
+/** The global consumer's relays, lanes and limits. */
 export interface GlobalConsumerConfig {
   /** In lane order; 1..=16 relays with distinct names. */
   readonly relays: ReadonlyArray<RelaySpec>
@@ -93,6 +97,7 @@ export const parseRelaySpec = (text: string): RelaySpec | string => {
   return { name: text.slice(0, at), url: text.slice(at + 1) }
 }
 
+/** The problems of a configuration, in words (none: it can start). */
 export const validateConfig = (config: GlobalConsumerConfig): ReadonlyArray<string> => {
   const problems: Array<string> = []
   if (config.relays.length === 0) problems.push("--relay: at least one relay is required")
@@ -171,6 +176,7 @@ interface RelayConnectorService {
   readonly connect: (relay: RelaySpec) => Effect.Effect<RelayClient>
 }
 
+/** How the consumer reaches relays (HTTP in the product, in-process in tests). */
 export class RelayConnector extends Context.Tag("kvrelay/consumer/RelayConnector")<
   RelayConnector,
   RelayConnectorService
@@ -233,6 +239,7 @@ export interface DomainStatus {
   readonly lanes: ReadonlyMap<number, LaneStatus>
 }
 
+/** The running global consumer: its identity, its view of the relays' pools and its controls. */
 export interface GlobalConsumerService {
   readonly consumerInstance: bigint
   readonly subscriberId: string
@@ -247,6 +254,7 @@ export interface GlobalConsumerService {
   readonly refreshGauges: Effect.Effect<void>
 }
 
+/** The global consumer service. */
 export class GlobalConsumer extends Context.Tag("kvrelay/GlobalConsumer")<
   GlobalConsumer,
   GlobalConsumerService

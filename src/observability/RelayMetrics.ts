@@ -25,6 +25,7 @@ import {
 import { counterFamily, gaugeFamily } from "./MetricFamilies.js"
 import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "./PublishDelay.js"
 
+/** The relay's stream kinds, as the `stream` label of the subscriber metrics. */
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
 const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
 
@@ -114,9 +115,11 @@ type SourceStateLabel = (typeof SOURCE_STATES)[number]
 // ---------------------------------------------------------------------------------------------
 // Streams (HTTP layer)
 
+/** Counts a subscriber of `stream` in. */
 export const subscriberOpened = (stream: SubscriberStream): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(subscribers, "stream", stream))
 
+/** Counts a subscriber of `stream` out. */
 export const subscriberClosed = (stream: SubscriberStream): Effect.Effect<void> =>
   Metric.incrementBy(Metric.tagged(subscribers, "stream", stream), -1)
 
@@ -124,19 +127,24 @@ export const subscriberClosed = (stream: SubscriberStream): Effect.Effect<void> 
 export const subscriberLaggedOut = (stream: SubscriberStream): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(subscriberLagged, "stream", stream))
 
+/** Counts a subscription refused at a limit of `scope`. */
 export const limitRejected = (stream: SubscriberStream, scope: LimitScope): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(Metric.tagged(subscriberLimitRejected, "stream", stream), "scope", scope))
 
+/** Counts a heartbeat sent on a pool stream. */
 export const poolHeartbeatSent: Effect.Effect<void> = Metric.increment(poolHeartbeats)
 
+/** Counts a complete load window sent. */
 export const loadWindowEmitted: Effect.Effect<void> = Metric.increment(loadUpdates)
 
 // ---------------------------------------------------------------------------------------------
 // Relay state (host, or the HTTP layer on each scrape)
 
+/** Sets the catalog's pool count and revision. */
 export const setCatalog = (poolCount: number, revision: bigint): Effect.Effect<void> =>
   Effect.zipRight(Metric.set(catalogPoolCount, poolCount), Metric.set(catalogRevision, Number(revision)))
 
+/** Sets the readiness entries by state. */
 export const setServingTopologyCounts = (
   counts: Readonly<Record<TopologyStateLabel, number>>
 ): Effect.Effect<void> =>
@@ -147,6 +155,7 @@ export const setServingTopologyCounts = (
     { discard: true }
   )
 
+/** Sets the expected source ranks by state. */
 export const setSourceCounts = (counts: Readonly<Record<SourceStateLabel, number>>): Effect.Effect<void> =>
   Effect.forEach(
     SOURCE_STATES,
@@ -156,9 +165,11 @@ export const setSourceCounts = (counts: Readonly<Record<SourceStateLabel, number
     }
   )
 
+/** Sets how many pools have a load window with fewer ranks observed than expected. */
 export const setDegradedLoadCoverage = (pools: number): Effect.Effect<void> =>
   Metric.set(degradedLoadCoverage, pools)
 
+/** Adds the events skipped by an endpoint, by reason. */
 export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
   Effect.forEach(
     SKIP_REASONS,
@@ -169,9 +180,11 @@ export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
     { discard: true }
   )
 
+/** Counts a KV event message refused as malformed. */
 export const ingestMalformedMessage = (reason: MalformedReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestMalformedMessages, "reason", reason))
 
+/** Counts a message or batch dropped whole. */
 export const ingestDropped = (reason: DropReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestDroppedBatches, "reason", reason))
 

@@ -13,6 +13,7 @@ import type { MalformedReason, RouterEvent, SkipCounts } from "../protocol/Event
 import { parseTcpEndpoint } from "./zmtp/Endpoint.js"
 import { makeZmtpSubscriber } from "./zmtp/ZmtpSubscriber.js"
 
+/** A ZeroMQ socket operation that failed; `operation` and `endpoint` say which. */
 export class ZmqError extends Data.TaggedError("ZmqError")<{
   readonly operation: string
   readonly endpoint: string
@@ -55,6 +56,7 @@ export const connectSocket = (socket: zmq.Socket, endpoint: string): Effect.Effe
     catch: (error) => new ZmqError({ operation: "connect", endpoint, message: describe(error) })
   })
 
+/** Sends one multipart message. */
 export const sendFrames = (
   socket: zmq.Writable,
   frames: ReadonlyArray<Uint8Array | string>,
@@ -66,6 +68,7 @@ export const sendFrames = (
     catch: (error) => new ZmqError({ operation: "send", endpoint, message: describe(error) })
   })
 
+/** The next multipart message. */
 export const receiveFrames = (
   socket: zmq.Readable<Array<Buffer>>,
   endpoint: string
@@ -183,6 +186,7 @@ export type IngestMessage =
       readonly publisherId: bigint | undefined
     }
 
+/** The blocks the events store or remove (for batch weights and counters). */
 export const blockCount = (events: ReadonlyArray<RouterEvent>): number => {
   let blocks = 0
   for (const event of events) if (event.data._tag !== "Cleared") blocks += event.data.blockHashes.length >>> 1
