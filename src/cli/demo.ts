@@ -391,6 +391,10 @@ const summary = (
     })
   })
 
+/**
+ * `kvrelay demo`: two relays, a global consumer and simulated workers in one process, with a
+ * summary every two seconds.
+ */
 export const demoProgram = (settings: DemoSettings) =>
   Effect.gen(function* () {
     const dir = yield* Effect.acquireRelease(

@@ -10,6 +10,7 @@ import { bindFailure, commandObservability, printListening, StartupProblem } fro
 import { relayConnectionSecurity, serverSecurity } from "./security.js"
 import { type GlobalSettings, splitAddress, splitRelayTarget } from "./settings.js"
 
+/** `kvrelay global`: the global consumer and its HTTP server, until interrupted. */
 export const globalProgram = (settings: GlobalSettings) => {
   const { host, port } = splitAddress(settings.http)
   return Effect.gen(function* () {

@@ -20,6 +20,7 @@ import { type RelaySettings, splitAddress } from "./settings.js"
 /** A process-wide instance id (the Dynamo runtime's connection id); incarnations are per start. */
 const processInstanceId = (): bigint => randomBytes(8).readBigUInt64LE() & 0x7fff_ffff_ffff_ffffn
 
+/** `kvrelay relay`: discovery, the relay and its HTTP server, until interrupted. */
 export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig) =>
   Effect.gen(function* () {
     const relay = yield* KvDcRelay

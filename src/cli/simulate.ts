@@ -274,6 +274,9 @@ const runWorkload = (
     }
   })
 
+/**
+ * `kvrelay simulate`: simulated workers that register in discovery and publish until interrupted.
+ */
 export const simulateProgram = (settings: SimulateSettings) =>
   Effect.gen(function* () {
     const serving = new EndpointId({

@@ -176,6 +176,7 @@ export const writableFile = (flag: string, path: string): Effect.Effect<Problems
     )
   )
 
+/** Every resource `kvrelay relay`'s settings name that cannot be used. */
 export const relayStartupProblems = (settings: Partial<RelaySettings>): Effect.Effect<Problems> =>
   gather([
     discoveryDocument(settings.discovery),
@@ -184,6 +185,7 @@ export const relayStartupProblems = (settings: Partial<RelaySettings>): Effect.E
     tokenFile("--auth-token-file", settings.authTokenFile)
   ])
 
+/** Every resource `kvrelay global`'s settings name that cannot be used. */
 export const globalStartupProblems = (settings: Partial<GlobalSettings>): Effect.Effect<Problems> =>
   gather([
     settings.http === undefined ? Effect.succeed(none) : listenable("--http", settings.http),
@@ -196,6 +198,7 @@ export const globalStartupProblems = (settings: Partial<GlobalSettings>): Effect
 /** The demo's relays take `--http-port` and the next port, its global consumer the one after. */
 export const DEMO_PORTS = 3
 
+/** Every port `kvrelay demo` would listen on that cannot be bound. */
 export const demoStartupProblems = (settings: Partial<DemoSettings>): Effect.Effect<Problems> =>
   settings.httpPort === undefined || settings.httpPort === 0
     ? Effect.succeed(none)
@@ -207,6 +210,7 @@ export const demoStartupProblems = (settings: Partial<DemoSettings>): Effect.Eff
 
 const WILDCARD_HOSTS = ["0.0.0.0", "::", "*"]
 
+/** Every resource `kvrelay simulate`'s settings name that cannot be used. */
 export const simulateStartupProblems = (settings: Partial<SimulateSettings>): Effect.Effect<Problems> =>
   gather([
     settings.discoveryFile === undefined

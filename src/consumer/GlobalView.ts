@@ -53,8 +53,13 @@ type OverlapKeys =
   | { readonly localBlockHashes: BlockHashes }
   | { readonly sequenceHashes: BlockHashes }
 
+/**
+ * An overlap query: what it is about (model or domain) and what it matches (tokens or local
+ * hashes).
+ */
 export type OverlapRequest = OverlapTarget & OverlapKeys
 
+/** One ready lane's answer to an overlap query. */
 export interface OverlapResult {
   /** The relay's name from `--relay NAME=URL`. */
   readonly relay: string
@@ -94,6 +99,7 @@ interface DomainView {
   readonly lanes: ReadonlyArray<DomainLaneView>
 }
 
+/** Overlap queries over every relay's pools, answered from the consumer's lanes. */
 export interface GlobalViewService {
   /** Synchronous form for routers on the hot path. */
   readonly overlapNow: (request: OverlapRequest) => ReadonlyArray<OverlapResult> | OverlapError
@@ -102,6 +108,7 @@ export interface GlobalViewService {
   readonly domains: Effect.Effect<ReadonlyArray<DomainView>>
 }
 
+/** The global view service. */
 export class GlobalView extends Context.Tag("kvrelay/GlobalView")<GlobalView, GlobalViewService>() {}
 
 // ---------------------------------------------------------------------------------------------
@@ -382,6 +389,7 @@ const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<DomainView> =
       }))
   }))
 
+/** The view over a running consumer. */
 export const make = (consumer: GlobalConsumerService): GlobalViewService => ({
   overlapNow: (request) => overlapOf(consumer, request),
   overlap: (request) =>
@@ -401,6 +409,7 @@ export const make = (consumer: GlobalConsumerService): GlobalViewService => ({
   domains: Effect.sync(() => domainsOf(consumer))
 })
 
+/** The view over the `GlobalConsumer` in context. */
 export const layer: Layer.Layer<GlobalView, never, GlobalConsumer> = Layer.effect(
   GlobalView,
   Effect.map(GlobalConsumer, make)

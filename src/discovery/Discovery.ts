@@ -41,6 +41,7 @@ export interface SourceStreamState {
   readonly bound: boolean
 }
 
+/** Every card and source discovery knows at one revision. */
 export interface DiscoverySnapshot {
   /** Backend revision: the etcd store revision, or a counter of accepted file documents (from 1). */
   readonly revision: bigint
@@ -57,12 +58,14 @@ export interface DiscoverySnapshot {
  */
 export type DiscoveryStateName = "live" | "stale" | "connecting"
 
+/** Whether discovery is connected, and since when. */
 export interface DiscoveryStatus {
   readonly state: DiscoveryStateName
   /** When the state last changed (the backend's start for the first state). */
   readonly since: Date
 }
 
+/** What a discovery backend offers: its snapshots, its status and its name. */
 export interface DiscoveryShape {
   /** `file:PATH` or `etcd:URL,…`, for logs and health. */
   readonly backend: string
@@ -80,6 +83,7 @@ export interface DiscoveryShape {
   readonly close: Effect.Effect<void>
 }
 
+/** The discovery service (file or etcd). */
 export class Discovery extends Context.Tag("kvrelay/Discovery")<Discovery, DiscoveryShape>() {}
 
 /**
@@ -95,6 +99,7 @@ export class DiscoveryStartupError extends Data.TaggedError("DiscoveryStartupErr
   }
 }
 
+/** A snapshot with nothing in it at `revision`. */
 export const emptySnapshot = (revision: bigint): DiscoverySnapshot => ({
   revision,
   cards: [],

@@ -10,6 +10,7 @@ import { formatParseError } from "../protocol/Json.js"
 import type { EndpointId } from "../protocol/Model.js"
 import { hasSurroundingWhitespace } from "../protocol/Text.js"
 
+/** The etcd prefix used when none is given. */
 export const DEFAULT_ETCD_PREFIX = "/kvrelay/v1"
 
 /** Which endpoints one relay watches. */
@@ -23,12 +24,14 @@ type DiscoveryBackend =
   | { readonly _tag: "File"; readonly path: string }
   | { readonly _tag: "Etcd"; readonly endpoints: ReadonlyArray<string> }
 
+/** Where discovery reads from and what it keeps (namespaces, prefix). */
 export interface DiscoveryConfig extends DiscoveryScope {
   readonly backend: DiscoveryBackend
   /** Key prefix of the etcd backend: starts with "/", no trailing "/". */
   readonly etcdPrefix: string
 }
 
+/** A discovery setting that was refused, and why. */
 export interface ConfigProblem {
   /** The setting as the configuration file spells it (`discovery`, `etcdPrefix`, `namespaces`, …). */
   readonly setting: string
@@ -163,6 +166,7 @@ export const parseDiscoveryBackend = (
   return Either.left(problem(setting, `${BACKEND_SHAPE}, got ${JSON.stringify(text)}`))
 }
 
+/** Why the prefix cannot be used, or undefined. */
 export const validateEtcdPrefix = (prefix: string, setting = "etcdPrefix"): ConfigProblem | undefined => {
   if (!prefix.startsWith("/")) return problem(setting, `must start with "/", got ${JSON.stringify(prefix)}`)
   if (prefix.length > 1 && prefix.endsWith("/"))

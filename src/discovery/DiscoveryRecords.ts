@@ -17,6 +17,7 @@ export interface ModelCardInstanceId {
   readonly modelSuffix: string | null
 }
 
+/** The id of a model card instance: its namespace, component, endpoint and instance. */
 export const cardInstanceId = (card: ModelCardInstance): ModelCardInstanceId => ({
   namespace: card.namespace,
   component: card.component,

@@ -49,6 +49,7 @@ interface EtcdDiscoveryOptions extends EtcdConnectionOptions {
   readonly backoffMax?: Duration.DurationInput
 }
 
+/** An etcd operation that failed; `operation` says which. */
 export class EtcdError extends Data.TaggedError("EtcdError")<{
   readonly operation: string
   readonly endpoints: string
@@ -62,9 +63,11 @@ export class EtcdError extends Data.TaggedError("EtcdError")<{
 // ---------------------------------------------------------------------------------------------
 // Keys
 
+/** The etcd key of a model card instance under `prefix`. */
 export const cardKey = (prefix: string, card: ModelCardInstance): string =>
   `${prefix}/cards/${cardPath(card)}`
 
+/** The etcd key of a KV event source under `prefix`. */
 export const sourceKey = (prefix: string, source: KvEventSource): string =>
   `${prefix}/sources/${sourceRecordKey(source)}`
 
@@ -261,6 +264,7 @@ interface Listing {
   readonly revision: bigint
 }
 
+/** Discovery from etcd: a watch over the cards and sources under the prefix. */
 export const makeEtcdDiscovery = (
   options: EtcdDiscoveryOptions
 ): Effect.Effect<DiscoveryShape, never, Scope.Scope> =>
@@ -474,6 +478,7 @@ export const makeEtcdDiscovery = (
     return { backend, status: status.get, current: cell.current, changes: cell.changes, close }
   }).pipe(Effect.annotateLogs({ component: "discovery", backend: `etcd:${options.endpoints.join(",")}` }))
 
+/** `makeEtcdDiscovery` as the `Discovery` service. */
 export const etcdDiscoveryLayer = (options: EtcdDiscoveryOptions): Layer.Layer<Discovery> =>
   Layer.scoped(Discovery, makeEtcdDiscovery(options))
 

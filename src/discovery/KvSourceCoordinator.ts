@@ -65,6 +65,7 @@ const resolutionEquals = (a: KvStateEndpointResolution, b: KvStateEndpointResolu
       a.endpoints.length === b.endpoints.length &&
       a.endpoints.every((endpoint, i) => endpoint.toString() === b.endpoints[i]!.toString())
 
+/** The KV state endpoint of the view's sources, when there is exactly one. */
 export const resolvedKvStateEndpoint = (view: KvSourceMembershipView): EndpointId | undefined =>
   view.endpointResolution._tag === "Resolved" ? view.endpointResolution.endpoint : undefined
 
@@ -547,6 +548,7 @@ export class KvSourceCoordinatorState {
 // ---------------------------------------------------------------------------------------------
 // Effect wrapper
 
+/** Follows the expected ranks of one serving endpoint as discovery changes them. */
 export interface KvSourceCoordinator {
   readonly servingEndpoint: EndpointId
   readonly current: Effect.Effect<CoordinatedSourceView>

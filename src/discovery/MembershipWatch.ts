@@ -53,6 +53,7 @@ const project = (
     })
   )
 
+/** The membership view of the discovery in context, kept up to date for the scope's life. */
 export const makeMembershipWatch = (
   scope: DiscoveryScope
 ): Effect.Effect<MembershipWatchShape, never, Discovery | Scope.Scope> =>

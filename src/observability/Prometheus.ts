@@ -35,6 +35,7 @@ interface PrometheusOptions {
   readonly fiberFailures?: FiberFailureCounter | undefined
 }
 
+/** A server's Prometheus registry and its text exposition. */
 export interface PrometheusExposition {
   /** Register the server's own metrics here (`registers: [registry]`). */
   readonly registry: Registry

@@ -23,6 +23,7 @@ export const tracesUrl = (endpoint: string): string => {
   return trimmed.endsWith("/v1/traces") ? trimmed : `${trimmed}/v1/traces`
 }
 
+/** OTLP tracing to `options.endpoint`, or no tracing without one. */
 export const tracingLayer = (options: TracingOptions): Layer.Layer<never> =>
   options.endpoint === undefined || options.endpoint === ""
     ? Layer.empty

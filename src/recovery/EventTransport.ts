@@ -52,6 +52,7 @@ interface LiveSubscriptionOptions {
   readonly kvBlockSize?: number | undefined
 }
 
+/** How the relay subscribes to KV event sources (ZeroMQ in the product). */
 export interface KvEventTransport {
   /** Subscriptions that deliver batches to `handler` in FIFO order per source; closed with the scope. */
   readonly subscribe: (

@@ -41,6 +41,7 @@ export const commitGroups = (events: ReadonlyArray<RouterEvent>): Array<CommitGr
   return groups
 }
 
+/** A commit group of one event. */
 export const singleEventGroup = (event: RouterEvent): CommitGroup => ({
   eventId: event.eventId,
   events: [event]
@@ -56,6 +57,7 @@ type CursorObservation =
   | { readonly _tag: "Contiguous"; readonly got: number }
   | { readonly _tag: "Gap"; readonly expected: number; readonly got: number }
 
+/** What an arriving event id means against the rank's cursor: first, next, or a gap. */
 export const observeCursor = (cursor: number | undefined, got: number): CursorObservation => {
   if (cursor === undefined) return { _tag: "Initial", got }
   if (got <= cursor) return { _tag: "Stale", got, lastApplied: cursor }
@@ -63,6 +65,7 @@ export const observeCursor = (cursor: number | undefined, got: number): CursorOb
   return { _tag: "Gap", expected: cursor + 1, got }
 }
 
+/** What to do with a live event group of a rank. */
 export type LiveEventAction =
   | { readonly _tag: "Ignore" }
   /** Admit the group; commit with `commitLiveAdmission(eventId)` once every event was admitted. */
@@ -96,6 +99,7 @@ interface PendingDrainPlan {
 
 const byEventId = (a: CommitGroup, b: CommitGroup): number => a.eventId - b.eventId
 
+/** One rank's ingest cursor and recovery state, as its supervisor tracks them. */
 export class RankState {
   /**
    * The id of the last group admitted to the target's queue: queue admission, not confirmed

@@ -210,6 +210,7 @@ class Broadcast implements DeltaBroadcast {
   }
 }
 
+/** A delta fan-out whose receivers each hold up to `capacity` deltas. */
 export const makeDeltaBroadcast = (capacity: number = DEFAULT_DELTA_RECEIVER_CAPACITY): DeltaBroadcast => {
   if (!Number.isInteger(capacity) || capacity <= 0) {
     throw new RangeError(`delta receiver capacity must be a positive integer, got ${capacity}`)

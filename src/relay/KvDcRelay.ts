@@ -28,6 +28,7 @@ import type { KvDcRelayError } from "./RelayErrors.js"
  */
 export type ExpectedSourceState = "connecting" | SourceSupervisor.SourceState | "rejected"
 
+/** Where a serving endpoint's slot is in its life, as `GET /v1/stats` reports it. */
 export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
 
 /** Expected source ranks by state, summed over the relay's endpoints (PROTOCOL §5 ◆3). */
@@ -54,6 +55,7 @@ interface SourceStats {
   readonly reason: string | undefined
 }
 
+/** The relay's `GET /v1/health` answer before encoding. */
 export interface RelayHealth {
   readonly healthy: boolean
   readonly shuttingDown: boolean
@@ -153,6 +155,7 @@ export interface EndpointIngestStats {
   readonly unanchored: number
 }
 
+/** One serving endpoint's counters, as `GET /v1/stats` reports them. */
 export interface EndpointStats {
   readonly servingEndpoint: EndpointId
   readonly lifecycle: SlotLifecycle
@@ -172,6 +175,7 @@ export interface EndpointStats {
   readonly sources: ReadonlyArray<SourceStats>
 }
 
+/** The relay's `GET /v1/stats` answer before encoding. */
 export interface RelayStats {
   readonly identity: {
     readonly dcName: string
@@ -195,6 +199,7 @@ export interface DiagnosticSnapshot {
   readonly words: Uint32Array
 }
 
+/** The running relay: catalog, membership, load, pool streams, health, stats and shutdown. */
 export interface KvDcRelayService {
   readonly dcName: string
   readonly dcId: DcId
@@ -226,4 +231,5 @@ export interface KvDcRelayService {
   readonly shutdown: Effect.Effect<void>
 }
 
+/** The relay service (the seed's `KvDcRelay`). */
 export class KvDcRelay extends Context.Tag("kvrelay/KvDcRelay")<KvDcRelay, KvDcRelayService>() {}

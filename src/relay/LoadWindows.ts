@@ -18,6 +18,7 @@ const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
 const DEFAULT_LOAD_FANOUT_CAPACITY = 16
 const MAX_LOAD_FANOUT_CAPACITY = 65_536
 
+/** One load window: every pool's load over the window, with its sequence and time. */
 export interface LoadWindow {
   readonly windowSequence: bigint
   /** Wall clock (Unix ms) when the window was cut. */
@@ -39,6 +40,7 @@ interface LoadWindowSubscription {
   readonly windows: Stream.Stream<LoadWindow, LoadWindowError>
 }
 
+/** The relay's load windows: the current one and a subscription to the next ones. */
 export interface LoadWindows {
   readonly current: Effect.Effect<Option.Option<LoadWindow>>
   /** Subscribes until the scope closes. */

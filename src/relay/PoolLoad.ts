@@ -51,6 +51,7 @@ const loadCapacityMessages: Record<
     `worker ${e.workerId} rank range overflow: start ${e.dataParallelStartRank} + size ${e.dataParallelSize}`
 }
 
+/** A pool's load capacity could not be set; `reason` says why. */
 export class LoadCapacityError extends Data.TaggedError("LoadCapacityError")<{
   readonly reason: LoadCapacityProblem
   readonly workerId: WorkerId
@@ -78,6 +79,7 @@ export interface PoolLoadSnapshot {
 export const hasDegradedCoverage = (snapshot: PoolLoadSnapshot): boolean =>
   snapshot.kvExpectedRanks === 0 || snapshot.kvObservedRanks < snapshot.kvExpectedRanks
 
+/** True when two pools' load snapshots are the same. */
 export const loadSnapshotEquals = (a: PoolLoadSnapshot, b: PoolLoadSnapshot): boolean =>
   a.producer.equals(b.producer) &&
   a.kvUsedBlocks === b.kvUsedBlocks &&

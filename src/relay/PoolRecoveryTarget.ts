@@ -49,6 +49,7 @@ const reasonOf = (error: KvDcRelayError): RecoveryTargetError["reason"] => {
   }
 }
 
+/** The relay's error as the supervisor's recovery target error. */
 export const toRecoveryTargetError = (error: KvDcRelayError): RecoveryTargetError =>
   new RecoveryTargetError({ reason: reasonOf(error), message: error.message })
 

@@ -55,6 +55,7 @@ export const PUBLICATION_HUB_LOOP = "relay.publication-hub"
 const DEFAULT_QUEUE_CAPACITY = 16
 const DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
 const DEFAULT_MAX_SUBSCRIBERS = 64
+/** Publication hubs holding a mirror at once, by default. */
 export const DEFAULT_MAX_INITIALIZED_POOL_HUBS = 64
 /** What one queued frame costs a subscriber beyond its payload. */
 export const FRAME_OVERHEAD_BYTES = 256
@@ -66,6 +67,7 @@ export const minQueueBytes = (maxDeltaImages: number): number =>
 export const publicationLease = (identity: ProducerIdentity): LaneLease =>
   new LaneLease(identity.producerIncarnation, 0, identity.layoutGeneration)
 
+/** The error a stream ends with when its pool generation retired. */
 export const generationRetired = (): PublicationUnavailable =>
   new PublicationUnavailable({ reason: "pool generation retired" })
 
@@ -89,6 +91,7 @@ export const countLimitRejection = (scope: "per_pool" | "initialized_hub"): void
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** A publication hub's queues, limits and time-outs. */
 export interface PublicationHubConfig {
   /** Frames queued per subscriber (default 16). */
   readonly queueCapacity: number
@@ -106,6 +109,7 @@ export interface PublicationHubConfig {
   readonly postSnapshotGate?: Effect.Effect<void> | undefined
 }
 
+/** A hub configuration from defaults and `overrides`, each value checked. */
 export const makePublicationHubConfig = (
   overrides: Partial<PublicationHubConfig> = {}
 ): Either.Either<PublicationHubConfig, InvalidPublicationHubConfig> => {
@@ -366,6 +370,10 @@ interface PublicationHubStats {
   readonly laggedSubscribers: number
 }
 
+/**
+ * One pool's publication: a mirror of its filter that serves snapshots and fans deltas out to
+ * subscribers.
+ */
 export class PublicationHub {
   private ready = true
   private stopped = false

@@ -54,6 +54,7 @@ const publicationErrorOf = (error: PublicationHubError): PublicationError => {
 
 type PublicationFrameKind = "SnapshotChunk" | "Delta"
 
+/** One frame of a pool stream before it is written: a snapshot chunk, a delta or a heartbeat. */
 export interface PublicationFrame {
   readonly kind: PublicationFrameKind
   readonly identity: ProducerIdentity
@@ -86,6 +87,7 @@ export interface PoolFeed {
   readonly onReady: (wake: (() => void) | undefined) => void
 }
 
+/** Stream limits and snapshot permits of the publication source. */
 export interface PublicationSourceOptions {
   /** Pool streams open at once across all pools (default 64). */
   readonly maxActiveStreams?: number | undefined
@@ -95,6 +97,7 @@ export interface PublicationSourceOptions {
   readonly snapshotProgressTimeout?: Duration.DurationInput | undefined
 }
 
+/** Opens pool streams over the publication hubs, within the relay's stream limits. */
 export interface PublicationSource {
   /**
    * Opens a pool stream. Errors before the first frame (not found, producer changed, limits,

@@ -81,7 +81,9 @@ import {
   UnknownEndpoint
 } from "./RelayErrors.js"
 
+/** Unique blocks a pool's CKF is sized for by default (`--expected-unique-blocks`). */
 export const DEFAULT_EXPECTED_UNIQUE_BLOCKS = 1_048_576
+/** Changed buckets that make the actor publish a delta at once, by default. */
 export const DEFAULT_PUBLICATION_THRESHOLD = 16
 const DEFAULT_PUBLICATION_DELAY_MS = 1
 const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT_MS = 30_000
@@ -91,6 +93,7 @@ const DEFAULT_RECOVERY_FETCH_CONCURRENCY = RECOVERY_CONCURRENCY_LIMIT
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** Everything `kvrelay relay` configures about the relay itself (not its HTTP server). */
 export interface RelayHostConfig {
   /** `--dc-id`: the DC's name; its `stableDcId` is every pool's DC dimension. */
   readonly dcName: string
@@ -236,6 +239,7 @@ const countSources = (
   return into
 }
 
+/** The relay's health from its endpoints' slot states and discovery's status. */
 export const relayHealth = (
   statuses: Iterable<EndpointSlot.EndpointSlotStatus>,
   shuttingDown: boolean,
@@ -665,5 +669,6 @@ const optionValue = <A>(option: { readonly _tag: "Some"; readonly value: A } | {
 /** `KvDcRelay::start`. */
 export const start = make
 
+/** The relay service, built from `config` over the `Discovery` in context. */
 export const layer = (config: RelayHostConfig): Layer.Layer<KvDcRelay, InvalidRelayConfig, Discovery> =>
   Layer.scoped(KvDcRelay, make(config))

@@ -96,6 +96,7 @@ interface SourceSubscriberOptions {
   readonly initialConnectGrace?: Duration.DurationInput | undefined
 }
 
+/** One serving endpoint's subscriptions to its ranks' event sources, with their supervisor. */
 export interface SourceSubscriber {
   readonly supervisor: SourceSupervisor.SourceSupervisor
   readonly health: Effect.Effect<SourceSubscriberHealth>
@@ -105,6 +106,7 @@ export interface SourceSubscriber {
   readonly shutdown: Effect.Effect<void>
 }
 
+/** Ingest counters with nothing counted. */
 export const emptyIngest: EndpointIngestStats = {
   events: 0,
   blocks: 0,
@@ -127,6 +129,7 @@ const addByReason = <K extends string>(
   return out
 }
 
+/** The sum of two sets of ingest counters. */
 export const addIngest = (a: EndpointIngestStats, b: EndpointIngestStats): EndpointIngestStats => ({
   events: a.events + b.events,
   blocks: a.blocks + b.blocks,

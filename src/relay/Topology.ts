@@ -63,6 +63,7 @@ interface ReadinessEvaluation {
 const sortedRoles = (roles: Iterable<WorkerType>): Array<WorkerType> =>
   Array.from(roles).sort(compareWorkerRoles)
 
+/** Whether a model's serving units cover the roles it needs, and which are missing. */
 export const evaluateReadiness = (units: ReadonlyArray<ReadinessUnit>): ReadinessEvaluation => {
   const present = new Set<WorkerType>()
   const liveUnits = new Map<WorkerType, number>()
@@ -133,6 +134,7 @@ interface TopologyEntry {
   readonly adapters: ReadonlyArray<AdapterReadiness>
 }
 
+/** The relay's readiness entries at one revision. */
 export interface TopologySnapshot {
   /** Starts at 1; +1 exactly when the entries change. */
   readonly revision: bigint
@@ -275,6 +277,7 @@ const stateOf = (authoritative: boolean, evaluation: ReadinessEvaluation): Readi
 
 const isDuplicateRole = (role: WorkerType): role is DuplicateRole => role === "prefill" || role === "decode"
 
+/** The readiness entries of a membership view. */
 export const projectTopology = (
   view: DcMembershipView,
   catalog: DcPoolCatalog,
@@ -387,6 +390,7 @@ export const nextTopologySnapshot = (
 // ---------------------------------------------------------------------------------------------
 // Publisher
 
+/** The readiness projection: its current snapshot and its changes. */
 export interface TopologyPublisher {
   /** The current snapshot and every later revision (watchers may see coalesced revisions). */
   readonly ref: SubscriptionRef.SubscriptionRef<TopologySnapshot>

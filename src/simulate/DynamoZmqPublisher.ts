@@ -34,6 +34,7 @@ export const randomPublisherId = (): bigint => {
   return BigInt(id === 0 ? 1 : Math.min(id, MAX_PUBLISHER_ID))
 }
 
+/** Block hashes as hash pairs or as numbers. */
 export type HashInput = Uint32Array | ReadonlyArray<bigint | number>
 
 /** The hashes as `[hi, lo]` word pairs. */
@@ -63,6 +64,7 @@ interface StoreOptions {
   readonly storageTier?: StorageTier
 }
 
+/** A simulated Dynamo worker rank on the event plane. */
 export interface DynamoZmqPublisher extends SimulatedRank {
   /** The id the next event will get. */
   readonly nextEventId: Effect.Effect<number>
@@ -89,6 +91,7 @@ export interface DynamoZmqPublisher extends SimulatedRank {
   readonly addressOf: (blockHash: bigint) => bigint
 }
 
+/** A simulated Dynamo worker rank bound for the scope's life. */
 export const makeDynamoZmqPublisher = (
   options: DynamoZmqPublisherOptions
 ): Effect.Effect<DynamoZmqPublisher, ZmqError, Scope.Scope> =>

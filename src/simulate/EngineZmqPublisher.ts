@@ -75,6 +75,7 @@ interface EngineStoreOptions {
   readonly storageTier?: StorageTier
 }
 
+/** A simulated vLLM or SGLang engine rank with its replay endpoint. */
 export interface EngineZmqPublisher extends SimulatedRank {
   readonly replayEndpoint: string | null
   readonly format: EngineFormat
@@ -112,6 +113,7 @@ const tierOfMedium = (medium: string | null): string =>
 const formatOf = (format: EngineZmqPublisherOptions["format"]): EngineFormat =>
   format === "vllm" ? VLLM_FORMAT : format === "sglang" ? SGLANG_FORMAT : format
 
+/** A simulated engine rank bound for the scope's life. */
 export const makeEngineZmqPublisher = (
   options: EngineZmqPublisherOptions
 ): Effect.Effect<EngineZmqPublisher, ZmqError, Scope.Scope> =>

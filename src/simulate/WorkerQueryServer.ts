@@ -243,6 +243,7 @@ interface WorkerQueryServerStats {
   readonly responses: Readonly<Record<WorkerKvQueryResponse["_tag"], number>>
 }
 
+/** A simulated worker's query endpoint, answering from the events its publishers recorded. */
 export interface WorkerQueryServer {
   /** The bound endpoint (`tcp://127.0.0.1:PORT`). */
   readonly endpoint: string
@@ -268,6 +269,7 @@ export interface WorkerQueryServer {
 
 const DUMP_EXTENSION_BUDGET_DIVISOR = 2
 
+/** A worker query server bound for the scope's life. */
 export const makeWorkerQueryServer = (
   options: WorkerQueryServerOptions
 ): Effect.Effect<WorkerQueryServer, ZmqError, Scope.Scope> =>

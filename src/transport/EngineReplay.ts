@@ -33,6 +33,7 @@ const replayReplyFrames = (
   return { seqFrame, payload: frames[frames.length - 1]! }
 }
 
+/** One batch an engine's replay endpoint sent back. */
 export interface ReplayedBatch {
   readonly seq: number
   /** undefined when the batch could not be decoded (the replay then has a hole there). */

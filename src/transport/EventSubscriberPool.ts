@@ -106,6 +106,7 @@ interface LifetimeIngest {
   readonly stale: number
 }
 
+/** The relay's subscriptions to KV event sources, opened and closed to match discovery. */
 export interface EventSubscriberPool {
   /** Opens and closes subscriptions so that exactly these sources are subscribed. */
   readonly sync: (sources: ReadonlyArray<KvEventSource>) => Effect.Effect<void>
@@ -184,6 +185,7 @@ const reopenSchedule = Schedule.exponential("100 millis", 2).pipe(
   Schedule.either(Schedule.spaced("5 seconds"))
 )
 
+/** An event subscriber pool for the scope's life. */
 export const makeEventSubscriberPool = (
   options: EventSubscriberPoolOptions
 ): Effect.Effect<EventSubscriberPool, never, Scope.Scope> =>

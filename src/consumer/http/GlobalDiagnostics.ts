@@ -157,6 +157,9 @@ interface GlobalDiagnosticsService {
   readonly queries: QueryStats
 }
 
+/**
+ * What the global consumer's diagnostic routes read: its Prometheus exposition and query counters.
+ */
 export class GlobalDiagnostics extends Context.Tag("kvrelay/GlobalDiagnostics")<
   GlobalDiagnostics,
   GlobalDiagnosticsService
@@ -199,6 +202,7 @@ const json = (status: number, body: unknown): HttpServerResponse.HttpServerRespo
 const internal = (message: string): HttpServerResponse.HttpServerResponse =>
   json(500, { reason: "INTERNAL", message })
 
+/** `GET /metrics` of the global consumer. */
 export const metrics: Effect.Effect<
   HttpServerResponse.HttpServerResponse,
   never,
@@ -232,6 +236,7 @@ const laneCounts = (consumer: GlobalConsumerService): Map<number, { lanes: numbe
   return counts
 }
 
+/** `GET /v1/health` of the global consumer. */
 export const health: Effect.Effect<HttpServerResponse.HttpServerResponse, never, GlobalConsumer> = Effect.map(
   GlobalConsumer,
   (consumer) => {
@@ -255,6 +260,7 @@ export const health: Effect.Effect<HttpServerResponse.HttpServerResponse, never,
   }
 )
 
+/** `GET /v1/stats` of the global consumer. */
 export const stats: Effect.Effect<
   HttpServerResponse.HttpServerResponse,
   never,

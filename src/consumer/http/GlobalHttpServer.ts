@@ -50,6 +50,7 @@ const DEFAULT_GLOBAL_HTTP_PORT = 8090
  */
 const DEFAULT_MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES
 
+/** The global consumer's HTTP server settings. */
 export interface GlobalHttpServerOptions {
   readonly host?: string | undefined
   /** 0 binds an ephemeral port (tests); read it back from `HttpServer.HttpServer`. */

@@ -23,6 +23,7 @@ import { MessageQueue } from "./internal/MessageQueue.js"
 import { Session, type SessionEnd } from "./internal/Session.js"
 import { ZmtpProtocolError } from "./ZmtpError.js"
 
+/** What a ZMTP subscriber connects to and subscribes for. */
 export interface ZmtpSubscriberOptions {
   /** The endpoint as configured (for logs and errors). */
   readonly endpoint: string
@@ -66,6 +67,7 @@ interface ZmtpSubscriberStats {
   readonly bufferedBytes: number
 }
 
+/** A SUB connection to one publisher, over ZMTP 3 on a plain TCP socket. */
 export interface ZmtpSubscriber {
   /**
    * Waits for a message, then moves up to `max` queued messages to `into` in arrival order. It
