@@ -7,10 +7,6 @@
  * comment (`/** … *\/`) right above its declaration. A name re-exported from another module
  * counts as documented when its declaration there is (or the re-export itself carries one).
  *
- * `scripts/undocumented-exports.txt` lists the exports that were undocumented when the check came
- * in and still are. The list may only shrink: an export missing from it needs its JSDoc, and an
- * entry that got one (or no longer exists) must leave the list, so the check fails on both.
- *
  * `node scripts/check-exports.mjs --report` also lists the exported names no other file imports
  * (in `src/`, `test/` or `bench/`; what the package entry points re-export counts as imported),
  * and exits 0 whatever it finds. `--root DIR` reads another checkout.
@@ -34,7 +30,8 @@ const walk = (dir) =>
       })
     : []
 
-const hasModifier = (node, kind) => (ts.canHaveModifiers(node) ? (ts.getModifiers(node) ?? []) : []).some((m) => m.kind === kind)
+const hasModifier = (node, kind) =>
+  (ts.canHaveModifiers(node) ? (ts.getModifiers(node) ?? []) : []).some((m) => m.kind === kind)
 
 /** True when a `/** … *\/` comment stands right above `node` (no blank line in between). */
 const hasJsDoc = (text, node) => {
@@ -42,14 +39,16 @@ const hasJsDoc = (text, node) => {
   for (let i = ranges.length - 1; i >= 0; i--) {
     const range = ranges[i]
     if (range.kind !== ts.SyntaxKind.MultiLineCommentTrivia || !text.startsWith("/**", range.pos)) continue
-    const gap = text.slice(range.end, node.getStart()).replace(/\/\/.*$/gm, "")
+    const gap = text.slice(range.end, node.getStart()).replace(/[ \t]*\/\/[^\n]*\n/g, "")
     return !/\n[ \t]*\n/.test(gap)
   }
   return false
 }
 
 const bindingNames = (name) =>
-  ts.isIdentifier(name) ? [name.text] : name.elements.flatMap((e) => (ts.isOmittedExpression(e) ? [] : bindingNames(e.name)))
+  ts.isIdentifier(name)
+    ? [name.text]
+    : name.elements.flatMap((e) => (ts.isOmittedExpression(e) ? [] : bindingNames(e.name)))
 
 /**
  * A module's exports: `declared` (name → documented) for what it declares itself, `reexports`
@@ -77,7 +76,10 @@ const readModule = (path) => {
     }
     if (ts.isExportDeclaration(statement)) {
       const documented = hasJsDoc(text, statement)
-      const specifier = statement.moduleSpecifier && ts.isStringLiteral(statement.moduleSpecifier) ? statement.moduleSpecifier.text : undefined
+      const specifier =
+        statement.moduleSpecifier && ts.isStringLiteral(statement.moduleSpecifier)
+          ? statement.moduleSpecifier.text
+          : undefined
       const clause = statement.exportClause
       if (clause === undefined) reexports.push({ specifier, all: true, documented })
       else if (ts.isNamedExports(clause))
@@ -89,13 +91,23 @@ const readModule = (path) => {
     if (!hasModifier(statement, ts.SyntaxKind.ExportKeyword)) continue
     const documented = hasJsDoc(text, statement)
     if (ts.isVariableStatement(statement))
-      for (const d of statement.declarationList.declarations) for (const n of bindingNames(d.name)) declare(n, documented)
+      for (const d of statement.declarationList.declarations)
+        for (const n of bindingNames(d.name)) declare(n, documented)
     else if (statement.name && ts.isIdentifier(statement.name))
-      declare(hasModifier(statement, ts.SyntaxKind.DefaultKeyword) ? "default" : statement.name.text, documented)
+      declare(
+        hasModifier(statement, ts.SyntaxKind.DefaultKeyword) ? "default" : statement.name.text,
+        documented
+      )
   }
   // Dynamic imports: `const { a, b } = await import("./x.js")` uses a and b; any other form all.
   for (const m of text.matchAll(/const\s*\{([^}]*)\}\s*=\s*await\s+import\(\s*["']([^"']+)["']\s*\)/g))
-    imports.push({ specifier: m[2], names: m[1].split(",").map((n) => n.trim().split(/\s*:\s*/)[0]).filter(Boolean) })
+    imports.push({
+      specifier: m[2],
+      names: m[1]
+        .split(",")
+        .map((n) => n.trim().split(/\s*:\s*/)[0])
+        .filter(Boolean)
+    })
   for (const m of text.matchAll(/(?<!await\s)import\(\s*["']([^"']+)["']\s*\)(?:\.(\w+))?/g))
     imports.push(m[2] ? { specifier: m[1], names: [m[2]] } : { specifier: m[1], names: [], all: true })
   return { text, declared, reexports, imports }
@@ -131,7 +143,7 @@ export const analyseExports = (root = HERE) => {
       } else if (r.name === name) {
         if (r.documented) return true
         if (r.namespace !== undefined) return false
-        return target ? documented(target, r.local, seen) : module.declared.get(r.local) ?? false
+        return target ? documented(target, r.local, seen) : (module.declared.get(r.local) ?? false)
       }
     }
     return false
@@ -172,7 +184,8 @@ export const analyseExports = (root = HERE) => {
       if (target === undefined) continue
       if (r.all && exportedNames(target).has(name)) use(target, name, seen)
       else if (r.name === name && r.local !== undefined) use(target, r.local, seen)
-      else if (r.name === undefined && r.namespace === name) for (const n of exportedNames(target)) use(target, n, seen)
+      else if (r.name === undefined && r.namespace === name)
+        for (const n of exportedNames(target)) use(target, n, seen)
     }
   }
   for (const [path, module] of modules) {
@@ -206,46 +219,28 @@ export const analyseExports = (root = HERE) => {
   return { missing, total, unused }
 }
 
-/** The exports known to lack JSDoc (`undocumented-exports.txt`, `file: name` a line). */
-const knownUndocumented = (root) => {
-  const path = join(root, "scripts", "undocumented-exports.txt")
-  if (!existsSync(path)) return new Set()
-  return new Set(
-    readFileSync(path, "utf8")
-      .split("\n")
-      .map((line) => line.trim())
-      .filter((line) => line !== "" && !line.startsWith("#"))
-  )
-}
-
-/** What the check fails on: an export without JSDoc that is not listed, a listed one that has it. */
-export const docProblems = (result, root = HERE) => {
-  const known = knownUndocumented(root)
-  const missing = new Set(result.missing)
-  const problems = []
-  for (const m of result.missing)
-    if (!known.has(m)) problems.push(`${m}: exported without a JSDoc comment saying what it is for`)
-  for (const k of known)
-    if (!missing.has(k)) problems.push(`${k}: documented or gone; remove it from scripts/undocumented-exports.txt`)
-  return problems
-}
+/** What the check fails on: each export outside `internal/` without JSDoc. */
+export const docProblems = (result) =>
+  result.missing.map((m) => `${m}: exported without a JSDoc comment saying what it is for`)
 
 if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const at = process.argv.indexOf("--root")
   const root = at >= 0 ? resolve(process.argv[at + 1]) : HERE
   const result = analyseExports(root)
   if (process.argv.includes("--report")) {
-    console.log(`exported names declared in src/: ${result.total}; imported by no other file: ${result.unused.length}`)
+    console.log(
+      `exported names declared in src/: ${result.total}; imported by no other file: ${result.unused.length}`
+    )
     for (const u of result.unused) console.log(`  ${u.file}: ${u.name}`)
     console.log(`exports without JSDoc (outside internal/): ${result.missing.length}`)
     for (const m of result.missing) console.log(`  ${m}`)
     process.exit(0)
   }
-  const problems = docProblems(result, root)
+  const problems = docProblems(result)
   if (problems.length > 0) {
     for (const p of problems) console.error(p)
     console.error(`check-exports: ${problems.length} problems`)
     process.exit(1)
   }
-  console.log(`check-exports: every export outside internal/ has JSDoc (${result.missing.length} listed as not yet)`)
+  console.log("check-exports: every export outside internal/ has JSDoc")
 }

@@ -204,5 +204,7 @@ if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(
     console.error(`check-imports: ${result.problems.length} problems`)
     process.exit(1)
   }
-  console.log(`check-imports: ${result.files} files, no cycles, imports follow the layers, exports documented`)
+  console.log(
+    `check-imports: ${result.files} files, no cycles, imports follow the layers, exports documented`
+  )
 }

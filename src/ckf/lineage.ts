@@ -42,7 +42,9 @@ const growthLoadOf = (m: number): number =>
   MAX_LOAD - GROWTH_LOAD_SPREAD * ((Math.imul(m + 1, 0x9e3779b1) >>> 0) * INV_TWO_32)
 
 /** Results of `insertChecked`. */
+/** The mapping was there already; nothing changed. */
 export const LINEAGE_PRESENT = 0
+/** The mapping was added. */
 export const LINEAGE_ADDED = 1
 /** The external hash is mapped to another canonical hash already; nothing changed. */
 export const LINEAGE_CONFLICT = -1
@@ -387,6 +389,7 @@ class MemberLineage {
   }
 }
 
+/** External block hash to canonical sequence hash, per rank, for the blocks the rank holds. */
 export class LineageTable {
   constructor(
     /** Old slots moved per insert while a member's table grows (tests lower it to stretch the move). */

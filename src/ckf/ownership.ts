@@ -108,13 +108,18 @@ const overflowKey = (hi: number, lo: number): string => `${hi}:${lo}`
 
 /** Results of `addOwner` / `removeOwner`. */
 export const OWNER_DUPLICATE = 0
+/** The member became an owner of the block. */
 export const OWNER_ADDED = 1
+/** The member did not own the block; nothing changed. */
 export const OWNER_UNKNOWN = 0
+/** The member stopped owning the block; others still own it. */
 export const OWNER_REMOVED = 1
 /** The member was the last owner: the caller removes the fingerprint, then calls `deleteLast`. */
 export const OWNER_LAST = 2
+/** The block has as many owners as a count can hold; nothing changed. */
 export const OWNER_DEGREE_OVERFLOW = -3
 
+/** Which members own each block, so that a fingerprint leaves only with its last owner. */
 export class OwnershipTable {
   /** The key under operation: [hi, lo] of the mixed hash. */
   readonly key = new Uint32Array(2)

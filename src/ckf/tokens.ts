@@ -23,8 +23,10 @@ export const TOKENS_HASH_SEED = 1337n
 /** The seed of the sequence-hash chain (Dynamo's `CHAIN_XXH3_SEED`, equal to `XXH3_SEED`). */
 export const CHAIN_SEED = 1337n
 
+/** The block hash formats (Dynamo's standard and EAGLE). */
 export type HashFormat = "dynamo_standard_v1" | "dynamo_eagle_v1"
 
+/** What besides the tokens goes into a local block hash (the LoRA adapter). */
 export interface LocalHashOptions {
   /** The LoRA adapter's name; absent, null or empty is the base model. */
   readonly loraName?: string | null | undefined

@@ -23,6 +23,7 @@ import {
 } from "../ckf/tokens.js"
 import { hashPairs, hashPairsToBigInts } from "../ckf/u64.js"
 
+/** The hashing pieces a router needs to hash exactly as the relay does: seeds, full-block counts, one chaining step. */
 export {
   blockHashSeed,
   CHAIN_SEED,
