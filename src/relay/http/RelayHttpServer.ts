@@ -76,7 +76,6 @@ import { type RouteName, routesOf } from "../../protocol/Routes.js"
 import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
 import type { KvDcRelayService } from "../KvDcRelay.js"
 import * as LoadWindows from "../LoadWindows.js"
-import type { DcPoolCatalog } from "../PoolCatalog.js"
 import { hasDegradedCoverage } from "../PoolLoad.js"
 import type { PublicationError } from "../RelayErrors.js"
 import * as Topology from "../Topology.js"
@@ -176,17 +175,43 @@ const relayInfo: Handler = (ctx) =>
 const catalog: Handler = (ctx) =>
   Effect.flatMap(SubscriptionRef.get(ctx.relay.catalogRef), (c) => respondCatalog(c))
 
+/**
+ * A watch's values: the source's changes of revision, sliding, so that a watcher that falls
+ * behind skips to the newest one (coalescing is allowed).
+ */
+const newestRevisions = <A extends { readonly revision: unknown }>(
+  changes: Stream.Stream<A>
+): Effect.Effect<Handoff<Take.Take<A>>, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const values = new Handoff<Take.Take<A>>(1, true)
+    yield* forward(
+      Stream.changesWith(changes, (a, b) => a.revision === b.revision),
+      values
+    )
+    return values
+  })
+
+/** The response of a watch whose body `step` writes, logged as opened for `subscriber`. */
+const openWatch = (
+  ctx: ServerContext,
+  request: HttpServerRequest.HttpServerRequest,
+  label: string,
+  subscriber: string | undefined,
+  step: Parameters<typeof guardedBody>[3]
+) =>
+  Effect.gen(function* () {
+    yield* Effect.logDebug(`KV DC Relay ${label} opened`).pipe(
+      Effect.annotateLogs("subscriber", subscriber ?? "")
+    )
+    return sseResponse(yield* guardedBody(ctx, request, label, step))
+  })
+
 const catalogWatch: Handler = (ctx, request, query) =>
   Effect.gen(function* () {
     const subscriber = yield* subscriberParam(query, true)
     yield* acquireWatch(ctx.catalogWatchers)
     yield* Effect.annotateCurrentSpan("kvrelay.subscriber", subscriber ?? "")
-    // Sliding: a watcher that falls behind skips to the newest catalog (coalescing is allowed).
-    const values = new Handoff<Take.Take<DcPoolCatalog>>(1, true)
-    yield* forward(
-      Stream.changesWith(ctx.relay.catalogRef.changes, (a, b) => a.revision === b.revision),
-      values
-    )
+    const values = yield* newestRevisions(ctx.relay.catalogRef.changes)
     const step = yield* watchStep(
       ctx,
       values,
@@ -198,10 +223,7 @@ const catalogWatch: Handler = (ctx, request, query) =>
         }),
       Effect.succeed(sseHeartbeat)
     )
-    yield* Effect.logDebug("KV DC Relay catalog watch opened").pipe(
-      Effect.annotateLogs("subscriber", subscriber ?? "")
-    )
-    return sseResponse(yield* guardedBody(ctx, request, "catalog watch", step))
+    return yield* openWatch(ctx, request, "catalog watch", subscriber, step)
   })
 
 const readinessText = (snapshot: Topology.TopologySnapshot): Effect.Effect<Uint8Array> =>
@@ -217,11 +239,7 @@ const readinessWatch: Handler = (ctx, request, query) =>
   Effect.gen(function* () {
     const subscriber = yield* subscriberParam(query, false)
     yield* acquireWatch(ctx.readinessWatchers)
-    const values = new Handoff<Take.Take<Topology.TopologySnapshot>>(1, true)
-    yield* forward(
-      Stream.changesWith(ctx.topology.ref.changes, (a, b) => a.revision === b.revision),
-      values
-    )
+    const values = yield* newestRevisions(ctx.topology.ref.changes)
     // The re-send carries the current snapshot with its unchanged revision.
     const step = yield* watchStep(
       ctx,
@@ -230,10 +248,7 @@ const readinessWatch: Handler = (ctx, request, query) =>
       readinessText,
       Effect.flatMap(ctx.topology.current, readinessText)
     )
-    yield* Effect.logDebug("KV DC Relay readiness watch opened").pipe(
-      Effect.annotateLogs("subscriber", subscriber ?? "")
-    )
-    return sseResponse(yield* guardedBody(ctx, request, "readiness watch", step))
+    return yield* openWatch(ctx, request, "readiness watch", subscriber, step)
   })
 
 const loadWindowDocument = (window: LoadWindows.LoadWindow): LoadWindowDocument => ({
