@@ -10,7 +10,8 @@
  * - an import of a folder's `internal/` from outside that folder;
  * - a package import (anything not relative) in `ckf/` or `client/`, whose faces promise no
  *   dependencies;
- * - a file over `MAX_LINES` lines without a `Length:` line in its opening comment saying why.
+ * - a file over `MAX_LINES` lines without a `Length:` line in its opening comment saying why;
+ * - an export without JSDoc (`check-exports.mjs`, which this runs).
  *
  * `node scripts/check-imports.mjs --report` prints the figures (files, lines, long files, cycles,
  * upward imports) and exits 0 whatever it finds.
@@ -19,6 +20,7 @@
 import { readdirSync, readFileSync, statSync } from "node:fs"
 import { dirname, join, relative, resolve, sep } from "node:path"
 import { fileURLToPath } from "node:url"
+import { analyseExports, docProblems } from "./check-exports.mjs"
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..")
 const SRC = join(ROOT, "src")
@@ -196,10 +198,13 @@ if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(
     for (const u of result.upward) console.log(`  ${u}`)
     process.exit(0)
   }
+  result.problems.push(...docProblems(analyseExports()))
   if (result.problems.length > 0) {
     for (const problem of result.problems) console.error(problem)
     console.error(`check-imports: ${result.problems.length} problems`)
     process.exit(1)
   }
-  console.log(`check-imports: ${result.files} files, no cycles, imports follow the layers`)
+  console.log(
+    `check-imports: ${result.files} files, no cycles, imports follow the layers, exports documented`
+  )
 }

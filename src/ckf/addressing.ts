@@ -10,11 +10,16 @@ import { GOLDEN } from "./splitmix.js"
 import { hiOf, loOf } from "./u64.js"
 import { Xxh3Seeded, xxh3U64Batch, xxh3U64Invert, xxhOut } from "./xxh3.js"
 
+/** The addressing seed a CKF format uses when none is given. */
 export const DEFAULT_SEED = 0x5dee_ce66_d1b5_4a33n
+/**
+ * What the seed is mixed with for the alternate-bucket hash, so it differs from the primary one.
+ */
 export const ALTERNATE_BUCKET_DOMAIN = GOLDEN
 /** CBI1 and the consumer table never exceed 2^24 buckets. */
 export const MAX_BUCKET_COUNT = 1 << 24
 
+/** A block hash ready to address: its fingerprint and both buckets. */
 export interface PreparedHash {
   readonly fingerprint: number
   readonly bucketA: number

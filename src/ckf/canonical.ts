@@ -72,6 +72,7 @@ export interface RankReplacementEvents extends CkfMemberRef {
   readonly events: ReadonlyArray<CkfEvent>
 }
 
+/** The lineage table's size: entries and bytes. */
 export interface CanonicalLineageStats {
   readonly lineageEntries: number
   readonly lineageBytes: number
@@ -194,6 +195,10 @@ const storeLineage = (
   return count
 }
 
+/**
+ * The producer state addressed by canonical sequence hashes: it keeps each rank's
+ * external-to-canonical lineage.
+ */
 export class CanonicalCkfState extends DcCkfState {
   private lineage: LineageTable
   /** Extra aliases per (lineage member, canonical hash): owned once, kept until the last goes. */

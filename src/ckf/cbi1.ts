@@ -22,14 +22,23 @@ if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
   throw new Error("kvrelay's CBI1 codec requires a little-endian host (words are copied as raw bytes)")
 }
 
+/** The four bytes every CBI1 frame starts with. */
 export const CBI1_MAGIC = "CBI1"
+/** The CBI1 wire version this codec reads and writes. */
 export const CBI1_WIRE_VERSION = 1
+/** The size of a CBI1 header. */
 export const CBI1_HEADER_BYTES = 48
+/** The header flag of a snapshot chunk. */
 export const CBI1_FLAG_SNAPSHOT_CHUNK = 1
+/** The header flag of a delta. */
 export const CBI1_FLAG_DELTA = 2
+/** Buckets per snapshot chunk (the last chunk may hold fewer). */
 export const SNAPSHOT_CHUNK_BUCKETS = 524_288
+/** The most buckets a CBI1 format may declare. */
 export const CBI1_MAX_BUCKET_COUNT = 2 ** 24
+/** The largest CBI1 frame: a full snapshot chunk with its header and prefix. */
 export const CBI1_MAX_FRAME_BYTES = 4_194_368
+/** The most bucket images one delta may carry (it must fit a frame). */
 export const CBI1_MAX_DELTA_IMAGES = 349_525
 
 const SNAPSHOT_PREFIX_BYTES = 16
@@ -39,6 +48,7 @@ const WORD_BYTES = 8
 const CHECKSUM_OFFSET = 44
 const MAGIC_BYTES = [0x43, 0x42, 0x49, 0x31] as const
 
+/** Why bytes are not a CBI1 frame this consumer accepts. */
 export type Cbi1ErrorReason =
   | "FrameTooLarge"
   | "DeltaImageCount"
@@ -60,6 +70,7 @@ export type Cbi1ErrorReason =
   | "ChunkSequence"
   | "IncompleteCoverage"
 
+/** A CBI1 frame that could not be encoded or decoded; `reason` says why. */
 export class Cbi1Error extends Error {
   readonly _tag = "Cbi1Error"
   constructor(
@@ -77,6 +88,7 @@ export interface Cbi1Expected {
   readonly dcId: bigint
 }
 
+/** One decoded snapshot chunk: its place in the snapshot and its bucket words. */
 export interface Cbi1SnapshotChunk {
   readonly _tag: "SnapshotChunk"
   readonly epoch: bigint
@@ -87,6 +99,7 @@ export interface Cbi1SnapshotChunk {
   readonly words: Uint32Array
 }
 
+/** One decoded delta: its sequences and bucket images. */
 export interface Cbi1DeltaFrame {
   readonly _tag: "Delta"
   readonly epoch: bigint
@@ -95,6 +108,7 @@ export interface Cbi1DeltaFrame {
   readonly images: Uint32Array
 }
 
+/** A decoded CBI1 frame. */
 export type Cbi1Frame = Cbi1SnapshotChunk | Cbi1DeltaFrame
 
 const hex = (value: bigint): string => `0x${value.toString(16)}`
@@ -326,6 +340,8 @@ const decodeSnapshotChunk = (
   }
 }
 
+// Same opening as `decodeSnapshotChunk` (body length against the frame's prefix): the two frame
+// kinds check different prefixes and name their own errors, on the consumer's per-frame decode path.
 const decodeDelta = (
   bytes: Uint8Array,
   view: DataView,

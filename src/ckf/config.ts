@@ -5,15 +5,24 @@
 import { DEFAULT_SEED, MAX_BUCKET_COUNT } from "./addressing.js"
 import { CkfBuildError } from "./errors.js"
 
+/** The most relocation steps a format may allow. */
 export const MAX_KICKS = 4096
+/** Relocation steps before an insert rolls back, by default. */
 export const DEFAULT_MAX_KICKS = 500
+/** The most positions a prefix search may verify below a tentative depth. */
 export const MAX_VERIFICATION_WINDOW = 8
+/** Positions a prefix search verifies by default. */
 export const DEFAULT_VERIFICATION_WINDOW = 2
+/** Lanes of the global CKF (one per relay). */
 export const CKF_LANE_COUNT = 16
+/** The CKF format version. */
 export const FORMAT_VERSION = 1
+/** Bits of a fingerprint. */
 export const FINGERPRINT_BITS = 16
+/** Fingerprint slots per bucket. */
 export const SLOTS_PER_BUCKET = 4
 
+/** How a pool's CKF is sized and seeded. */
 export interface CkfConfig {
   /** Expected logical blocks per pool; sizes the table, which never resizes. */
   readonly expectedBlocksPerDc: number

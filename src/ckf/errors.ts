@@ -3,6 +3,7 @@
  * `_tag` discriminant, so the Effect layers can catch them by tag.
  */
 
+/** Why a CKF could not be built. */
 export type CkfBuildErrorKind =
   | "ExpectedCapacityZero"
   | "InvalidMaxKicks"
@@ -55,4 +56,5 @@ export class KvCacheEventError extends Error {
   }
 }
 
+/** The words a refused event's kind is reported in. */
 export const eventErrorText = (kind: KvCacheEventErrorKind): string => EVENT_ERROR_TEXT[kind]

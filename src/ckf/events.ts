@@ -5,6 +5,7 @@
  * Block hashes are hash pairs: a `Uint32Array` `[hi0, lo0, hi1, lo1, …]`.
  */
 
+/** Where a worker holds a block: only `device` blocks are indexed. */
 export type StorageTier = "device" | "host_pinned" | "disk" | "external"
 
 /**
@@ -42,6 +43,7 @@ export const storageTierOfMedium = (medium: string | null | undefined): StorageT
   }
 }
 
+/** Blocks a rank stored, as hash pairs, with their parent. */
 export interface CkfStoredData {
   readonly _tag: "Stored"
   /** The engine's (external) block hashes. */
@@ -67,15 +69,18 @@ export interface CkfStoredData {
   readonly resolveThroughLineage?: boolean | undefined
 }
 
+/** Blocks a rank removed, as hash pairs. */
 export interface CkfRemovedData {
   readonly _tag: "Removed"
   readonly blockHashes: Uint32Array
 }
 
+/** A rank dropped every block. */
 export interface CkfClearedData {
   readonly _tag: "Cleared"
 }
 
+/** What a CKF event says happened. */
 export type CkfEventData = CkfStoredData | CkfRemovedData | CkfClearedData
 
 /** A member is one (worker, dp rank); worker ids are canonical decimal u64 strings. */
@@ -84,6 +89,7 @@ export interface CkfMemberRef {
   readonly dpRank: number
 }
 
+/** One KV event as the CKF core applies it: a rank, a tier and its data. */
 export interface CkfEvent extends CkfMemberRef {
   readonly storageTier: StorageTier
   readonly data: CkfEventData

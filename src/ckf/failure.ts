@@ -5,6 +5,7 @@
 
 import type { KvCacheEventErrorKind } from "./errors.js"
 
+/** Where a CKF operation can fail. */
 export type CkfFailurePoint =
   | "BoundedRelocationFailure"
   | "PrecommitAllocationFailure"
@@ -14,8 +15,11 @@ export type CkfFailurePoint =
   | "ConsumerWorkerFailureMidApply"
   | "InactiveSnapshotInstallFailure"
 
+/** Whose failure it is: the producer's core or a consumer lane. */
 export type CkfFailureDomain = "ProducerCore" | "ConsumerLane"
+/** Whether a failed operation left the state as it was, or maybe half-changed. */
 export type CkfCommitState = "KnownUnchanged" | "Uncertain"
+/** What the owner of the state must do after a failure. */
 export type CkfFailureAction =
   | "ContinueCapacityOmission"
   | "ReportResourceFailure"
@@ -24,6 +28,7 @@ export type CkfFailureAction =
   | "DeactivateAndSnapshot"
   | "RetrySnapshot"
 
+/** A failure point with its domain, commit state and the action it calls for. */
 export interface CkfFailureDisposition {
   readonly point: CkfFailurePoint
   readonly domain: CkfFailureDomain
@@ -92,6 +97,7 @@ const DISPOSITIONS: Record<CkfFailurePoint, CkfFailureDisposition> = {
   )
 }
 
+/** What a failure at `point` calls for. */
 export const failureDisposition = (point: CkfFailurePoint): CkfFailureDisposition => DISPOSITIONS[point]
 
 /** The failure point of a producer apply error. */

@@ -47,6 +47,7 @@ import { U64_MAX } from "./u64.js"
 // ---------------------------------------------------------------------------------------------
 // Errors, faults and outcomes
 
+/** Why the global CKF could not be built. */
 export type GlobalCkfBuildErrorDetail =
   | { readonly kind: "NoConfiguredLanes" }
   | {
@@ -89,6 +90,7 @@ const buildErrorText = (detail: GlobalCkfBuildErrorDetail): string => {
   }
 }
 
+/** The global CKF could not be built; `detail` says why. */
 export class GlobalCkfBuildError extends Error {
   readonly _tag = "GlobalCkfBuildError"
   constructor(readonly detail: GlobalCkfBuildErrorDetail) {
@@ -100,6 +102,7 @@ export class GlobalCkfBuildError extends Error {
   }
 }
 
+/** Why a lane could not be assigned to a producer. */
 export type GlobalCkfAssignmentErrorDetail =
   | {
       readonly kind: "WrongConsumerInstance"
@@ -126,6 +129,7 @@ const assignmentErrorText = (detail: GlobalCkfAssignmentErrorDetail): string => 
   }
 }
 
+/** A lane could not be assigned; `detail` says why. */
 export class GlobalCkfAssignmentError extends Error {
   readonly _tag = "GlobalCkfAssignmentError"
   constructor(readonly detail: GlobalCkfAssignmentErrorDetail) {
@@ -137,6 +141,7 @@ export class GlobalCkfAssignmentError extends Error {
   }
 }
 
+/** Why a lane refused a snapshot or delta (it must start again from a snapshot). */
 export type GlobalCkfLaneFault =
   | { readonly _tag: "WrongIdentity" }
   | { readonly _tag: "InvalidSnapshotBucketCount"; readonly expected: number; readonly actual: number }
@@ -157,6 +162,7 @@ export type GlobalCkfLaneFault =
       readonly actual: bigint | undefined
     }
 
+/** What happened to a snapshot or delta handed to a lane. */
 export type GlobalCkfIngestOutcome =
   | { readonly _tag: "SnapshotInstalled"; readonly sequence: bigint }
   | { readonly _tag: "DeltaApplied"; readonly sequence: bigint; readonly images: number }
@@ -172,12 +178,14 @@ const WRONG_IDENTITY: GlobalCkfLaneFault = Object.freeze({ _tag: "WrongIdentity"
 const EMPTY_DELTA: GlobalCkfLaneFault = Object.freeze({ _tag: "EmptyDelta" })
 const SEQUENCE_EXHAUSTED: GlobalCkfLaneFault = Object.freeze({ _tag: "SequenceExhausted" })
 
+/** One lane's answer to a query: the pool it holds and the prefix depth found. */
 export interface GlobalCkfLaneMatch {
   readonly physicalLane: number
   readonly poolId: PoolId
   readonly prefixDepth: number
 }
 
+/** A query's answer over every lane that was ready when it started. */
 export interface GlobalCkfQueryResult {
   /** The ready mask the query captured (restricted to configured lanes). */
   readonly capturedReadyLanes: number
@@ -339,6 +347,9 @@ const popcount16 = (mask: number): number => {
   return (v + (v >>> 8)) & 0x1f
 }
 
+/**
+ * The global consumer's index: up to 16 lanes, one relay pool each, searched together by prefix.
+ */
 export class GlobalCkfIndexer {
   private readonly shared: GlobalCkfShared
   /** The wasm probe over the table's memory, where the host has WebAssembly SIMD. */

@@ -10,6 +10,7 @@
 import { FINGERPRINT_BITS, FORMAT_VERSION, SLOTS_PER_BUCKET } from "./config.js"
 import { hex16 } from "./u64.js"
 
+/** Where an identity's material came from. */
 export type IdentitySource = "default_derived" | "explicit"
 
 const sourceRank = (source: IdentitySource): number => (source === "default_derived" ? 0 : 1)
@@ -45,6 +46,7 @@ abstract class DigestIdentity {
   }
 }
 
+/** The identity of what makes KV caches interchangeable (model, weights, format). */
 export class CacheSemanticsId extends DigestIdentity {
   readonly _kind = "CacheSemanticsId"
   equals(other: CacheSemanticsId): boolean {
@@ -52,6 +54,7 @@ export class CacheSemanticsId extends DigestIdentity {
   }
 }
 
+/** The identity of the scope routers choose workers in. */
 export class RoutingScopeId extends DigestIdentity {
   readonly _kind = "RoutingScopeId"
   equals(other: RoutingScopeId): boolean {
@@ -59,6 +62,7 @@ export class RoutingScopeId extends DigestIdentity {
   }
 }
 
+/** The identity of an indexer domain: cache semantics and routing scope together. */
 export class IndexerDomainId {
   readonly key: string
   constructor(
@@ -101,6 +105,7 @@ export class DcId {
   }
 }
 
+/** The identity of a pool: its indexer domain and DC. */
 export class PoolId {
   readonly key: string
   constructor(

@@ -42,7 +42,9 @@ const growthLoadOf = (m: number): number =>
   MAX_LOAD - GROWTH_LOAD_SPREAD * ((Math.imul(m + 1, 0x9e3779b1) >>> 0) * INV_TWO_32)
 
 /** Results of `insertChecked`. */
+/** The mapping was there already; nothing changed. */
 export const LINEAGE_PRESENT = 0
+/** The mapping was added. */
 export const LINEAGE_ADDED = 1
 /** The external hash is mapped to another canonical hash already; nothing changed. */
 export const LINEAGE_CONFLICT = -1
@@ -277,6 +279,8 @@ class MemberLineage {
   }
 
   /** Forgets `ext[k, k + 1]`, writing its canonical hash to `out[at, at + 1]`; false if absent. */
+  // Probe loop repeated from `get` on purpose: each of these runs per block on the apply hot path,
+  // and a shared probe returning a slot index was not inlined into both (see the note on boxing).
   delete(ext: Uint32Array, k: number, out: Uint32Array, at: number): boolean {
     const hi = ext[k]!
     const lo = ext[k + 1]!
@@ -385,6 +389,7 @@ class MemberLineage {
   }
 }
 
+/** External block hash to canonical sequence hash, per rank, for the blocks the rank holds. */
 export class LineageTable {
   constructor(
     /** Old slots moved per insert while a member's table grows (tests lower it to stretch the move). */

@@ -111,13 +111,18 @@ const overflowKey = (hi: number, lo: number): string => `${hi}:${lo}`
 
 /** Results of `addOwner` / `removeOwner`. */
 export const OWNER_DUPLICATE = 0
+/** The member became an owner of the block. */
 export const OWNER_ADDED = 1
+/** The member did not own the block; nothing changed. */
 export const OWNER_UNKNOWN = 0
+/** The member stopped owning the block; others still own it. */
 export const OWNER_REMOVED = 1
 /** The member was the last owner: the caller removes the fingerprint, then calls `deleteLast`. */
 export const OWNER_LAST = 2
+/** The block has as many owners as a count can hold; nothing changed. */
 export const OWNER_DEGREE_OVERFLOW = -3
 
+/** Which members own each block, so that a fingerprint leaves only with its last owner. */
 export class OwnershipTable {
   /** The key under operation: [hi, lo] of the mixed hash. */
   readonly key = new Uint32Array(2)
@@ -722,6 +727,8 @@ class EdgeTable {
     return true
   }
 
+  // The probe set-up repeats `has` on purpose: both run per edge on the apply hot path and keep
+  // their keys in locals (a shared helper would return them boxed; see the header).
   insertAbsent(m: number): void {
     const slots = this.slots
     const cap = this.capacity

@@ -49,6 +49,7 @@ export const disableProbeWasm = (value: boolean): void => {
   disabled = value
 }
 
+/** The prefix probe compiled to WebAssembly SIMD, over a transposed table in its memory. */
 export class CkfProbeWasm {
   /** The table's words (`TransposedCkfTable.words`), a view of the module's memory. */
   readonly words: Uint32Array

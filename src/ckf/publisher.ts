@@ -10,6 +10,7 @@ import type { ConsumerDrainMarker, LaneLease, ProducerIdentity } from "./identit
 import type { DcCkfPublicationBatch, DcCkfState } from "./state.js"
 import { U64_MAX } from "./u64.js"
 
+/** A delta the publisher emits: bucket images between two sequences. */
 export interface DcCkfDelta {
   readonly identity: ProducerIdentity
   readonly lease: LaneLease
@@ -19,6 +20,7 @@ export interface DcCkfDelta {
   readonly images: Uint32Array
 }
 
+/** A snapshot the publisher emits: every bucket word at a sequence. */
 export interface DcCkfSnapshot {
   readonly identity: ProducerIdentity
   readonly lease: LaneLease
@@ -27,6 +29,7 @@ export interface DcCkfSnapshot {
   readonly words: Uint32Array
 }
 
+/** Why a publisher stopped publishing. */
 export type FenceReason = "SequenceExhausted" | "DeliveryUncertain" | "LeaseStalled"
 
 /** Where deltas go; returns an error value when the next owner did not accept the whole delta. */
@@ -34,10 +37,12 @@ export interface DcCkfDeltaSink<E> {
   enqueue(delta: DcCkfDelta): E | undefined
 }
 
+/** What an emit did: published, nothing to publish, or fenced. */
 export type PublisherEmitOutcome =
   | { readonly _tag: "Published"; readonly sequence: bigint; readonly imageCount: number }
   | { readonly _tag: "NoSubscriber"; readonly sequence: bigint }
 
+/** The sink refused a delta; `cause` is its error. */
 export class DcCkfPublishError<E> extends Error {
   readonly _tag = "DcCkfPublishError"
   constructor(
@@ -54,6 +59,7 @@ export class DcCkfPublishError<E> extends Error {
   }
 }
 
+/** The sink refused a snapshot; `cause` is its error. */
 export class PublisherSnapshotError<E> extends Error {
   readonly _tag = "PublisherSnapshotError"
   constructor(
@@ -73,6 +79,7 @@ export class PublisherSnapshotError<E> extends Error {
   }
 }
 
+/** Publishes a pool's CKF changes as deltas and snapshots, in sequence, under a lease. */
 export class DcCkfPublisher<E = unknown> {
   private currentLease: LaneLease | undefined = undefined
   private last: bigint

@@ -17,6 +17,7 @@
 
 import { CKF_LANE_COUNT } from "./config.js"
 
+/** How deep a prefix search verifies. */
 export interface PrefixSearchConfig {
   /** Positions verified below each tentative depth (1..=MAX_VERIFICATION_WINDOW). */
   readonly verificationWindow: number
@@ -36,6 +37,7 @@ export interface PrefixSearchStats {
   provenanceSkips: number
 }
 
+/** Search counters at zero. */
 export const newPrefixSearchStats = (): PrefixSearchStats => ({
   leftEdgeLanes: 0,
   activatedLanes: 0,

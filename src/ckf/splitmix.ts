@@ -5,6 +5,7 @@
 import { mulLow64Into } from "./u64.js"
 
 const TWO_32 = 4294967296
+/** The 64-bit golden-ratio constant of SplitMix64. */
 export const GOLDEN = 0x9e37_79b9_7f4a_7c15n
 const GOLDEN_HI = 0x9e3779b9
 const GOLDEN_LO = 0x7f4a7c15

@@ -51,6 +51,7 @@ export class DcCkfPublicationBatch {
   }
 }
 
+/** What applying events did: the first refusal, and the counts. */
 export interface DcCkfEventOutcome {
   readonly firstError: KvCacheEventErrorKind | undefined
   readonly publication: DcCkfPublicationBatch | undefined
@@ -76,6 +77,7 @@ const EMPTY_BOUNDARY_OUTCOME: DcCkfEventOutcome = Object.freeze({
   unanchoredBlocks: 0
 })
 
+/** Members and blocks of the state. */
 export interface DcCkfAggregationStats {
   readonly memberCount: number
   readonly contributionCount: number
@@ -96,6 +98,7 @@ export interface DcCkfAggregationStats {
   readonly occupiedSlotCount: number
 }
 
+/** Changes waiting to be published. */
 export interface DcCkfPublicationStats {
   readonly pendingEvents: number
   readonly physicalTouches: number
@@ -104,6 +107,7 @@ export interface DcCkfPublicationStats {
   readonly netRevertedBuckets: number
 }
 
+/** Table capacities and bytes of the state. */
 export interface DcCkfMemoryStats {
   readonly memberSetCapacity: number
   readonly refcountCapacity: number
@@ -117,12 +121,14 @@ export interface DcCkfMemoryStats {
   readonly lineageBytes: number
 }
 
+/** The state's counters. */
 export interface DcCkfStats {
   readonly aggregation: DcCkfAggregationStats
   readonly publication: DcCkfPublicationStats
   readonly memory: DcCkfMemoryStats
 }
 
+/** A rank with the number of blocks it holds. */
 export interface MemberCount extends CkfMemberRef {
   readonly count: number
 }
@@ -175,11 +181,15 @@ const saturating = (value: number): number => Math.min(value, Number.MAX_SAFE_IN
 
 /** The event kinds of `applyHashes`. */
 export const STORED = 0
+/** `applyHashes` removes the blocks. */
 export const REMOVED = 1
+/** `applyHashes` clears the rank. */
 export const CLEARED = 2
+/** The event kinds of `applyHashes`. */
 export type AppliedKind = typeof STORED | typeof REMOVED | typeof CLEARED
 const EMPTY_KEYS = new Uint32Array(0)
 
+/** One pool's CKF producer state: fingerprints, ownership and the changes not yet published. */
 export class DcCkfState {
   readonly config: CkfConfig
   readonly format: DcCkfFormatIdentity

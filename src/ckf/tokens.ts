@@ -35,8 +35,10 @@ export const LORA_NAME_HASH_SEED = 0n
  */
 export const CACHE_NAMESPACE_HASH_SEED = 1n
 
+/** The block hash formats (Dynamo's standard and EAGLE). */
 export type HashFormat = "dynamo_standard_v1" | "dynamo_eagle_v1"
 
+/** What besides the tokens goes into a local block hash (the LoRA adapter). */
 export interface LocalHashOptions {
   /** The LoRA adapter's name; absent, null or empty is the base model. */
   readonly loraName?: string | null | undefined
@@ -170,6 +172,7 @@ const chainHasher = chainHasherFor(CHAIN_SEED)
  * chained from the parent's sequence hash, the pair `parent[parentAt]`, or, with `parent`
  * undefined, starting at the first block's local hash.
  */
+// The parameters of `Xxh3Seeded.chainInto`, which this passes on as they are (hot path).
 export const sequenceHashesInto = (
   local: Uint32Array,
   from: number,

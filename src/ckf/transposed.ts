@@ -17,6 +17,7 @@ const ROW_U32 = CKF_LANE_COUNT * 2
 const REP16 = 0x0001_0001
 const HIGH16 = 0x8000_8000
 
+/** The global CKF's buckets laid out lane-interleaved, so one probe reads all 16 lanes. */
 export class TransposedCkfTable {
   readonly bucketCount: number
   /** Word (bucket, lane) is `[words[2i], words[2i + 1]]` = `[lo, hi]` with `i = bucket * 16 + lane`. */

@@ -5,6 +5,7 @@
  * `[hi0, lo0, hi1, lo1, …]` ("hash pairs"). `bigint` only appears at API edges (JSON, logs, tests).
  */
 
+/** 2^64 − 1. */
 export const U64_MAX = 0xffff_ffff_ffff_ffffn
 
 /**

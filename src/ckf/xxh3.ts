@@ -21,6 +21,8 @@ export const xxhOut = { hi: 0, lo: 0 }
 let mH = 0
 
 /** Full 32×32 → 64-bit product; returns the low word, high word in `mH`. */
+// Repeats `mulLow64Into`'s low product (u64.ts) on purpose: the hashers' limb helpers must stay
+// small enough to inline on the hashing hot path, and keep their high word in a local.
 const mul32 = (a: number, b: number): number => {
   const a0 = a & 0xffff
   const a1 = a >>> 16
@@ -375,6 +377,7 @@ export class Xxh3Seeded {
    * array for the same reason: as two u32 arguments of this call, which is not inlined, it was
    * boxed into two heap numbers per stored batch.
    */
+  // Same parameters as `sequenceHashesInto` (tokens.ts), which calls it: the hot path's signature.
   chainInto(
     local: Uint32Array,
     from: number,
@@ -818,6 +821,8 @@ export const xxh3Words17to128Into = (
     const ah = (words[wi + 1]! ^ WORD_KEYS[k + 1]!) >>> 0
     const bl = (words[wi + 2]! ^ WORD_KEYS[k + 2]!) >>> 0
     const bh = (words[wi + 3]! ^ WORD_KEYS[k + 3]!) >>> 0
+    // Hot path, repeated on purpose: the same product as `chainInto`'s, written in place (a shared
+    // helper writing [hi, lo] ran at half the speed; see `chainInto`).
     // 128-bit product of (ah:al) and (bh:bl) from four 32×32 products in 16-bit halves.
     const al0 = al & 0xffff
     const al1 = al >>> 16

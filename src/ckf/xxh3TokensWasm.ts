@@ -30,6 +30,7 @@ interface Xxh3TokensExports {
 
 /** Shortest and longest windows of the module's path: 17..128 bytes of u32 tokens. */
 export const WASM_MIN_WINDOW = 5
+/** Longest window of u32 tokens the module hashes. */
 export const WASM_MAX_WINDOW = 32
 /** Blocks per call: bounds the window the module's memory must hold. */
 const MAX_BLOCKS = 1024

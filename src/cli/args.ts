@@ -7,7 +7,7 @@
 import { Either, Option, ParseResult, Schema } from "effect"
 
 /** One flag of a command. */
-export interface FlagSpec {
+interface FlagSpec {
   /** Long name without dashes, kebab-case (`dc-id`). */
   readonly name: string
   /** Takes no value (`--quick`). */
@@ -18,12 +18,14 @@ export interface FlagSpec {
   readonly placeholder?: string
 }
 
+/** A command's name, summary and flags: what its help prints and its parser accepts. */
 export interface CommandSpec {
   readonly name: string
   readonly summary: string
   readonly flags: ReadonlyArray<FlagSpec>
 }
 
+/** Flags or variables that could not be read; every problem is listed. */
 export class UsageError extends Error {
   readonly _tag = "UsageError"
   constructor(readonly problems: ReadonlyArray<string>) {
@@ -36,18 +38,10 @@ export const keyOf = (flag: string): string => flag.replace(/-([a-z0-9])/g, (_, 
 /** The flag of a camelCase key (`dcId` → `--dc-id`). */
 export const flagOf = (key: string): string => `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`
 /** The environment variable of a flag (`dc-id` → `KVRELAY_DC_ID`). */
-export const envOf = (flag: string): string => `KVRELAY_${flag.replace(/-/g, "_").toUpperCase()}`
+const envOf = (flag: string): string => `KVRELAY_${flag.replace(/-/g, "_").toUpperCase()}`
 
+/** A flag's value as given: text, present/absent, or repeated. */
 export type RawValue = string | boolean | ReadonlyArray<string>
-
-/** Parses `--flag value`, `--flag=value` and boolean flags; unknown flags are usage errors. */
-export const parseFlags = (
-  spec: CommandSpec,
-  argv: ReadonlyArray<string>
-): Either.Either<Record<string, RawValue>, UsageError> => {
-  const { values, problems } = parseFlagsGathering(spec, argv)
-  return problems.length > 0 ? Either.left(new UsageError(problems)) : Either.right(values)
-}
 
 /**
  * The flags that parse, and a problem for each one that does not: the settings that did parse
@@ -279,14 +273,16 @@ const shownValue = (value: unknown): string => {
   return text.length > 60 ? `${text.slice(0, 57)}…` : text
 }
 
+/** A setting that is an integer of at least 1. */
 export const PositiveInt = intFrom("a positive integer", 1)
-export const Port = intFrom("a port number 0..65535", 0, 65_535)
 
+/** A setting that is non-empty text without surrounding white space. */
 export const NonBlank = Schema.String.pipe(
   Schema.filter((s) => s.length > 0 || "must not be empty"),
   Schema.filter((s) => s.trim() === s || "must not have leading or trailing whitespace")
 )
 
+/** A setting that is `host:port`. */
 export const HttpAddress = Schema.String.pipe(
   Schema.filter((s) => {
     const m = /^(.+):(\d{1,5})$/.exec(s)
@@ -296,6 +292,7 @@ export const HttpAddress = Schema.String.pipe(
   })
 )
 
+/** A setting that is an absolute URL. */
 export const Url = Schema.String.pipe(
   Schema.filter((s) => {
     try {
@@ -311,8 +308,10 @@ export const Url = Schema.String.pipe(
   })
 )
 
+/** The `--log-level` values. */
 export const LogLevel = Schema.Literal("trace", "debug", "info", "warning", "error", "fatal", "none")
 
+/** A setting that is a flag or `true`/`false` text. */
 export const BooleanFlag = Schema.Union(
   Schema.Boolean,
   Schema.transformOrFail(Schema.String, Schema.Boolean, {

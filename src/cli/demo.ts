@@ -37,8 +37,9 @@ import { movingLoad, serveEngineMetrics } from "../simulate/EngineMetricsEndpoin
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
+import type { ZmqError } from "../transport/ZmqSocket.js"
 import * as GlobalProcess from "./globalProcess.js"
-import { observabilityLayer } from "./runtime.js"
+import { commandObservability } from "./runtime.js"
 import type { DemoSettings } from "./settings.js"
 
 const NAMESPACE = "demo"
@@ -104,6 +105,31 @@ const offloadEvicted = (
     for (const b of dropped) copies.delete(b.sequence)
     for (let i = 0; i < dropped.length; i += 32) yield* host.drop(dropped.slice(i, i + 32))
   })
+/** What a simulated publisher of either kind offers the demo's workload. */
+interface DemoPublisher {
+  readonly remove: (hashes: ReadonlyArray<bigint>) => Effect.Effect<unknown, ZmqError>
+  readonly dropNext: (count?: number) => Effect.Effect<void>
+  readonly stats: Effect.Effect<{ readonly dropped: number }>
+  readonly source: (kvStateEndpoint: EndpointId) => Effect.Effect<KvEventSource>
+}
+
+/** A demo worker over `publisher`, storing with `store` (each kind sends what its engine sends). */
+const simulatedWorker = (
+  label: string,
+  publisher: DemoPublisher,
+  external: (blocks: ReadonlyArray<PromptBlock>) => ReadonlyArray<bigint>,
+  store: (
+    blocks: ReadonlyArray<PromptBlock>,
+    parent: PromptBlock | undefined
+  ) => Effect.Effect<unknown, ZmqError>
+): SimulatedWorker => ({
+  label,
+  store: (blocks, parent) => Effect.asVoid(store(blocks, parent)).pipe(Effect.orDie),
+  remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
+  dropNext: publisher.dropNext(1),
+  dropped: Effect.map(publisher.stats, (s) => s.dropped),
+  source: publisher.source(SERVING)
+})
 
 /** One full block of a prompt: its tokens, local hash and canonical sequence hash. */
 interface PromptBlock {
@@ -182,38 +208,25 @@ const makeWorker = (
     if (index % 2 === 0) {
       const queryServer = yield* makeWorkerQueryServer({ workerId, dpRanks: [0] })
       const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer })
-      return {
-        label: `worker ${workerId} (dynamo-zmq)`,
-        // A Dynamo worker sends each block's tokens hash beside its own block hash.
-        store: (blocks, parent) =>
-          Effect.asVoid(
-            publisher.store(external(blocks), {
-              ...parentOf(parent),
-              tokensHashes: blocks.map((b) => b.local)
-            })
-          ).pipe(Effect.orDie),
-        remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
-        dropNext: publisher.dropNext(1),
-        dropped: Effect.map(publisher.stats, (s) => s.dropped),
-        source: publisher.source(SERVING)
-      } satisfies SimulatedWorker
+      // A Dynamo worker sends each block's tokens hash beside its own block hash.
+      return simulatedWorker(`worker ${workerId} (dynamo-zmq)`, publisher, external, (blocks, parent) =>
+        publisher.store(external(blocks), { ...parentOf(parent), tokensHashes: blocks.map((b) => b.local) })
+      )
     }
     const format = index % 4 === 1 ? "vllm" : "sglang"
     const publisher = yield* makeEngineZmqPublisher({ workerId, dpRank: 0, format, blockSize: BLOCK_SIZE })
+    // An engine sends the tokens themselves; the relay hashes them.
     return {
-      label: `worker ${workerId} (engine-zmq, ${format})`,
-      // An engine sends the tokens themselves; the relay hashes them.
-      store: (blocks, parent) =>
-        Effect.asVoid(
+      ...simulatedWorker(
+        `worker ${workerId} (engine-zmq, ${format})`,
+        publisher,
+        external,
+        (blocks, parent) =>
           publisher.store(external(blocks), {
             ...parentOf(parent),
             tokenIds: blocks.flatMap((b) => b.tokens)
           })
-        ).pipe(Effect.orDie),
-      remove: (blocks) => Effect.asVoid(publisher.remove(external(blocks))).pipe(Effect.orDie),
-      dropNext: publisher.dropNext(1),
-      dropped: Effect.map(publisher.stats, (s) => s.dropped),
-      source: publisher.source(SERVING),
+      ),
       hostTier:
         format === "vllm"
           ? {
@@ -394,7 +407,7 @@ const samples: ReadonlyArray<Sample> = [
 ]
 
 /** The query a user can paste: the first 4 blocks of the most popular dc-east prompt. */
-export const pasteableQuery = (globalUrl: string): string =>
+const pasteableQuery = (globalUrl: string): string =>
   `curl -s ${globalUrl}/v1/overlap -d '${JSON.stringify({
     namespace: NAMESPACE,
     model: MODEL,
@@ -529,6 +542,10 @@ const summary = (
     })
   })
 
+/**
+ * `kvrelay demo`: two relays, a global consumer and simulated workers in one process, with a
+ * summary every two seconds.
+ */
 export const demoProgram = (settings: DemoSettings) =>
   Effect.gen(function* () {
     const dir = yield* Effect.acquireRelease(
@@ -586,14 +603,4 @@ export const demoProgram = (settings: DemoSettings) =>
       )
     )
     yield* Effect.forEach(workloads.flat(), Fiber.interrupt)
-  }).pipe(
-    Effect.scoped,
-    Effect.provide(
-      observabilityLayer({
-        logLevel: settings.logLevel,
-        otlp: settings.otlp,
-        env: process.env,
-        defaultServiceName: "kvrelay-demo"
-      })
-    )
-  )
+  }).pipe(Effect.scoped, Effect.provide(commandObservability(settings, "kvrelay-demo")))

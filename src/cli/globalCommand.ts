@@ -6,10 +6,11 @@
 import { Effect, Layer } from "effect"
 import * as GlobalHttpServer from "../consumer/http/GlobalHttpServer.js"
 import * as GlobalProcess from "./globalProcess.js"
-import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
+import { bindFailure, commandObservability, printListening, StartupProblem } from "./runtime.js"
 import { relayConnectionSecurity, serverSecurity } from "./security.js"
 import { type GlobalSettings, globalRouting, splitAddress, splitRelayTarget } from "./settings.js"
 
+/** `kvrelay global`: the global consumer and its HTTP server, until interrupted. */
 export const globalProgram = (settings: GlobalSettings) => {
   const { host, port } = splitAddress(settings.http)
   return Effect.gen(function* () {
@@ -57,13 +58,6 @@ export const globalProgram = (settings: GlobalSettings) => {
       GlobalConsumerConfigError: (error) =>
         Effect.fail(new StartupProblem({ flag: "--relay", reason: error.message, status: 2 }))
     }),
-    Effect.provide(
-      observabilityLayer({
-        logLevel: settings.logLevel,
-        otlp: settings.otlp,
-        env: process.env,
-        defaultServiceName: "kvrelay-global"
-      })
-    )
+    Effect.provide(commandObservability(settings, "kvrelay-global"))
   )
 }

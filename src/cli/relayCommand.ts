@@ -13,13 +13,14 @@ import * as RelayHttpServer from "../relay/http/RelayHttpServer.js"
 import { KvDcRelay } from "../relay/KvDcRelay.js"
 import * as RelayHost from "../relay/RelayHost.js"
 import { makeZmqEventTransport } from "../transport/ZmqEventTransport.js"
-import { bindFailure, observabilityLayer, printListening, StartupProblem } from "./runtime.js"
+import { bindFailure, commandObservability, printListening, StartupProblem } from "./runtime.js"
 import { serverSecurity } from "./security.js"
 import { type RelaySettings, splitAddress } from "./settings.js"
 
 /** A process-wide instance id (the Dynamo runtime's connection id); incarnations are per start. */
 const processInstanceId = (): bigint => randomBytes(8).readBigUInt64LE() & 0x7fff_ffff_ffff_ffffn
 
+/** `kvrelay relay`: discovery, the relay and its HTTP server, until interrupted. */
 export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig) =>
   Effect.gen(function* () {
     const relay = yield* KvDcRelay
@@ -90,13 +91,5 @@ export const relayProgram = (settings: RelaySettings, discovery: DiscoveryConfig
         })
       )
     ),
-    Effect.provide(
-      observabilityLayer({
-        logLevel: settings.logLevel,
-        otlp: settings.otlp,
-        env: process.env,
-        defaultServiceName: "kvrelay-relay",
-        attributes: { "kvrelay.dc": settings.dcId }
-      })
-    )
+    Effect.provide(commandObservability(settings, "kvrelay-relay", { "kvrelay.dc": settings.dcId }))
   )

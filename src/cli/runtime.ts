@@ -7,7 +7,7 @@ import { Cause, Data, Effect, Layer, Logger, LogLevel } from "effect"
 import * as FiberFailures from "../observability/FiberFailures.js"
 import { tracingLayer } from "../observability/Tracing.js"
 
-export type LogLevelName = "trace" | "debug" | "info" | "warning" | "error" | "fatal" | "none"
+type LogLevelName = "trace" | "debug" | "info" | "warning" | "error" | "fatal" | "none"
 
 const levels: Record<LogLevelName, LogLevel.LogLevel> = {
   trace: LogLevel.Trace,
@@ -20,13 +20,13 @@ const levels: Record<LogLevelName, LogLevel.LogLevel> = {
 }
 
 /** logfmt lines on stderr (stdout carries only the `listening` line and the demo's summary). */
-export const loggingLayer = (level: LogLevelName): Layer.Layer<never> =>
+const loggingLayer = (level: LogLevelName): Layer.Layer<never> =>
   Layer.mergeAll(
     Logger.replace(Logger.defaultLogger, Logger.withConsoleError(Logger.logfmtLogger)),
     Logger.minimumLogLevel(levels[level])
   )
 
-export const observabilityLayer = (options: {
+const observabilityLayer = (options: {
   readonly logLevel: LogLevelName
   readonly otlp: string | undefined
   readonly env: Readonly<Record<string, string | undefined>>
@@ -44,6 +44,20 @@ export const observabilityLayer = (options: {
       ...(options.attributes === undefined ? {} : { attributes: options.attributes })
     })
   )
+
+/** `observabilityLayer` for a command: its `--log-level` and `--otlp`, the process's environment. */
+export const commandObservability = (
+  settings: { readonly logLevel: LogLevelName; readonly otlp?: string | undefined },
+  defaultServiceName: string,
+  attributes?: Record<string, unknown>
+): Layer.Layer<never> =>
+  observabilityLayer({
+    logLevel: settings.logLevel,
+    otlp: settings.otlp,
+    env: process.env,
+    defaultServiceName,
+    ...(attributes === undefined ? {} : { attributes })
+  })
 
 /** The readiness line of PROTOCOL §1: one JSON line on stdout once the HTTP server listens. */
 export const printListening = (url: string): Effect.Effect<void> =>

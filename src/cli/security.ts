@@ -15,14 +15,14 @@ import {
 } from "../http/Tls.js"
 import { StartupProblem } from "./runtime.js"
 
-export interface ServerSecuritySettings {
+interface ServerSecuritySettings {
   readonly tlsCert?: string | undefined
   readonly tlsKey?: string | undefined
   readonly tlsClientCa?: string | undefined
   readonly authTokenFile?: string | undefined
 }
 
-export interface ServerSecurity {
+interface ServerSecurity {
   readonly tls: ServerTlsOptions | undefined
   readonly auth: TokenFile | undefined
 }
@@ -56,14 +56,14 @@ export const serverSecurity = (
     return { tls, auth }
   })
 
-export interface RelayConnectionSettings {
+interface RelayConnectionSettings {
   readonly relayCa?: string | undefined
   readonly relayCert?: string | undefined
   readonly relayKey?: string | undefined
   readonly relayTokenFile?: string | undefined
 }
 
-export interface RelayConnectionSecurity {
+interface RelayConnectionSecurity {
   readonly relayTls: ClientTlsOptions | undefined
   /** The first token of `--relay-token-file` as it stands at each request. */
   readonly bearerToken: Effect.Effect<string> | undefined

@@ -69,6 +69,7 @@ const common = {
 
 const serverTlsFlags = [common.tlsCert, common.tlsKey, common.tlsClientCa, common.authTokenFile]
 
+/** `kvrelay relay`: its flags and help. */
 export const relayCommand: CommandSpec = {
   name: "relay",
   summary: "run the DC relay: discover endpoints, follow KV events, publish pool filters over HTTP",
@@ -131,6 +132,7 @@ export const relayCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay global`: its flags and help. */
 export const globalCommand: CommandSpec = {
   name: "global",
   summary: "run the global consumer: follow up to 16 DC relays and answer overlap queries",
@@ -196,6 +198,7 @@ export const globalCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay demo`: its flags and help. */
 export const demoCommand: CommandSpec = {
   name: "demo",
   summary: "relays, a global consumer and simulated workers on 127.0.0.1, with a live summary",
@@ -221,6 +224,7 @@ export const demoCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay simulate`: its flags and help. */
 export const simulateCommand: CommandSpec = {
   name: "simulate",
   summary: "simulated vLLM, SGLang and Dynamo-format workers that register in etcd or a discovery file",
@@ -279,6 +283,7 @@ export const simulateCommand: CommandSpec = {
   ]
 }
 
+/** `kvrelay bench`: its flags and help. */
 export const benchCommand: CommandSpec = {
   name: "bench",
   summary: "run the benchmarks; every figure is printed as a ratio against a same-run baseline",
@@ -347,6 +352,7 @@ const DiscoveryBackendText = Schema.String.pipe(
 )
 const EtcdPrefixText = Schema.String.pipe(Schema.filter((text) => validateEtcdPrefix(text)?.message ?? true))
 
+/** The settings of `kvrelay relay`, from flags and `KVRELAY_*` variables, with their defaults. */
 export const RelaySettings = Schema.Struct({
   dcId: NonBlank,
   discovery: withDefault(DiscoveryBackendText, () => "file:kvrelay-discovery.json"),
@@ -428,6 +434,7 @@ const penaltyProblems = (settings: {
         }
       )
 
+/** The settings of `kvrelay global`, from flags and `KVRELAY_*` variables, with their defaults. */
 export const GlobalSettings = Schema.Struct({
   http: withDefault(HttpAddress, () => "127.0.0.1:8090"),
   relay: Schema.Union(
@@ -488,6 +495,7 @@ export const globalRouting = (settings: GlobalSettings): RoutingSettings => ({
 })
 export type GlobalSettings = typeof GlobalSettings.Type
 
+/** The settings of `kvrelay demo`. */
 export const DemoSettings = Schema.Struct({
   workers: withDefault(PositiveInt, () => 4),
   // The demo takes this port and the next two (a relay per DC, then the global consumer).
@@ -499,6 +507,7 @@ export const DemoSettings = Schema.Struct({
 })
 export type DemoSettings = typeof DemoSettings.Type
 
+/** The settings of `kvrelay bench`. */
 export const BenchSettings = Schema.Struct({
   quick: withDefault(BooleanFlag, () => false),
   json: withDefault(BooleanFlag, () => false),
@@ -521,6 +530,7 @@ const oneRegistry = (settings: {
   return []
 }
 
+/** The settings of `kvrelay simulate`. */
 export const SimulateSettings = Schema.Struct({
   etcd: Schema.optional(
     StringList.pipe(
@@ -557,7 +567,7 @@ export type SimulateSettings = typeof SimulateSettings.Type
 // ---------------------------------------------------------------------------------------------
 // Loading
 
-export interface SettingsSources {
+interface SettingsSources {
   readonly argv: ReadonlyArray<string>
   readonly env: Readonly<Record<string, string | undefined>>
   /** Reads a `--config` file; errors are reported against `--config`. */
@@ -565,7 +575,7 @@ export interface SettingsSources {
 }
 
 /** What the flags, the environment and a `--config` file say, merged but not yet decoded. */
-export interface SettingsInput {
+interface SettingsInput {
   /** Flag over environment over file, by camelCase key; flags that did not parse are left out. */
   readonly merged: Readonly<Record<string, unknown>>
   /** Problems found before decoding: flags that do not parse, an unusable or unknown-keyed file. */

@@ -34,14 +34,14 @@ import { makeDynamoZmqPublisher } from "../simulate/DynamoZmqPublisher.js"
 import { movingLoad, serveEngineMetrics } from "../simulate/EngineMetricsEndpoint.js"
 import { makeEngineZmqPublisher } from "../simulate/EngineZmqPublisher.js"
 import { makeWorkerQueryServer } from "../simulate/WorkerQueryServer.js"
-import { observabilityLayer } from "./runtime.js"
+import { commandObservability } from "./runtime.js"
 import type { SimulateSettings } from "./settings.js"
 
 /** System prompts of the workload; requests favour the first few steeply. */
 const SYSTEM_PROMPTS = 32
 
 /** Token ids of system prompt `p`: 6 to 14 blocks of 100000 + 1000·p + i (easy to type in a query). */
-export const systemPromptTokens = (prompt: number, blockSize: number): Array<number> =>
+const systemPromptTokens = (prompt: number, blockSize: number): Array<number> =>
   Array.from({ length: (6 + (prompt % 5) * 2) * blockSize }, (_, i) => 100_000 + 1000 * prompt + i)
 
 interface Block {
@@ -301,6 +301,9 @@ const runWorkload = (
     }
   })
 
+/**
+ * `kvrelay simulate`: simulated workers that register in discovery and publish until interrupted.
+ */
 export const simulateProgram = (settings: SimulateSettings) =>
   Effect.gen(function* () {
     const serving = new EndpointId({
@@ -332,14 +335,4 @@ export const simulateProgram = (settings: SimulateSettings) =>
     yield* Effect.forEach(workers, (worker) => Effect.forkScoped(runWorkload(worker, settings, systemBlocks)))
     if (settings.durationS !== undefined) yield* Effect.sleep(Duration.seconds(settings.durationS))
     else yield* Effect.never
-  }).pipe(
-    Effect.scoped,
-    Effect.provide(
-      observabilityLayer({
-        logLevel: settings.logLevel,
-        otlp: settings.otlp,
-        env: process.env,
-        defaultServiceName: "kvrelay-simulate"
-      })
-    )
-  )
+  }).pipe(Effect.scoped, Effect.provide(commandObservability(settings, "kvrelay-simulate")))

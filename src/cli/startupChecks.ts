@@ -16,6 +16,7 @@ import { Effect, Either, Logger, LogLevel } from "effect"
 import { parseDiscoveryBackend } from "../discovery/DiscoveryConfig.js"
 import { makeFileDiscovery } from "../discovery/FileDiscovery.js"
 import { watchTokenFile } from "../http/BearerAuth.js"
+import { fileErrorText } from "../http/FlagFile.js"
 import { loadClientTls, loadServerTls, type TlsFile } from "../http/Tls.js"
 import { bindFailure } from "./runtime.js"
 import type { DemoSettings, GlobalSettings, RelaySettings, SimulateSettings } from "./settings.js"
@@ -33,19 +34,13 @@ export const gather = (checks: ReadonlyArray<Effect.Effect<Problems>>): Effect.E
     Effect.provide(Logger.minimumLogLevel(LogLevel.None))
   )
 
-const errorText = (cause: unknown): string => {
-  const error = cause as { readonly code?: unknown; readonly message?: unknown } | undefined
-  if (error?.code === "ENOENT") return "no such file"
-  if (error?.code === "EACCES") return "permission denied"
-  if (error?.code === "EISDIR") return "is a directory"
-  return typeof error?.message === "string" ? error.message : String(cause)
-}
-
-/** A file that can be read, in the words Tls.ts uses for the same failure. */
+/** A file that can be read, in the words its loader uses for the same failure. */
 export const readableFile = (flag: string, path: string): Effect.Effect<Problems> =>
   Effect.tryPromise(() => readFile(path)).pipe(
     Effect.as(none),
-    Effect.catchAll((error) => Effect.succeed([`${flag}: cannot read ${path}: ${errorText(error.error)}`]))
+    Effect.catchAll((error) =>
+      Effect.succeed([`${flag}: cannot read ${path}: ${fileErrorText(error.error)}`])
+    )
   )
 
 /** A file of PEM certificates (a chain or a CA bundle): readable, each certificate parses. */
@@ -176,9 +171,12 @@ export const writableFile = (flag: string, path: string): Effect.Effect<Problems
     }
     return none
   }).pipe(
-    Effect.catchAll((error) => Effect.succeed([`${flag}: cannot write ${path}: ${errorText(error.error)}`]))
+    Effect.catchAll((error) =>
+      Effect.succeed([`${flag}: cannot write ${path}: ${fileErrorText(error.error)}`])
+    )
   )
 
+/** Every resource `kvrelay relay`'s settings name that cannot be used. */
 export const relayStartupProblems = (settings: Partial<RelaySettings>): Effect.Effect<Problems> =>
   gather([
     discoveryDocument(settings.discovery),
@@ -187,6 +185,7 @@ export const relayStartupProblems = (settings: Partial<RelaySettings>): Effect.E
     tokenFile("--auth-token-file", settings.authTokenFile)
   ])
 
+/** Every resource `kvrelay global`'s settings name that cannot be used. */
 export const globalStartupProblems = (settings: Partial<GlobalSettings>): Effect.Effect<Problems> =>
   gather([
     settings.http === undefined ? Effect.succeed(none) : listenable("--http", settings.http),
@@ -199,6 +198,7 @@ export const globalStartupProblems = (settings: Partial<GlobalSettings>): Effect
 /** The demo's relays take `--http-port` and the next port, its global consumer the one after. */
 export const DEMO_PORTS = 3
 
+/** Every port `kvrelay demo` would listen on that cannot be bound. */
 export const demoStartupProblems = (settings: Partial<DemoSettings>): Effect.Effect<Problems> =>
   settings.httpPort === undefined || settings.httpPort === 0
     ? Effect.succeed(none)
@@ -210,6 +210,7 @@ export const demoStartupProblems = (settings: Partial<DemoSettings>): Effect.Eff
 
 const WILDCARD_HOSTS = ["0.0.0.0", "::", "*"]
 
+/** Every resource `kvrelay simulate`'s settings name that cannot be used. */
 export const simulateStartupProblems = (settings: Partial<SimulateSettings>): Effect.Effect<Problems> =>
   gather([
     settings.discoveryFile === undefined

@@ -39,6 +39,7 @@ export type {
   WorkerDepths
 } from "../ckf/workerQuery.js"
 export * from "./http.js"
+/** The hashing pieces a router needs to hash exactly as the relay does: seeds, full-block counts, one chaining step. */
 export {
   blockHashSeed,
   CACHE_NAMESPACE_HASH_SEED,

@@ -10,6 +10,7 @@ import type { GlobalCkfAssignmentError, GlobalCkfBuildError } from "../ckf/globa
 // ---------------------------------------------------------------------------------------------
 // Build errors
 
+/** Which ingestion pool setting was refused. */
 export type GlobalCkfIngestionPoolConfigErrorKind =
   | "InvalidWorkerCount"
   | "InvalidQueueCapacity"
@@ -45,6 +46,7 @@ export class GlobalCkfIngestionPoolClaimError extends Data.TaggedError("GlobalCk
   }
 }
 
+/** What building an ingestion pool fails with: a setting refused or a lane already claimed. */
 export type GlobalCkfIngestionPoolBuildError =
   | GlobalCkfIngestionPoolConfigError
   | GlobalCkfIngestionPoolClaimError
@@ -52,36 +54,42 @@ export type GlobalCkfIngestionPoolBuildError =
 // ---------------------------------------------------------------------------------------------
 // Ingestion errors
 
+/** A command named a lane the global CKF was not built with. */
 export class UnconfiguredLane extends Data.TaggedError("UnconfiguredLane")<{ readonly lane: number }> {
   override get message(): string {
     return `global CKF lane ${this.lane} is not configured`
   }
 }
 
+/** A lane has no current assignment (no relay pool feeds it). */
 export class LaneUnassigned extends Data.TaggedError("LaneUnassigned")<{ readonly lane: number }> {
   override get message(): string {
     return `global CKF lane ${this.lane} has no current assignment`
   }
 }
 
+/** A lane's lease was retired; it needs a new lease and a snapshot. */
 export class LaneRetired extends Data.TaggedError("LaneRetired")<{ readonly lane: number }> {
   override get message(): string {
     return `global CKF lane ${this.lane} is retired and requires a new lease and snapshot`
   }
 }
 
+/** A lane got a delta before the snapshot it must start from. */
 export class AwaitingSnapshot extends Data.TaggedError("AwaitingSnapshot")<{ readonly lane: number }> {
   override get message(): string {
     return `global CKF lane ${this.lane} is awaiting a snapshot`
   }
 }
 
+/** A lane's ingestion queue filled up; its lease was retired. */
 export class Saturated extends Data.TaggedError("Saturated")<{ readonly lane: number }> {
   override get message(): string {
     return `global CKF lane ${this.lane} ingestion queue saturated; its lease was retired`
   }
 }
 
+/** A lane asked for more bucket images in flight than its limit allows. */
 export class OutstandingImageLimit extends Data.TaggedError("OutstandingImageLimit")<{
   readonly lane: number
   readonly requested: number
@@ -95,6 +103,7 @@ export class OutstandingImageLimit extends Data.TaggedError("OutstandingImageLim
   }
 }
 
+/** A lane's oldest unapplied change waited longer than allowed; its lease was retired. */
 export class DirtyToAppliedAgeExceeded extends Data.TaggedError("DirtyToAppliedAgeExceeded")<{
   readonly lane: number
 }> {
@@ -103,12 +112,14 @@ export class DirtyToAppliedAgeExceeded extends Data.TaggedError("DirtyToAppliedA
   }
 }
 
+/** A lane's control operation did not finish in time; its lease was retired. */
 export class ControlTimeout extends Data.TaggedError("ControlTimeout")<{ readonly lane: number }> {
   override get message(): string {
     return `global CKF lane ${this.lane} control operation timed out; its lease was retired`
   }
 }
 
+/** An ingestion worker fiber failed. */
 export class WorkerFailed extends Data.TaggedError("WorkerFailed")<{ readonly worker: number }> {
   override get message(): string {
     return `global CKF ingestion worker ${this.worker} failed`
@@ -125,6 +136,7 @@ export class AssignmentRejected extends Data.TaggedError("AssignmentRejected")<{
   }
 }
 
+/** A lane used up its admission epochs and must be rebuilt. */
 export class AdmissionEpochExhausted extends Data.TaggedError("AdmissionEpochExhausted")<{
   readonly lane: number
 }> {
@@ -133,6 +145,7 @@ export class AdmissionEpochExhausted extends Data.TaggedError("AdmissionEpochExh
   }
 }
 
+/** What the ingestion pool's lane commands fail with. */
 export type GlobalCkfIngestionError =
   | UnconfiguredLane
   | LaneUnassigned
@@ -179,6 +192,7 @@ export class PoolStreamTerminated extends Data.TaggedError("PoolStreamTerminated
   readonly message: string
 }> {}
 
+/** The kinds of pool-stream fault a lane can meet. */
 export type PoolStreamFaultKind =
   /** The frame layer itself is broken (length or kind). */
   | "FrameDecode"
@@ -212,6 +226,7 @@ export class CatalogWatchEnded extends Data.TaggedError("CatalogWatchEnded")<{
   readonly message: string
 }> {}
 
+/** What the relay client's calls fail with: transport, HTTP status, protocol or stream faults. */
 export type RelayClientError =
   | RelayTransportError
   | RelayHttpError
@@ -233,8 +248,13 @@ export class NoMatchingDomain extends Data.TaggedError("NoMatchingDomain")<{ rea
 /** The model or pool domain is known, but no lane of it is ready now (relay down, lane resubscribing). */
 export class NoReadyLane extends Data.TaggedError("NoReadyLane")<{ readonly message: string }> {}
 
+/**
+ * Why an overlap query found no answer to give: no such model or adapter, no domain, no ready
+ * lane.
+ */
 export type OverlapError = ModelNotFound | AdapterNotFound | NoMatchingDomain | NoReadyLane
 
+/** The global consumer's settings were refused; every problem is listed. */
 export class GlobalConsumerConfigError extends Data.TaggedError("GlobalConsumerConfigError")<{
   readonly problems: ReadonlyArray<string>
 }> {

@@ -25,11 +25,16 @@ import type { GlobalCkfIngestionError } from "./ConsumerErrors.js"
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** Ingestion workers by default. */
 export const DEFAULT_GLOBAL_INGESTION_WORKERS = 4
+/** Commands each worker's queue holds by default. */
 export const DEFAULT_GLOBAL_INGESTION_QUEUE_CAPACITY = 256
+/** How long a lane control operation may take by default. */
 export const DEFAULT_GLOBAL_INGESTION_CONTROL_TIMEOUT: Duration.Duration = Duration.seconds(10)
+/** How long a lane's oldest unapplied change may wait by default. */
 export const DEFAULT_GLOBAL_MAX_DIRTY_TO_APPLIED_AGE: Duration.Duration = Duration.millis(10)
 
+/** The ingestion pool's workers, queues and time limits. */
 export interface GlobalCkfIngestionPoolConfig {
   /** Sticky ingestion workers (fibers), each with its own bounded queue. */
   readonly workerCount: number
@@ -42,6 +47,7 @@ export interface GlobalCkfIngestionPoolConfig {
   readonly maxDirtyToAppliedAge: Duration.DurationInput
 }
 
+/** The configuration used when none is given. */
 export const defaultGlobalCkfIngestionPoolConfig: GlobalCkfIngestionPoolConfig = Object.freeze({
   workerCount: DEFAULT_GLOBAL_INGESTION_WORKERS,
   queueCapacity: DEFAULT_GLOBAL_INGESTION_QUEUE_CAPACITY,
@@ -86,6 +92,7 @@ export const ingestionErrorDisposition = (
 // ---------------------------------------------------------------------------------------------
 // Faults
 
+/** A fault that retired a lane's lease, as the consumer is told of it. */
 export type GlobalCkfIngestionFault = Data.TaggedEnum<{
   Saturated: { readonly lane: number; readonly lease: LaneLease | undefined }
   OutstandingImageLimit: {

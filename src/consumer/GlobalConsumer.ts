@@ -38,6 +38,7 @@ import type { RelaySignalsView } from "./RelaySignals.js"
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** One relay the consumer follows: its name and URL. */
 export interface RelaySpec {
   /** The consumer's label of the relay (`--relay NAME=URL`); results name relays by it. */
   readonly name: string
@@ -45,6 +46,7 @@ export interface RelaySpec {
   readonly url: string
 }
 
+/** The backoff between connection attempts to a relay. */
 export interface ReconnectConfig {
   readonly initial: Duration.DurationInput
   readonly max: Duration.DurationInput
@@ -52,6 +54,7 @@ export interface ReconnectConfig {
   readonly resetAfter: Duration.DurationInput
 }
 
+/** The backoff used when none is given. */
 export const DEFAULT_RECONNECT: ReconnectConfig = Object.freeze({
   initial: Duration.millis(500),
   max: Duration.seconds(30),
@@ -69,6 +72,7 @@ export const DEFAULT_CONSUMER_INGESTION: GlobalCkfIngestionPoolConfig = Object.f
   maxDirtyToAppliedAge: Duration.millis(250)
 })
 
+/** The global consumer's relays, lanes and limits. */
 export interface GlobalConsumerConfig {
   /** In lane order; 1..=16 relays with distinct names. */
   readonly relays: ReadonlyArray<RelaySpec>
@@ -94,6 +98,7 @@ export const parseRelaySpec = (text: string): RelaySpec | string => {
   return { name: text.slice(0, at), url: text.slice(at + 1) }
 }
 
+/** The problems of a configuration, in words (none: it can start). */
 export const validateConfig = (config: GlobalConsumerConfig): ReadonlyArray<string> => {
   const problems: Array<string> = []
   if (config.relays.length === 0) problems.push("--relay: at least one relay is required")
@@ -168,10 +173,11 @@ export const equalJitter = (ceiling: Duration.DurationInput): Effect.Effect<Dura
 // ---------------------------------------------------------------------------------------------
 // Connector (how relay clients are made; tests substitute in-memory relays)
 
-export interface RelayConnectorService {
+interface RelayConnectorService {
   readonly connect: (relay: RelaySpec) => Effect.Effect<RelayClient>
 }
 
+/** How the consumer reaches relays (HTTP in the product, in-process in tests). */
 export class RelayConnector extends Context.Tag("kvrelay/consumer/RelayConnector")<
   RelayConnector,
   RelayConnectorService
@@ -192,7 +198,7 @@ export class RelayConnector extends Context.Tag("kvrelay/consumer/RelayConnector
 // Public state
 
 /** What the consumer knows about one relay. */
-export interface RelayStatus {
+interface RelayStatus {
   readonly name: string
   readonly url: string
   /** The relay's position: its lane in every domain. */
@@ -239,6 +245,7 @@ export interface DomainStatus {
   readonly lanes: ReadonlyMap<number, LaneStatus>
 }
 
+/** The running global consumer: its identity, its view of the relays' pools and its controls. */
 export interface GlobalConsumerService {
   readonly consumerInstance: bigint
   readonly subscriberId: string
@@ -255,6 +262,7 @@ export interface GlobalConsumerService {
   readonly refreshGauges: Effect.Effect<void>
 }
 
+/** The global consumer service. */
 export class GlobalConsumer extends Context.Tag("kvrelay/GlobalConsumer")<
   GlobalConsumer,
   GlobalConsumerService

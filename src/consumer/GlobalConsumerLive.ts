@@ -38,6 +38,7 @@ import {
   type ProducerIdentity
 } from "../ckf/identity.js"
 import { hex16 } from "../ckf/u64.js"
+import { counterFamily, gaugeFamily } from "../observability/MetricFamilies.js"
 import { InjectedLoopFault, LoopFaults, loopStep, supervised } from "../observability/Supervised.js"
 import type { CatalogSnapshot, DcPoolDescriptor, KvQuerySemantics, RelayInfo } from "../protocol/Model.js"
 import { GlobalConsumerConfigError, type RelayClientError } from "./ConsumerErrors.js"
@@ -79,38 +80,33 @@ import * as RelaySignals from "./RelaySignals.js"
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const laneFaultsTotal = Metric.counter("kvrelay_global_lane_faults_total", {
-  description: "Lane attempts that ended with a fault (the lane retired and subscribes again)",
-  incremental: true
-})
+const laneFaultsTotal = counterFamily(
+  "kvrelay_global_lane_faults_total",
+  "Lane attempts that ended with a fault (the lane retired and subscribes again)"
+)
 
-const snapshotsInstalledTotal = Metric.counter("kvrelay_global_snapshots_installed_total", {
-  description: "Pool snapshots installed into a lane",
-  incremental: true
-})
+const snapshotsInstalledTotal = counterFamily(
+  "kvrelay_global_snapshots_installed_total",
+  "Pool snapshots installed into a lane"
+)
 
-const deltasTotal = Metric.counter("kvrelay_global_deltas_total", {
-  description: "Pool deltas admitted into a lane",
-  incremental: true
-})
+const deltasTotal = counterFamily("kvrelay_global_deltas_total", "Pool deltas admitted into a lane")
 
-const deltaImagesTotal = Metric.counter("kvrelay_global_delta_images_total", {
-  description: "Bucket images carried by admitted deltas",
-  incremental: true
-})
+const deltaImagesTotal = counterFamily(
+  "kvrelay_global_delta_images_total",
+  "Bucket images carried by admitted deltas"
+)
 
-const relayEpochsTotal = Metric.counter("kvrelay_global_relay_epochs_total", {
-  description: "Relay connection epochs started",
-  incremental: true
-})
+const relayEpochsTotal = counterFamily("kvrelay_global_relay_epochs_total", "Relay connection epochs started")
 
-const lanesGauge = Metric.gauge("kvrelay_global_lanes", { description: "Lanes by relay and readiness" })
+const lanesGauge = gaugeFamily("kvrelay_global_lanes", "Lanes by relay and readiness")
 
-const domainsGauge = Metric.gauge("kvrelay_global_domains", { description: "Indexer domains with a lane" })
+const domainsGauge = gaugeFamily("kvrelay_global_domains", "Indexer domains with a lane")
 
-const relayConnectedGauge = Metric.gauge("kvrelay_global_relay_connected", {
-  description: "1 while the relay's catalog watch is established"
-})
+const relayConnectedGauge = gaugeFamily(
+  "kvrelay_global_relay_connected",
+  "1 while the relay's catalog watch is established"
+)
 
 // ---------------------------------------------------------------------------------------------
 // Constructor

@@ -40,10 +40,10 @@ import {
 // Requests, results, errors
 
 /** Block hashes as u64 values, or already as hash pairs (`[hi, lo]*`) on the hot path. */
-export type BlockHashes = ReadonlyArray<bigint> | Uint32Array
+type BlockHashes = ReadonlyArray<bigint> | Uint32Array
 
 /** Which domains a query asks: those serving a model in a namespace, or one pool domain. */
-export type OverlapTarget =
+type OverlapTarget =
   | { readonly namespace: string; readonly model: string }
   | { readonly poolDomain: IndexerDomainId }
 
@@ -53,13 +53,18 @@ export type OverlapTarget =
  * in process only, the canonical sequence hashes themselves (`kvrelay/client` computes them),
  * for a router that hashes a prompt once and probes it many times.
  */
-export type OverlapKeys =
+type OverlapKeys =
   | { readonly tokens: ArrayLike<number>; readonly loraName?: string | null | undefined }
   | { readonly localBlockHashes: BlockHashes }
   | { readonly sequenceHashes: BlockHashes }
 
+/**
+ * An overlap query: what it is about (model or domain) and what it matches (tokens or local
+ * hashes).
+ */
 export type OverlapRequest = OverlapTarget & OverlapKeys
 
+/** One ready lane's answer to an overlap query. */
 export interface OverlapResult {
   /** The relay's name from `--relay NAME=URL`. */
   readonly relay: string
@@ -71,7 +76,7 @@ export interface OverlapResult {
   readonly matchedTokens: number
 }
 
-export interface DomainLaneView {
+interface DomainLaneView {
   readonly lane: number
   readonly relay: string
   readonly poolId: PoolId
@@ -82,7 +87,7 @@ export interface DomainLaneView {
 }
 
 /** A base model registered by the domain's pools (PROTOCOL §7 ◆3). */
-export interface DomainModelView {
+interface DomainModelView {
   readonly namespace: string
   readonly model: string
   /** Sorted, over every lane's registration of the model. */
@@ -91,7 +96,7 @@ export interface DomainModelView {
   readonly adapters: ReadonlyArray<string>
 }
 
-export interface DomainView {
+interface DomainView {
   readonly id: IndexerDomainId
   readonly querySemantics: KvQuerySemantics
   /** Ordered by namespace, then model. */
@@ -99,6 +104,7 @@ export interface DomainView {
   readonly lanes: ReadonlyArray<DomainLaneView>
 }
 
+/** Overlap queries over every relay's pools, answered from the consumer's lanes. */
 export interface GlobalViewService {
   /** Synchronous form for routers on the hot path. */
   readonly overlapNow: (request: OverlapRequest) => ReadonlyArray<OverlapResult> | OverlapError
@@ -107,6 +113,7 @@ export interface GlobalViewService {
   readonly domains: Effect.Effect<ReadonlyArray<DomainView>>
 }
 
+/** The global view service. */
 export class GlobalView extends Context.Tag("kvrelay/GlobalView")<GlobalView, GlobalViewService>() {}
 
 // ---------------------------------------------------------------------------------------------
@@ -280,7 +287,7 @@ const unknownTarget = (
 }
 
 /** Query the matching domains of `consumer` (no Effect: one synchronous pass). */
-export const overlapOf = (
+const overlapOf = (
   consumer: GlobalConsumerService,
   request: OverlapRequest
 ): ReadonlyArray<OverlapResult> | OverlapError => {
@@ -419,7 +426,7 @@ const modelsOf = (domain: DomainStatus): ReadonlyArray<DomainModelView> => {
 }
 
 /** The lanes of every live domain, ordered by domain and lane. */
-export const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<DomainView> =>
+const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<DomainView> =>
   consumer.domains().map((domain) => ({
     id: domain.id,
     querySemantics: domain.querySemantics,
@@ -437,6 +444,7 @@ export const domainsOf = (consumer: GlobalConsumerService): ReadonlyArray<Domain
       }))
   }))
 
+/** The view over a running consumer. */
 export const make = (consumer: GlobalConsumerService): GlobalViewService => ({
   overlapNow: (request) => overlapOf(consumer, request),
   overlap: (request) =>
@@ -456,6 +464,7 @@ export const make = (consumer: GlobalConsumerService): GlobalViewService => ({
   domains: Effect.sync(() => domainsOf(consumer))
 })
 
+/** The view over the `GlobalConsumer` in context. */
 export const layer: Layer.Layer<GlobalView, never, GlobalConsumer> = Layer.effect(
   GlobalView,
   Effect.map(GlobalConsumer, make)

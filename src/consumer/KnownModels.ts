@@ -12,7 +12,7 @@
 import type { CatalogSnapshot } from "../protocol/Model.js"
 
 /** Names no current catalog lists that are still remembered (docs/decisions.md). */
-export const DEFAULT_RETAINED_NAMES = 4096
+const DEFAULT_RETAINED_NAMES = 4096
 
 /** The query side: read by `GlobalView` on every query that needs it. */
 export interface KnownModelsView {
@@ -40,6 +40,10 @@ const adapterKey = (namespace: string, base: string, adapter: string) =>
   `a\0${namespace}\0${base}\0${adapter}`
 const domainKey = (key: string) => `d\0${key}`
 
+/**
+ * The models every relay's catalog listed lately, to tell an unknown model from one that is only
+ * gone for now.
+ */
 export class KnownModels implements KnownModelsView {
   /** In the order last listed by a catalog: the front holds what has been gone longest. */
   private readonly entries = new Map<string, Entry>()

@@ -66,6 +66,7 @@ export const relayClientErrorText = (error: RelayClientError): string => {
 // ---------------------------------------------------------------------------------------------
 // Pool stream reader (no I/O)
 
+/** What a pool stream brings, decoded: a snapshot, a delta, a heartbeat or the stream's end. */
 export type PoolStreamEvent =
   | { readonly _tag: "Snapshot"; readonly sequence: bigint; readonly words: Uint32Array }
   | {
@@ -318,6 +319,7 @@ export const decodeReadiness = decodeJsonText(ReadinessJson)
 // ---------------------------------------------------------------------------------------------
 // The client
 
+/** Time limits, TLS and token of a relay client. */
 export interface RelayClientOptions {
   /** Bound on a unary request and on opening a stream (default 10 s). */
   readonly requestTimeout?: Duration.DurationInput | undefined
@@ -332,6 +334,7 @@ export interface RelayClientOptions {
   readonly bearerToken?: Effect.Effect<string> | undefined
 }
 
+/** The consumer's client of one relay: its documents, watches and pool streams. */
 export interface RelayClient {
   /** The base URL without a trailing slash. */
   readonly baseUrl: string

@@ -7,7 +7,7 @@
  * one snapshot to the next, so consumers can detect unchanged records by reference.
  */
 
-import { Clock, Context, Data, Effect, Layer, Ref, Stream, SubscriptionRef } from "effect"
+import { Clock, Context, Data, Effect, Ref, Stream, SubscriptionRef } from "effect"
 import type { KvEventSource, ModelCardInstance } from "../protocol/Discovery.js"
 
 /**
@@ -41,6 +41,7 @@ export interface SourceStreamState {
   readonly bound: boolean
 }
 
+/** Every card and source discovery knows at one revision. */
 export interface DiscoverySnapshot {
   /** Backend revision: the etcd store revision, or a counter of accepted file documents (from 1). */
   readonly revision: bigint
@@ -57,12 +58,14 @@ export interface DiscoverySnapshot {
  */
 export type DiscoveryStateName = "live" | "stale" | "connecting"
 
+/** Whether discovery is connected, and since when. */
 export interface DiscoveryStatus {
   readonly state: DiscoveryStateName
   /** When the state last changed (the backend's start for the first state). */
   readonly since: Date
 }
 
+/** What a discovery backend offers: its snapshots, its status and its name. */
 export interface DiscoveryShape {
   /** `file:PATH` or `etcd:URL,…`, for logs and health. */
   readonly backend: string
@@ -80,6 +83,7 @@ export interface DiscoveryShape {
   readonly close: Effect.Effect<void>
 }
 
+/** The discovery service (file or etcd). */
 export class Discovery extends Context.Tag("kvrelay/Discovery")<Discovery, DiscoveryShape>() {}
 
 /**
@@ -95,6 +99,7 @@ export class DiscoveryStartupError extends Data.TaggedError("DiscoveryStartupErr
   }
 }
 
+/** A snapshot with nothing in it at `revision`. */
 export const emptySnapshot = (revision: bigint): DiscoverySnapshot => ({
   revision,
   cards: [],
@@ -102,21 +107,6 @@ export const emptySnapshot = (revision: bigint): DiscoverySnapshot => ({
   rejectedSources: [],
   sourceStream: { epoch: 0, bound: true }
 })
-
-/** Same records by reference and same stream state: nothing a consumer could observe changed. */
-export const sameRecords = (a: DiscoverySnapshot, b: DiscoverySnapshot): boolean =>
-  sameElements(a.cards, b.cards) &&
-  sameElements(a.sources, b.sources) &&
-  sameElements(a.rejectedSources, b.rejectedSources) &&
-  a.sourceStream.epoch === b.sourceStream.epoch &&
-  a.sourceStream.bound === b.sourceStream.bound
-
-const sameElements = <A>(a: ReadonlyArray<A>, b: ReadonlyArray<A>): boolean => {
-  if (a === b) return true
-  if (a.length !== b.length) return false
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false
-  return true
-}
 
 /**
  * The publishing half shared by the backends: a `SubscriptionRef` whose `changes` end on close.
@@ -168,6 +158,3 @@ export const makeStaticDiscovery = (snapshot: DiscoverySnapshot) =>
     }
     return service
   })
-
-export const staticDiscoveryLayer = (snapshot: DiscoverySnapshot): Layer.Layer<Discovery> =>
-  Layer.effect(Discovery, makeStaticDiscovery(snapshot))

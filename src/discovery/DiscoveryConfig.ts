@@ -10,6 +10,7 @@ import { formatParseError } from "../protocol/Json.js"
 import type { EndpointId } from "../protocol/Model.js"
 import { hasSurroundingWhitespace } from "../protocol/Text.js"
 
+/** The etcd prefix used when none is given. */
 export const DEFAULT_ETCD_PREFIX = "/kvrelay/v1"
 
 /** Which endpoints one relay watches. */
@@ -19,23 +20,25 @@ export interface DiscoveryScope {
   readonly watchAll: boolean
 }
 
-export type DiscoveryBackend =
+type DiscoveryBackend =
   | { readonly _tag: "File"; readonly path: string }
   | { readonly _tag: "Etcd"; readonly endpoints: ReadonlyArray<string> }
 
+/** Where discovery reads from and what it keeps (namespaces, prefix). */
 export interface DiscoveryConfig extends DiscoveryScope {
   readonly backend: DiscoveryBackend
   /** Key prefix of the etcd backend: starts with "/", no trailing "/". */
   readonly etcdPrefix: string
 }
 
+/** A discovery setting that was refused, and why. */
 export interface ConfigProblem {
   /** The setting as the configuration file spells it (`discovery`, `etcdPrefix`, `namespaces`, …). */
   readonly setting: string
   readonly message: string
 }
 
-export class InvalidDiscoveryConfig extends Data.TaggedError("InvalidDiscoveryConfig")<{
+class InvalidDiscoveryConfig extends Data.TaggedError("InvalidDiscoveryConfig")<{
   readonly problems: ReadonlyArray<ConfigProblem>
 }> {
   override get message(): string {
@@ -163,9 +166,7 @@ export const parseDiscoveryBackend = (
   return Either.left(problem(setting, `${BACKEND_SHAPE}, got ${JSON.stringify(text)}`))
 }
 
-export const formatDiscoveryBackend = (backend: DiscoveryBackend): string =>
-  backend._tag === "File" ? `file:${backend.path}` : `etcd:${backend.endpoints.join(",")}`
-
+/** Why the prefix cannot be used, or undefined. */
 export const validateEtcdPrefix = (prefix: string, setting = "etcdPrefix"): ConfigProblem | undefined => {
   if (!prefix.startsWith("/")) return problem(setting, `must start with "/", got ${JSON.stringify(prefix)}`)
   if (prefix.length > 1 && prefix.endsWith("/"))
@@ -181,7 +182,7 @@ export const validateEtcdPrefix = (prefix: string, setting = "etcdPrefix"): Conf
 // Decoding
 
 /** The configuration-file form of the discovery settings; unknown fields are rejected. */
-export const DiscoveryConfigJson = Schema.Struct({
+const DiscoveryConfigJson = Schema.Struct({
   discovery: Schema.String,
   etcdPrefix: Schema.optional(Schema.String),
   namespaces: Schema.optional(Schema.Array(Schema.String)),
@@ -192,7 +193,7 @@ export const DiscoveryConfigJson = Schema.Struct({
    */
   watchAll: Schema.optional(Schema.Boolean)
 })
-export type DiscoveryConfigInput = typeof DiscoveryConfigJson.Encoded
+type DiscoveryConfigInput = typeof DiscoveryConfigJson.Encoded
 
 /** Checks the settings together and reports every problem, each naming its setting. */
 export const makeDiscoveryConfig = (

@@ -15,6 +15,7 @@ import type { KvEventSource } from "../protocol/Discovery.js"
 import { KvEventSourceJson, type ModelCardInstance, ModelCardInstanceJson } from "../protocol/Discovery.js"
 import { encodeJson } from "../protocol/Json.js"
 
+/** The discovery file could not be written; `path` names it. */
 export class DiscoveryFileWriteError extends Data.TaggedError("DiscoveryFileWriteError")<{
   readonly path: string
   readonly reason: string
@@ -25,11 +26,12 @@ export class DiscoveryFileWriteError extends Data.TaggedError("DiscoveryFileWrit
 }
 
 /** What one writer advertises: its model cards and its ranks' sources. */
-export interface AdvertisedRecords {
+interface AdvertisedRecords {
   readonly cards: ReadonlyArray<ModelCardInstance>
   readonly sources: ReadonlyArray<KvEventSource>
 }
 
+/** Writes the discovery file atomically (simulators and tests register through it). */
 export interface DiscoveryFileWriter {
   readonly path: string
   /** Sets `slot`'s records, replacing the ones it had; the document is rewritten. */

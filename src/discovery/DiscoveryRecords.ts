@@ -7,7 +7,6 @@
 import { Equal } from "effect"
 import type { KvEventSource, ModelCardInstance } from "../protocol/Discovery.js"
 import type { WorkerId } from "../protocol/Events.js"
-import { EndpointId } from "../protocol/Model.js"
 
 /** `ModelCardInstanceId`: one card per worker per model; a suffix marks an adapter card. */
 export interface ModelCardInstanceId {
@@ -18,6 +17,7 @@ export interface ModelCardInstanceId {
   readonly modelSuffix: string | null
 }
 
+/** The id of a model card instance: its namespace, component, endpoint and instance. */
 export const cardInstanceId = (card: ModelCardInstance): ModelCardInstanceId => ({
   namespace: card.namespace,
   component: card.component,
@@ -29,9 +29,6 @@ export const cardInstanceId = (card: ModelCardInstance): ModelCardInstanceId => 
 /** `{namespace}/{component}/{endpoint}/{instanceId}[/{modelSuffix}]`: the etcd key below `cards/`. */
 export const cardPath = (id: ModelCardInstanceId): string =>
   `${id.namespace}/${id.component}/${id.endpoint}/${id.instanceId}${id.modelSuffix === null ? "" : `/${id.modelSuffix}`}`
-
-export const cardEndpoint = (card: ModelCardInstanceId): EndpointId =>
-  new EndpointId({ namespace: card.namespace, component: card.component, endpoint: card.endpoint })
 
 /** `{kvStateEndpoint}/{workerId}/{dpRank}/{publisherId}`: the etcd key below `sources/`. */
 export const sourceRecordKey = (source: KvEventSource): string =>

@@ -31,7 +31,7 @@ import {
 import { DEFAULT_ETCD_PREFIX } from "./DiscoveryConfig.js"
 import { cardPath, sourceRecordKey } from "./DiscoveryRecords.js"
 
-export interface EtcdConnectionOptions {
+interface EtcdConnectionOptions {
   /** `http://host:port` URLs of the etcd cluster. */
   readonly endpoints: ReadonlyArray<string>
   /** Key prefix (default `/kvrelay/v1`). */
@@ -40,7 +40,7 @@ export interface EtcdConnectionOptions {
   readonly callTimeout?: Duration.DurationInput
 }
 
-export interface EtcdDiscoveryOptions extends EtcdConnectionOptions {
+interface EtcdDiscoveryOptions extends EtcdConnectionOptions {
   /** Periodic full re-list (default 30 s). */
   readonly relistInterval?: Duration.DurationInput
   /** First rebind delay (default 100 ms); doubles per failure. */
@@ -49,6 +49,7 @@ export interface EtcdDiscoveryOptions extends EtcdConnectionOptions {
   readonly backoffMax?: Duration.DurationInput
 }
 
+/** An etcd operation that failed; `operation` says which. */
 export class EtcdError extends Data.TaggedError("EtcdError")<{
   readonly operation: string
   readonly endpoints: string
@@ -62,9 +63,11 @@ export class EtcdError extends Data.TaggedError("EtcdError")<{
 // ---------------------------------------------------------------------------------------------
 // Keys
 
+/** The etcd key of a model card instance under `prefix`. */
 export const cardKey = (prefix: string, card: ModelCardInstance): string =>
   `${prefix}/cards/${cardPath(card)}`
 
+/** The etcd key of a KV event source under `prefix`. */
 export const sourceKey = (prefix: string, source: KvEventSource): string =>
   `${prefix}/sources/${sourceRecordKey(source)}`
 
@@ -81,11 +84,7 @@ const decodeSourceText = decodeJsonText(KvEventSourceJson)
 const U64_TEXT = /^(0|[1-9][0-9]{0,19})$/
 
 /** Decodes one key/value; the second element is the warning to log when the record is not used. */
-export const decodeEtcdRecord = (
-  prefix: string,
-  key: string,
-  raw: string
-): readonly [Entry, string | undefined] => {
+const decodeEtcdRecord = (prefix: string, key: string, raw: string): readonly [Entry, string | undefined] => {
   const rest = key.startsWith(`${prefix}/`) ? key.slice(prefix.length + 1) : undefined
   if (rest?.startsWith("cards/")) {
     const decoded = decodeCardText(raw)
@@ -265,6 +264,7 @@ interface Listing {
   readonly revision: bigint
 }
 
+/** Discovery from etcd: a watch over the cards and sources under the prefix. */
 export const makeEtcdDiscovery = (
   options: EtcdDiscoveryOptions
 ): Effect.Effect<DiscoveryShape, never, Scope.Scope> =>
@@ -478,18 +478,19 @@ export const makeEtcdDiscovery = (
     return { backend, status: status.get, current: cell.current, changes: cell.changes, close }
   }).pipe(Effect.annotateLogs({ component: "discovery", backend: `etcd:${options.endpoints.join(",")}` }))
 
+/** `makeEtcdDiscovery` as the `Discovery` service. */
 export const etcdDiscoveryLayer = (options: EtcdDiscoveryOptions): Layer.Layer<Discovery> =>
   Layer.scoped(Discovery, makeEtcdDiscovery(options))
 
 // ---------------------------------------------------------------------------------------------
 // Registrar (workers, tests, the demo)
 
-export interface EtcdRegistrarOptions extends EtcdConnectionOptions {
+interface EtcdRegistrarOptions extends EtcdConnectionOptions {
   /** Lease TTL in seconds (default 10; etcd raises TTLs below its minimum, about 2 s by default). */
   readonly ttlSeconds?: number
 }
 
-export interface EtcdRegistrar {
+interface EtcdRegistrar {
   /** The lease id (decimal), for logs. */
   readonly leaseId: string
   /** Puts the card under the lease; the key is deleted when the returned scope closes. */

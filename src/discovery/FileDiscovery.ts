@@ -26,6 +26,7 @@ import {
 } from "./Discovery.js"
 import { cardPath, sourceRecordKey } from "./DiscoveryRecords.js"
 
+/** The discovery file's path and how it is watched. */
 export interface FileDiscoveryOptions {
   readonly path: string
   /** Stat poll period, the fallback when the watch misses a change (default 1 s). */
@@ -36,7 +37,7 @@ export interface FileDiscoveryOptions {
   readonly settle?: Duration.DurationInput
 }
 
-export class InvalidDiscoveryDocument extends Data.TaggedError("InvalidDiscoveryDocument")<{
+class InvalidDiscoveryDocument extends Data.TaggedError("InvalidDiscoveryDocument")<{
   readonly problems: ReadonlyArray<string>
 }> {
   override get message(): string {
@@ -45,7 +46,7 @@ export class InvalidDiscoveryDocument extends Data.TaggedError("InvalidDiscovery
 }
 
 /** A decoded document plus, per record, its raw JSON text: the next decode reuses unchanged records. */
-export interface DecodedDocument {
+interface DecodedDocument {
   readonly cards: ReadonlyArray<ModelCardInstance>
   readonly sources: ReadonlyArray<KvEventSource>
   readonly cardsByRaw: ReadonlyMap<string, ModelCardInstance>
@@ -152,6 +153,7 @@ const toSnapshot = (revision: bigint, document: DecodedDocument): DiscoverySnaps
   sourceStream: { epoch: 0, bound: true }
 })
 
+/** Discovery from a JSON file, read again whenever it changes. */
 export const makeFileDiscovery = (
   options: FileDiscoveryOptions
 ): Effect.Effect<DiscoveryShape, DiscoveryStartupError, FileSystem.FileSystem | Scope.Scope> =>
@@ -331,6 +333,7 @@ export const makeFileDiscovery = (
     return { backend, status: status.get, current: cell.current, changes: cell.changes, close }
   }).pipe(Effect.annotateLogs({ component: "discovery", backend: `file:${options.path}` }))
 
+/** `makeFileDiscovery` as the `Discovery` service. */
 export const fileDiscoveryLayer = (
   options: FileDiscoveryOptions
 ): Layer.Layer<Discovery, DiscoveryStartupError, FileSystem.FileSystem> =>

@@ -30,7 +30,7 @@ import { Discovery, type DiscoverySnapshot, type RejectedSource } from "./Discov
 import { recordEquals, sourceLogicalKey, sourceRecordKey } from "./DiscoveryRecords.js"
 
 /** Ranks of one worker beyond this are not expected (the reference rejects such sizes for load). */
-export const MAX_DATA_PARALLEL_SIZE = 4096
+const MAX_DATA_PARALLEL_SIZE = 4096
 const U32_MAX = 0xffff_ffff
 
 // ---------------------------------------------------------------------------------------------
@@ -58,13 +58,14 @@ export const resolveKvStateEndpoint = (
   return { _tag: "Ambiguous", endpoints: Array.from(endpoints.values()).sort(compareEndpointIds) }
 }
 
-export const resolutionEquals = (a: KvStateEndpointResolution, b: KvStateEndpointResolution): boolean =>
+const resolutionEquals = (a: KvStateEndpointResolution, b: KvStateEndpointResolution): boolean =>
   a._tag === "Resolved"
     ? b._tag === "Resolved" && a.endpoint.toString() === b.endpoint.toString()
     : b._tag === "Ambiguous" &&
       a.endpoints.length === b.endpoints.length &&
       a.endpoints.every((endpoint, i) => endpoint.toString() === b.endpoints[i]!.toString())
 
+/** The KV state endpoint of the view's sources, when there is exactly one. */
 export const resolvedKvStateEndpoint = (view: KvSourceMembershipView): EndpointId | undefined =>
   view.endpointResolution._tag === "Resolved" ? view.endpointResolution.endpoint : undefined
 
@@ -74,7 +75,7 @@ export const hasActiveSource = (view: KvSourceMembershipView): boolean => {
   return false
 }
 
-export const statusEquals = (a: KvSourceStatus, b: KvSourceStatus): boolean => {
+const statusEquals = (a: KvSourceStatus, b: KvSourceStatus): boolean => {
   if (a._tag !== b._tag) return false
   switch (a._tag) {
     case "Missing":
@@ -90,7 +91,7 @@ export const statusEquals = (a: KvSourceStatus, b: KvSourceStatus): boolean => {
 // ---------------------------------------------------------------------------------------------
 // Incarnations
 
-export class ConflictingIncarnation extends Data.TaggedError("ConflictingIncarnation")<{
+class ConflictingIncarnation extends Data.TaggedError("ConflictingIncarnation")<{
   readonly publisherId: bigint
   readonly workerId: WorkerId
   readonly dpRank: DpRank
@@ -263,7 +264,7 @@ interface RankLifecycle {
  * rank that was never active; a rank that leaves the expected set after having been active bumps
  * once, and bumps again when it is observed after that (its history says it was active).
  */
-export class LifecycleTracker {
+class LifecycleTracker {
   private readonly entries = new Map<RankKey, RankLifecycle>()
   private resolution: KvStateEndpointResolution | undefined
 
@@ -331,7 +332,7 @@ const rejectedIndexes = new WeakMap<
 >()
 
 /** The snapshot's sources by KV-state endpoint text. */
-export const sourcesByEndpoint = (
+const sourcesByEndpoint = (
   snapshot: DiscoverySnapshot
 ): ReadonlyMap<string, ReadonlyArray<KvEventSource>> => {
   let index = validIndexes.get(snapshot.sources)
@@ -343,7 +344,7 @@ export const sourcesByEndpoint = (
 }
 
 /** The snapshot's rejected sources by the KV-state endpoint their keys name. */
-export const rejectedByEndpoint = (
+const rejectedByEndpoint = (
   snapshot: DiscoverySnapshot
 ): ReadonlyMap<string, ReadonlyArray<RejectedSource>> => {
   let index = rejectedIndexes.get(snapshot.rejectedSources)
@@ -384,7 +385,7 @@ export const matchesBindingInputs = (
   return true
 }
 
-export interface SourceReconciliation {
+interface SourceReconciliation {
   readonly view: CoordinatedSourceView
   /** False when `view` is the previous view object. */
   readonly changed: boolean
@@ -547,6 +548,7 @@ export class KvSourceCoordinatorState {
 // ---------------------------------------------------------------------------------------------
 // Effect wrapper
 
+/** Follows the expected ranks of one serving endpoint as discovery changes them. */
 export interface KvSourceCoordinator {
   readonly servingEndpoint: EndpointId
   readonly current: Effect.Effect<CoordinatedSourceView>

@@ -25,12 +25,14 @@ import { cardPath, type ModelCardInstanceId } from "./DiscoveryRecords.js"
  */
 export type ConflictScope = "PoolMaterialization" | "ServingBinding" | "ServingTopology"
 
+/** What a materialization conflict is about: a serving endpoint or a model card. */
 export type ConflictSubject =
   | { readonly _tag: "Endpoint"; readonly endpoint: EndpointId }
   | { readonly _tag: "Card"; readonly card: ModelCardInstanceId }
   | { readonly _tag: "Worker"; readonly workerId: WorkerId }
   | { readonly _tag: "Binding"; readonly model: CanonicalModelId }
 
+/** A reason an endpoint's pool cannot be built or served as discovered. */
 export interface MaterializationConflict {
   readonly scope: ConflictScope
   readonly subject: ConflictSubject
@@ -48,10 +50,12 @@ export interface WorkerTopology {
   readonly needs: ReadonlyArray<ReadonlyArray<WorkerType>>
 }
 
+/** What one worker says about a LoRA adapter it serves. */
 export interface AdapterWorker {
   readonly maxGpuLoraCount: number | null
 }
 
+/** A LoRA adapter served at an endpoint, with the workers serving it. */
 export interface AdapterMembership {
   readonly baseModel: CanonicalModelId
   /** The runtime LoRA name (salts requests and cache hashes), distinct from the request-facing key. */
@@ -59,6 +63,10 @@ export interface AdapterMembership {
   readonly workers: ReadonlyMap<WorkerId, AdapterWorker>
 }
 
+/**
+ * Everything discovery says about one serving endpoint: its domain, models, roles, ranks and
+ * conflicts.
+ */
 export interface EndpointMembership {
   readonly endpoint: EndpointId
   /** `endpoint.toString()`: the key of the view's map. */
@@ -84,14 +92,20 @@ export interface DcMembershipView {
   readonly endpoints: ReadonlyMap<string, EndpointMembership>
 }
 
+/** The membership view with no endpoint. */
 export const emptyMembershipView: DcMembershipView = { endpoints: new Map() }
 
+/** True when a conflict keeps the endpoint's pool from being built. */
 export const hasPoolMaterializationConflict = (membership: EndpointMembership): boolean =>
   membership.conflicts.some((c) => c.scope === "PoolMaterialization" || c.scope === "ServingTopology")
 
+/** True when a conflict keeps the endpoint out of the serving topology. */
 export const hasServingTopologyConflict = (membership: EndpointMembership): boolean =>
   membership.conflicts.some((c) => c.scope === "ServingTopology")
 
+/**
+ * True when the endpoint's pool can be built: one domain, registrations and no blocking conflict.
+ */
 export const isMaterializable = (membership: EndpointMembership): boolean =>
   membership.domain !== null &&
   membership.registrations.length > 0 &&
@@ -108,7 +122,7 @@ export interface ProjectionDiagnostic {
 // ---------------------------------------------------------------------------------------------
 // Conflicts
 
-export const subjectText = (subject: ConflictSubject): string => {
+const subjectText = (subject: ConflictSubject): string => {
   switch (subject._tag) {
     case "Endpoint":
       return `Endpoint(${subject.endpoint})`
@@ -133,6 +147,7 @@ export const makeConflict = (
   text: `${scope} ${subjectText(subject)} ${JSON.stringify(reason)}`
 })
 
+/** The words each kind of conflict is reported in. */
 export const CONFLICT_REASONS = {
   loraMismatch: "LoRA discovery identity and card metadata disagree",
   multipleDomains: "endpoint resolves to multiple indexer domains",

@@ -533,7 +533,7 @@ const endpointOf = (card: ModelCardInstance): EndpointId =>
 // ---------------------------------------------------------------------------------------------
 // Full projection
 
-export interface MembershipProjection {
+interface MembershipProjection {
   readonly view: DcMembershipView
   readonly nextGeneration: number
   /** Every soft error and ambiguous name of this projection. */
@@ -580,6 +580,7 @@ export const projectMembership = (
 // ---------------------------------------------------------------------------------------------
 // Incremental projection
 
+/** A new membership view and what changed in it. */
 export interface MembershipUpdate {
   readonly view: DcMembershipView
   /** False when the new view is the previous view object (no membership changed). */

@@ -5,23 +5,18 @@
  * a defect it resubscribes, and the latest snapshot comes first.
  */
 
-import { Context, Effect, Layer, type Scope, Stream, SubscriptionRef } from "effect"
+import { Effect, type Scope, Stream, SubscriptionRef } from "effect"
 import { loopStep, supervised } from "../observability/Supervised.js"
 import { Discovery, type DiscoverySnapshot } from "./Discovery.js"
 import type { DiscoveryScope } from "./DiscoveryConfig.js"
 import type { DcMembershipView } from "./Membership.js"
 import { MembershipProjector, type MembershipUpdate } from "./MembershipProjection.js"
 
-export interface MembershipWatchShape {
+interface MembershipWatchShape {
   readonly current: Effect.Effect<DcMembershipView>
   /** The current view, then every changed view. */
   readonly changes: Stream.Stream<DcMembershipView>
 }
-
-export class MembershipWatch extends Context.Tag("kvrelay/MembershipWatch")<
-  MembershipWatch,
-  MembershipWatchShape
->() {}
 
 const project = (
   projector: MembershipProjector,
@@ -58,6 +53,7 @@ const project = (
     })
   )
 
+/** The membership view of the discovery in context, kept up to date for the scope's life. */
 export const makeMembershipWatch = (
   scope: DiscoveryScope
 ): Effect.Effect<MembershipWatchShape, never, Discovery | Scope.Scope> =>
@@ -80,6 +76,3 @@ export const makeMembershipWatch = (
     )
     return { current: SubscriptionRef.get(ref), changes: ref.changes }
   }).pipe(Effect.annotateLogs("component", "membership-watch"))
-
-export const membershipWatchLayer = (scope: DiscoveryScope): Layer.Layer<MembershipWatch, never, Discovery> =>
-  Layer.scoped(MembershipWatch, makeMembershipWatch(scope))

@@ -18,20 +18,12 @@ import { readFile, stat } from "node:fs/promises"
 import { basename, dirname } from "node:path"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { Data, Duration, Effect, Queue, type Scope, SubscriptionRef } from "effect"
+import { Duration, Effect, Queue, type Scope, SubscriptionRef } from "effect"
 import type { ErrorReason } from "../protocol/RelayApi.js"
+import { FlagFileError, fileErrorText } from "./FlagFile.js"
 
 /** A token file that cannot be used at startup. */
-export class TokenFileError extends Data.TaggedError("TokenFileError")<{
-  /** The flag that named the file (`--auth-token-file`). */
-  readonly flag: string
-  readonly path: string
-  readonly reason: string
-}> {
-  override get message(): string {
-    return `${this.flag}: ${this.reason}`
-  }
-}
+class TokenFileError extends FlagFileError("TokenFileError") {}
 
 // RFC 6750 §2.1 b64token: what can follow `Bearer ` in a header.
 const TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/
@@ -53,7 +45,7 @@ export const parseTokenFile = (text: string): ReadonlyArray<string> | string => 
 const digest = (token: string): Buffer => createHash("sha256").update(token, "utf8").digest()
 
 /** The tokens in force. */
-export interface TokenSet {
+interface TokenSet {
   /** Counts successful reads that changed the set (1 after the startup read). */
   readonly revision: number
   readonly count: number
@@ -95,19 +87,11 @@ export interface TokenFile {
   readonly reload: Effect.Effect<void>
 }
 
-export interface TokenFileOptions {
+interface TokenFileOptions {
   /** How often the file is stat'ed besides the directory watch (default 2 s). */
   readonly pollInterval?: Duration.DurationInput | undefined
   /** A change waits this long before the read, so that a file being written is read whole (default 50 ms). */
   readonly settle?: Duration.DurationInput | undefined
-}
-
-const errorText = (cause: unknown): string => {
-  const error = cause as { readonly code?: unknown; readonly message?: unknown } | undefined
-  if (error?.code === "ENOENT") return "no such file"
-  if (error?.code === "EACCES") return "permission denied"
-  if (error?.code === "EISDIR") return "is a directory"
-  return typeof error?.message === "string" ? error.message : String(cause)
 }
 
 /** The file's tokens, or a problem in words. */
@@ -118,7 +102,7 @@ const readTokens = (path: string): Effect.Effect<ReadonlyArray<string> | string>
         const parsed = parseTokenFile(text)
         return typeof parsed === "string" ? `${path} ${parsed}` : parsed
       },
-      (cause: unknown) => `cannot read ${path}: ${errorText(cause)}`
+      (cause: unknown) => `cannot read ${path}: ${fileErrorText(cause)}`
     )
   )
 
@@ -127,7 +111,7 @@ const fingerprint = (path: string): Effect.Effect<string> =>
   Effect.promise(() =>
     stat(path).then(
       (s) => `${s.ino}:${s.size}:${s.mtimeMs}:${s.ctimeMs}`,
-      (cause: unknown) => `error:${errorText(cause)}`
+      (cause: unknown) => `error:${fileErrorText(cause)}`
     )
   )
 

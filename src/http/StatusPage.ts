@@ -20,10 +20,10 @@ import { createHash } from "node:crypto"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 
 /** How often a page fetches its APIs again, after the previous round ended. */
-export const REFRESH_MS = 2_000
+const REFRESH_MS = 2_000
 
 /** The `sessionStorage` key of the bearer token. */
-export const TOKEN_STORAGE_KEY = "kvrelay.bearerToken"
+const TOKEN_STORAGE_KEY = "kvrelay.bearerToken"
 
 const CSS = `
 :root { color-scheme: light dark; --fg: #1b1f24; --muted: #5b6470; --line: #d0d7de; --bg: #ffffff;
@@ -281,9 +281,11 @@ export const renderStatusPage = (page: {
   readonly title: string
   readonly heading: string
   readonly body: string
+  /** The body of the page's function, which runs with `el`, `td`, `num` and `$` of the `kv` helpers in scope. */
   readonly script: string
 }): StatusPage => {
-  const script = `${PRELUDE}\n${page.script}`
+  // Each page's script runs in a function of its own, with the helpers it uses most as locals.
+  const script = `${PRELUDE}\n(function () {\n  var el = kv.el, td = kv.td, num = kv.num, $ = kv.$;\n${page.script}\n})();\n`
   if (/<\/script/i.test(script)) throw new Error("a status page script must not contain </script")
   const html = `<!doctype html>
 <html lang="en">
@@ -318,14 +320,14 @@ ${page.body}
 }
 
 /** The headers a page is served with (besides its content type). */
-export const statusPageHeaders = (page: StatusPage): Readonly<Record<string, string>> => ({
+const statusPageHeaders = (page: StatusPage): Readonly<Record<string, string>> => ({
   "content-security-policy": page.contentSecurityPolicy,
   "x-content-type-options": "nosniff",
   "referrer-policy": "no-referrer",
   "cache-control": "no-store"
 })
 
-export const STATUS_PAGE_CONTENT_TYPE = "text/html; charset=utf-8"
+const STATUS_PAGE_CONTENT_TYPE = "text/html; charset=utf-8"
 
 /** A 200 response of `page`. */
 export const statusPageResponse = (page: StatusPage): HttpServerResponse.HttpServerResponse =>

@@ -11,19 +11,11 @@ import { readFile } from "node:fs/promises"
 import { createSecureContext } from "node:tls"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Agent } from "@effect/platform-node/Undici"
-import { Data, Effect, Layer } from "effect"
+import { Effect, Layer } from "effect"
+import { FlagFileError, fileErrorText } from "./FlagFile.js"
 
 /** A TLS file that cannot be used: missing, unreadable, not PEM, or not matching its pair. */
-export class TlsMaterialError extends Data.TaggedError("TlsMaterialError")<{
-  /** The flag that named the file (`--tls-cert`). */
-  readonly flag: string
-  readonly path: string
-  readonly reason: string
-}> {
-  override get message(): string {
-    return `${this.flag}: ${this.reason}`
-  }
-}
+export class TlsMaterialError extends FlagFileError("TlsMaterialError") {}
 
 /** A file named by a flag. */
 export interface TlsFile {
@@ -51,14 +43,6 @@ export interface ClientTlsOptions {
 
 const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
 
-const errorText = (cause: unknown): string => {
-  const error = cause as { readonly code?: unknown; readonly message?: unknown } | undefined
-  if (error?.code === "ENOENT") return "no such file"
-  if (error?.code === "EACCES") return "permission denied"
-  if (error?.code === "EISDIR") return "is a directory"
-  return typeof error?.message === "string" ? error.message : String(cause)
-}
-
 const fail = (file: TlsFile, reason: string) =>
   Effect.fail(new TlsMaterialError({ flag: file.flag, path: file.path, reason }))
 
@@ -69,7 +53,7 @@ const readPem = (file: TlsFile): Effect.Effect<string, TlsMaterialError> =>
       new TlsMaterialError({
         flag: file.flag,
         path: file.path,
-        reason: `cannot read ${file.path}: ${errorText(cause)}`
+        reason: `cannot read ${file.path}: ${fileErrorText(cause)}`
       })
   })
 
@@ -88,7 +72,7 @@ const readCertificates = (
       try {
         certificates.push(new X509Certificate(block))
       } catch (cause) {
-        return fail(file, `${file.path}: certificate ${i + 1} is invalid: ${errorText(cause)}`)
+        return fail(file, `${file.path}: certificate ${i + 1} is invalid: ${fileErrorText(cause)}`)
       }
     }
     return Effect.succeed({ pem, certificates })
@@ -101,7 +85,7 @@ const readKey = (
     try {
       return Effect.succeed({ pem, key: createPrivateKey(pem) })
     } catch (cause) {
-      return fail(file, `${file.path} holds no usable private key: ${errorText(cause)}`)
+      return fail(file, `${file.path} holds no usable private key: ${fileErrorText(cause)}`)
     }
   })
 
@@ -140,12 +124,12 @@ const checkContext = (
     createSecureContext(options)
     return Effect.void
   } catch (cause) {
-    return fail(blame, `${blame.path} cannot be used for TLS: ${errorText(cause)}`)
+    return fail(blame, `${blame.path} cannot be used for TLS: ${fileErrorText(cause)}`)
   }
 }
 
 /** The files behind a server's TLS (the CLI checks that cert and key come together). */
-export interface ServerTlsFiles {
+interface ServerTlsFiles {
   readonly cert: TlsFile
   readonly key: TlsFile
   readonly clientCa?: TlsFile | undefined
@@ -163,7 +147,7 @@ export const loadServerTls = (files: ServerTlsFiles): Effect.Effect<ServerTlsOpt
   })
 
 /** The files behind the consumer's TLS towards relays; each part is optional. */
-export interface ClientTlsFiles {
+interface ClientTlsFiles {
   readonly ca?: TlsFile | undefined
   readonly cert?: TlsFile | undefined
   readonly key?: TlsFile | undefined

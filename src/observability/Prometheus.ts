@@ -21,20 +21,21 @@ import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client"
 import { VERSION } from "../version.js"
 import { type FiberFailureCounter, processFiberFailures } from "./FiberFailures.js"
 
-export const PROMETHEUS_CONTENT_TYPE: string = Registry.PROMETHEUS_CONTENT_TYPE
+const PROMETHEUS_CONTENT_TYPE: string = Registry.PROMETHEUS_CONTENT_TYPE
 
 /** A collect callback threw while the registry rendered. */
-export class MetricsRenderError extends Data.TaggedError("MetricsRenderError")<{
+class MetricsRenderError extends Data.TaggedError("MetricsRenderError")<{
   readonly message: string
 }> {}
 
-export interface PrometheusOptions {
+interface PrometheusOptions {
   /** Effect `Metric` families, by name prefix, that this exposition includes. */
   readonly effectMetricPrefixes: ReadonlyArray<string>
   /** Default: the process's counter. */
   readonly fiberFailures?: FiberFailureCounter | undefined
 }
 
+/** A server's Prometheus registry and its text exposition. */
 export interface PrometheusExposition {
   /** Register the server's own metrics here (`registers: [registry]`). */
   readonly registry: Registry

@@ -14,6 +14,7 @@ export const PUBLISH_DELAY_BOUNDS_SECONDS: ReadonlyArray<number> = [
   0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5
 ]
 
+/** The publish-delay histogram's counts and sum at one moment. */
 export interface PublishDelaySnapshot {
   /**
    * Publications per bucket, not cumulative: `counts[i]` took at most
@@ -24,6 +25,7 @@ export interface PublishDelaySnapshot {
   readonly count: number
 }
 
+/** The histogram with nothing observed. */
 export const EMPTY_PUBLISH_DELAY: PublishDelaySnapshot = {
   counts: PUBLISH_DELAY_BOUNDS_SECONDS.map(() => 0).concat(0),
   sumSeconds: 0,

@@ -22,113 +22,104 @@ import {
   ZMTP_ERROR_REASONS,
   type ZmtpErrorReason
 } from "../protocol/Events.js"
+import { counterFamily, gaugeFamily } from "./MetricFamilies.js"
 import { PUBLISH_DELAY_BOUNDS_SECONDS, type PublishDelaySnapshot } from "./PublishDelay.js"
 
+/** The relay's stream kinds, as the `stream` label of the subscriber metrics. */
 export type SubscriberStream = "catalog" | "pool" | "readiness" | "load"
-export const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
+const SUBSCRIBER_STREAMS: ReadonlyArray<SubscriberStream> = ["catalog", "pool", "readiness", "load"]
 
 /** `per_pool` and `initialized_hub` only exist for `stream="pool"`. */
-export type LimitScope = "total" | "per_pool" | "initialized_hub"
+type LimitScope = "total" | "per_pool" | "initialized_hub"
 
-export type TopologyStateLabel = "ready" | "unavailable" | "unknown"
+type TopologyStateLabel = "ready" | "unavailable" | "unknown"
 
-const subscribers = Metric.gauge("kv_dc_relay_subscribers", {
-  description: "current subscribers per stream type"
-})
+const subscribers = gaugeFamily("kv_dc_relay_subscribers", "current subscribers per stream type")
 
-const subscriberLagged = Metric.counter("kv_dc_relay_subscriber_lagged_total", {
-  description: "streams terminated for bounded-queue lag",
-  incremental: true
-})
+const subscriberLagged = counterFamily(
+  "kv_dc_relay_subscriber_lagged_total",
+  "streams terminated for bounded-queue lag"
+)
 
-const subscriberLimitRejected = Metric.counter("kv_dc_relay_subscriber_limit_rejected_total", {
-  description: "subscriptions rejected at a limit",
-  incremental: true
-})
+const subscriberLimitRejected = counterFamily(
+  "kv_dc_relay_subscriber_limit_rejected_total",
+  "subscriptions rejected at a limit"
+)
 
-const poolHeartbeats = Metric.counter("kv_dc_relay_pool_heartbeats_total", {
-  description: "heartbeats emitted on pool streams",
-  incremental: true
-})
+const poolHeartbeats = counterFamily(
+  "kv_dc_relay_pool_heartbeats_total",
+  "heartbeats emitted on pool streams"
+)
 
-const loadUpdates = Metric.counter("kv_dc_relay_load_updates_total", {
-  description: "complete load windows emitted",
-  incremental: true
-})
+const loadUpdates = counterFamily("kv_dc_relay_load_updates_total", "complete load windows emitted")
 
-const catalogPoolCount = Metric.gauge("kv_dc_relay_catalog_pool_count", {
-  description: "pools in the catalog"
-})
+const catalogPoolCount = gaugeFamily("kv_dc_relay_catalog_pool_count", "pools in the catalog")
 
-const catalogRevision = Metric.gauge("kv_dc_relay_catalog_revision", {
-  description: "current pool catalog revision"
-})
+const catalogRevision = gaugeFamily("kv_dc_relay_catalog_revision", "current pool catalog revision")
 
-const requestedHubs = Metric.gauge("kv_dc_relay_requested_publication_hub_count", {
-  description: "pools whose lazy hub was requested"
-})
-const initializedHubs = Metric.gauge("kv_dc_relay_initialized_publication_hub_count", {
-  description: "hubs holding an initialized mirror"
-})
-const readyHubs = Metric.gauge("kv_dc_relay_ready_publication_hub_count", {
-  description: "hubs with a contiguous ready mirror"
-})
-const idleHubs = Metric.gauge("kv_dc_relay_idle_publication_hub_count", {
-  description: "ready hubs with no subscribers"
-})
+const requestedHubs = gaugeFamily(
+  "kv_dc_relay_requested_publication_hub_count",
+  "pools whose lazy hub was requested"
+)
+const initializedHubs = gaugeFamily(
+  "kv_dc_relay_initialized_publication_hub_count",
+  "hubs holding an initialized mirror"
+)
+const readyHubs = gaugeFamily(
+  "kv_dc_relay_ready_publication_hub_count",
+  "hubs with a contiguous ready mirror"
+)
+const idleHubs = gaugeFamily("kv_dc_relay_idle_publication_hub_count", "ready hubs with no subscribers")
 
-const terminalPublicationFailures = Metric.counter("kv_dc_relay_terminal_publication_failures_total", {
-  description: "generations fenced after terminal publication failure",
-  incremental: true
-})
+const terminalPublicationFailures = counterFamily(
+  "kv_dc_relay_terminal_publication_failures_total",
+  "generations fenced after terminal publication failure"
+)
 
-const servingTopologyCount = Metric.gauge("kv_dc_relay_serving_topology_count", {
-  description: "topology entries by state"
-})
+const servingTopologyCount = gaugeFamily("kv_dc_relay_serving_topology_count", "topology entries by state")
 
-const degradedLoadCoverage = Metric.gauge("kv_dc_relay_degraded_load_coverage_pool_count", {
-  description: "pools with any observed < expected"
-})
+const degradedLoadCoverage = gaugeFamily(
+  "kv_dc_relay_degraded_load_coverage_pool_count",
+  "pools with any observed < expected"
+)
 
 // Ingest drops, by reason, across every endpoint (PROTOCOL §3.2).
-const ingestSkippedEvents = Metric.counter("kv_dc_relay_ingest_skipped_events_total", {
-  description: "engine KV events skipped because they are not the worker's device cache, by reason",
-  incremental: true
-})
-const ingestMalformedMessages = Metric.counter("kv_dc_relay_ingest_malformed_messages_total", {
-  description: "KV event messages rejected as malformed (nothing of them applied), by reason",
-  incremental: true
-})
+const ingestSkippedEvents = counterFamily(
+  "kv_dc_relay_ingest_skipped_events_total",
+  "engine KV events skipped because they are not the worker's device cache, by reason"
+)
+const ingestMalformedMessages = counterFamily(
+  "kv_dc_relay_ingest_malformed_messages_total",
+  "KV event messages rejected as malformed (nothing of them applied), by reason"
+)
 // The supervisor counts its drops under the same key (SourceSupervisor.ts).
-const ingestDroppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_total", {
-  description: "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)",
-  incremental: true
-})
+const ingestDroppedBatches = counterFamily(
+  "kv_dc_relay_ingest_dropped_batches_total",
+  "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)"
+)
 
 // The pool actor counts unanchored blocks under the same key (PoolActor.ts).
-const ingestSkippedBlocks = Metric.counter("kv_dc_relay_ingest_skipped_blocks_total", {
-  description: "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)",
-  incremental: true
-})
-export const SKIPPED_BLOCK_REASONS: ReadonlyArray<string> = ["unanchored"]
+const ingestSkippedBlocks = counterFamily(
+  "kv_dc_relay_ingest_skipped_blocks_total",
+  "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)"
+)
+const SKIPPED_BLOCK_REASONS: ReadonlyArray<string> = ["unanchored"]
 
-const sourcesByState = Metric.gauge("kv_dc_relay_sources", {
-  description: "expected KV event source ranks by state (connecting, live, recovering, degraded, rejected)"
-})
-export const SOURCE_STATES = ["connecting", "live", "recovering", "degraded", "rejected"] as const
-export type SourceStateLabel = (typeof SOURCE_STATES)[number]
-
-const recoveries = Metric.counter("kv_dc_relay_recoveries_total", {
-  description: "rank recoveries by outcome",
-  incremental: true
-})
+const sourcesByState = gaugeFamily(
+  "kv_dc_relay_sources",
+  "expected KV event source ranks by state (connecting, live, recovering, degraded, rejected)"
+)
+const SOURCE_STATES = ["connecting", "live", "recovering", "degraded", "rejected"] as const
+type SourceStateLabel = (typeof SOURCE_STATES)[number]
 
 // ---------------------------------------------------------------------------------------------
 // Streams (HTTP layer)
 
+/** Counts a subscriber of `stream` in. */
 export const subscriberOpened = (stream: SubscriberStream): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(subscribers, "stream", stream))
 
+/** Counts a subscriber of `stream` out. */
 export const subscriberClosed = (stream: SubscriberStream): Effect.Effect<void> =>
   Metric.incrementBy(Metric.tagged(subscribers, "stream", stream), -1)
 
@@ -136,39 +127,24 @@ export const subscriberClosed = (stream: SubscriberStream): Effect.Effect<void> 
 export const subscriberLaggedOut = (stream: SubscriberStream): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(subscriberLagged, "stream", stream))
 
+/** Counts a subscription refused at a limit of `scope`. */
 export const limitRejected = (stream: SubscriberStream, scope: LimitScope): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(Metric.tagged(subscriberLimitRejected, "stream", stream), "scope", scope))
 
+/** Counts a heartbeat sent on a pool stream. */
 export const poolHeartbeatSent: Effect.Effect<void> = Metric.increment(poolHeartbeats)
 
+/** Counts a complete load window sent. */
 export const loadWindowEmitted: Effect.Effect<void> = Metric.increment(loadUpdates)
 
 // ---------------------------------------------------------------------------------------------
 // Relay state (host, or the HTTP layer on each scrape)
 
+/** Sets the catalog's pool count and revision. */
 export const setCatalog = (poolCount: number, revision: bigint): Effect.Effect<void> =>
   Effect.zipRight(Metric.set(catalogPoolCount, poolCount), Metric.set(catalogRevision, Number(revision)))
 
-export interface PublicationHubCounts {
-  readonly requested: number
-  readonly initialized: number
-  readonly ready: number
-  readonly idle: number
-}
-
-export const setPublicationHubCounts = (counts: PublicationHubCounts): Effect.Effect<void> =>
-  Effect.all(
-    [
-      Metric.set(requestedHubs, counts.requested),
-      Metric.set(initializedHubs, counts.initialized),
-      Metric.set(readyHubs, counts.ready),
-      Metric.set(idleHubs, counts.idle)
-    ],
-    { discard: true }
-  )
-
-export const terminalPublicationFailure: Effect.Effect<void> = Metric.increment(terminalPublicationFailures)
-
+/** Sets the readiness entries by state. */
 export const setServingTopologyCounts = (
   counts: Readonly<Record<TopologyStateLabel, number>>
 ): Effect.Effect<void> =>
@@ -179,6 +155,7 @@ export const setServingTopologyCounts = (
     { discard: true }
   )
 
+/** Sets the expected source ranks by state. */
 export const setSourceCounts = (counts: Readonly<Record<SourceStateLabel, number>>): Effect.Effect<void> =>
   Effect.forEach(
     SOURCE_STATES,
@@ -188,9 +165,11 @@ export const setSourceCounts = (counts: Readonly<Record<SourceStateLabel, number
     }
   )
 
+/** Sets how many pools have a load window with fewer ranks observed than expected. */
 export const setDegradedLoadCoverage = (pools: number): Effect.Effect<void> =>
   Metric.set(degradedLoadCoverage, pools)
 
+/** Adds the events skipped by an endpoint, by reason. */
 export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
   Effect.forEach(
     SKIP_REASONS,
@@ -201,21 +180,19 @@ export const ingestSkipped = (counts: SkipCounts): Effect.Effect<void> =>
     { discard: true }
   )
 
+/** Counts a KV event message refused as malformed. */
 export const ingestMalformedMessage = (reason: MalformedReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestMalformedMessages, "reason", reason))
 
+/** Counts a message or batch dropped whole. */
 export const ingestDropped = (reason: DropReason): Effect.Effect<void> =>
   Metric.increment(Metric.tagged(ingestDroppedBatches, "reason", reason))
 
-/** One finished rank recovery; `outcome` e.g. `events`, `tree_dump`, `degraded`, `failed`. */
-export const recoveryFinished = (outcome: string): Effect.Effect<void> =>
-  Metric.increment(Metric.tagged(recoveries, "outcome", outcome))
-
 /** `kv_dc_relay_zmtp_protocol_errors_total{reason}`, on the relay's `/metrics`. */
-export const zmtpProtocolErrorsTotal = Metric.counter("kv_dc_relay_zmtp_protocol_errors_total", {
-  description: "ZMTP connections of event subscribers closed for a protocol error, by reason",
-  incremental: true
-})
+export const zmtpProtocolErrorsTotal = counterFamily(
+  "kv_dc_relay_zmtp_protocol_errors_total",
+  "ZMTP connections of event subscribers closed for a protocol error, by reason"
+)
 
 /** Registers every family with a zero update, so scrapes list them before anything happened. */
 export const initializeRelayMetrics: Effect.Effect<void> = Effect.all(

@@ -13,11 +13,12 @@
  */
 
 import { Cause, Clock, Context, Duration, Effect, Exit, Metric, Option, Schedule } from "effect"
+import { counterFamily } from "./MetricFamilies.js"
 
-const restartsTotal = Metric.counter("kvrelay_supervised_restarts_total", {
-  description: "restarts of supervised long-lived loops after a defect or failure, by loop",
-  incremental: true
-})
+const restartsTotal = counterFamily(
+  "kvrelay_supervised_restarts_total",
+  "restarts of supervised long-lived loops after a defect or failure, by loop"
+)
 
 /** Restarts per loop name since the process started (also in the metric), for scrapes and tests. */
 const restartCounts = new Map<string, number>()
@@ -25,19 +26,15 @@ const restartCounts = new Map<string, number>()
 /** Restarts of `loop` so far. */
 export const supervisedRestarts = (loop: string): number => restartCounts.get(loop) ?? 0
 
-/** Every loop that restarted at least once, with its count. */
-export const supervisedRestartCounts = (): ReadonlyMap<string, number> => restartCounts
-
 /** Default backoff between restarts: 100 ms doubling to 5 s (the §2 rebind backoff). */
-export const DEFAULT_RESTART_SCHEDULE: Schedule.Schedule<unknown> = Schedule.exponential(
-  "100 millis",
-  2
-).pipe(Schedule.union(Schedule.spaced("5 seconds")))
+const DEFAULT_RESTART_SCHEDULE: Schedule.Schedule<unknown> = Schedule.exponential("100 millis", 2).pipe(
+  Schedule.union(Schedule.spaced("5 seconds"))
+)
 
 /** A run that lasted this long was healthy: the next restart starts the backoff over. */
-export const DEFAULT_RESTART_RESET_AFTER: Duration.Duration = Duration.seconds(30)
+const DEFAULT_RESTART_RESET_AFTER: Duration.Duration = Duration.seconds(30)
 
-export interface SupervisedOptions {
+interface SupervisedOptions {
   /** Delays between restarts; when it ends, supervision gives up and the fiber dies loudly. */
   readonly schedule?: Schedule.Schedule<unknown, Cause.Cause<unknown>> | undefined
   readonly resetAfter?: Duration.DurationInput | undefined
@@ -93,7 +90,7 @@ export class InjectedLoopFault extends Error {
   }
 }
 
-export interface LoopFaultsShape {
+interface LoopFaultsShape {
   /** True when the current step of `loop` must die (consumes one armed fault). */
   readonly take: (loop: string) => boolean
 }
@@ -110,11 +107,6 @@ export const loopStep = (loop: string): Effect.Effect<void> =>
   Effect.flatMap(LoopFaults, (faults) =>
     faults.take(loop) ? Effect.die(new InjectedLoopFault(loop)) : Effect.void
   )
-
-/** Throws `InjectedLoopFault` (a defect inside `Effect.sync`) when armed; for synchronous steps. */
-export const checkLoopStep = (faults: LoopFaultsShape, loop: string): void => {
-  if (faults.take(loop)) throw new InjectedLoopFault(loop)
-}
 
 /** A test's fault plan: `arm(loop, n)` makes the next `n` steps of `loop` die. */
 export const makeLoopFaults = (): LoopFaultsShape & {

@@ -9,7 +9,7 @@ import * as OtlpTracer from "@effect/opentelemetry/OtlpTracer"
 import * as FetchHttpClient from "@effect/platform/FetchHttpClient"
 import { Layer } from "effect"
 
-export interface TracingOptions {
+interface TracingOptions {
   /** OTLP/HTTP base URL (`http://collector:4318`) or the full traces URL (`…/v1/traces`). */
   readonly endpoint: string | undefined
   readonly serviceName: string
@@ -23,6 +23,7 @@ export const tracesUrl = (endpoint: string): string => {
   return trimmed.endsWith("/v1/traces") ? trimmed : `${trimmed}/v1/traces`
 }
 
+/** OTLP tracing to `options.endpoint`, or no tracing without one. */
 export const tracingLayer = (options: TracingOptions): Layer.Layer<never> =>
   options.endpoint === undefined || options.endpoint === ""
     ? Layer.empty

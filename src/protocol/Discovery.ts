@@ -13,10 +13,12 @@ import { type EndpointId, EndpointTextJson, endpointPart, WORKER_TYPES } from ".
 // ---------------------------------------------------------------------------------------------
 // Discovery records (§2)
 
+/** A worker type on a model card. */
 export const WorkerTypeJson = Schema.Literal(...WORKER_TYPES)
 
 const ExplicitMapJson = Schema.Record({ key: Schema.String, value: Schema.String })
 
+/** A card's explicit identity maps for its indexer domain (semantics and routing scope). */
 export const IndexerIdentityJson = Schema.Struct({
   semantics: Schema.optional(ExplicitMapJson),
   routingScope: Schema.optional(ExplicitMapJson)
@@ -32,6 +34,7 @@ export const IndexerIdentityJson = Schema.Struct({
   })
 )
 
+/** A LoRA adapter a card declares. */
 export const LoraJson = Schema.Struct({ name: Schema.String, maxGpuLoraCount: Schema.optional(U32) })
 
 const nullDefault = { default: () => null } as const
@@ -49,8 +52,10 @@ export const RuntimeConfigJson = Schema.Struct({
   maxNumSeqs: Schema.optionalWith(Schema.NullOr(U64), nullDefault),
   contextLength: Schema.optionalWith(Schema.NullOr(U32), nullDefault)
 })
+/** A card's runtime settings (data-parallel ranks, block counts, local indexer). */
 export type RuntimeConfig = typeof RuntimeConfigJson.Type
 
+/** The runtime settings of a card that declares none. */
 export const DEFAULT_RUNTIME_CONFIG: RuntimeConfig = {
   dataParallelStartRank: 0,
   dataParallelSize: 1,
@@ -79,6 +84,7 @@ export const ModelCardJson = Schema.Struct({
   indexerIdentity: Schema.optionalWith(Schema.NullOr(IndexerIdentityJson), nullDefault),
   runtimeConfig: Schema.optionalWith(RuntimeConfigJson, { default: () => DEFAULT_RUNTIME_CONFIG })
 })
+/** A model card as decoded (PROTOCOL §2). */
 export type ModelCard = typeof ModelCardJson.Type
 
 /** One model card instance: one per worker per model; `modelSuffix` marks a LoRA adapter card. */
@@ -90,14 +96,17 @@ export const ModelCardInstanceJson = Schema.Struct({
   modelSuffix: Schema.optionalWith(Schema.NullOr(Schema.String), nullDefault),
   card: ModelCardJson
 })
+/** One advertised instance of a model card. */
 export type ModelCardInstance = typeof ModelCardInstanceJson.Type
 
+/** A Dynamo event-plane source: a ZeroMQ PUB endpoint and its topic. */
 export const DynamoZmqTransportJson = Schema.Struct({
   kind: Schema.Literal("dynamo-zmq"),
   endpoint: NonEmptyString,
   topic: Schema.String
 })
 
+/** An engine's own KV event publisher, with its optional replay endpoint. */
 export const EngineZmqTransportJson = Schema.Struct({
   kind: Schema.Literal("engine-zmq"),
   endpoint: NonEmptyString,
@@ -105,7 +114,9 @@ export const EngineZmqTransportJson = Schema.Struct({
   replayEndpoint: Schema.optionalWith(Schema.NullOr(NonEmptyString), nullDefault)
 })
 
+/** How a KV event source publishes: `dynamo-zmq` or `engine-zmq`. */
 export const KvEventTransportJson = Schema.Union(DynamoZmqTransportJson, EngineZmqTransportJson)
+/** A KV event source's transport as decoded. */
 export type KvEventTransport = typeof KvEventTransportJson.Type
 
 /** One KV event source advertisement: one per worker rank publisher incarnation. */
@@ -127,6 +138,7 @@ export const KvEventSourceJson = Schema.Struct({
    */
   metricsUrl: Schema.optionalWith(Schema.NullOr(Schema.String), { exact: true })
 })
+/** One KV event source advertisement as decoded: one worker rank's publisher. */
 export type KvEventSource = typeof KvEventSourceJson.Type
 
 /** The file backend's document. */
@@ -135,25 +147,32 @@ export const DiscoveryDocumentJson = Schema.Struct({
   cards: Schema.Array(ModelCardInstanceJson),
   sources: Schema.Array(KvEventSourceJson)
 })
+/** The discovery file document as decoded. */
 export type DiscoveryDocument = typeof DiscoveryDocumentJson.Type
 
 // ---------------------------------------------------------------------------------------------
 
 /** Key of one (worker, dp rank): `${workerId}/${dpRank}`. */
 export type RankKey = string
+/** The key of a worker rank in maps: `workerId/dpRank`. */
 export const rankKey = (workerId: WorkerId, dpRank: DpRank): RankKey => `${workerId}/${dpRank}`
 
-export type KvSourceAmbiguity =
+type KvSourceAmbiguity =
   | { readonly _tag: "Incarnations"; readonly publisherIds: ReadonlyArray<bigint> }
   | { readonly _tag: "ConflictingDescriptor"; readonly publisherId: bigint }
   | { readonly _tag: "EndpointMapping"; readonly endpoints: ReadonlyArray<EndpointId> }
 
+/**
+ * What discovery says about a rank's event source: missing, active (with or without recovery), or
+ * ambiguous.
+ */
 export type KvSourceStatus =
   | { readonly _tag: "Missing" }
   | { readonly _tag: "ActiveRecoverable"; readonly source: KvEventSource }
   | { readonly _tag: "ActiveLiveOnly"; readonly source: KvEventSource }
   | { readonly _tag: "Ambiguous"; readonly reason: KvSourceAmbiguity }
 
+/** The rank's source when discovery names exactly one, else undefined. */
 export const activeSource = (status: KvSourceStatus): KvEventSource | undefined =>
   status._tag === "ActiveRecoverable" || status._tag === "ActiveLiveOnly" ? status.source : undefined
 
@@ -165,10 +184,14 @@ export const isRecoverableSource = (source: KvEventSource): boolean =>
   source.recoveryTarget !== null ||
   (source.transport.kind === "engine-zmq" && source.transport.replayEndpoint !== null)
 
+/**
+ * The KV state endpoint a serving endpoint's sources publish under: one, or several (ambiguous).
+ */
 export type KvStateEndpointResolution =
   | { readonly _tag: "Resolved"; readonly endpoint: EndpointId }
   | { readonly _tag: "Ambiguous"; readonly endpoints: ReadonlyArray<EndpointId> }
 
+/** A worker rank discovery expects events from, with its source's status. */
 export interface ExpectedRank {
   readonly workerId: WorkerId
   readonly dpRank: DpRank

@@ -15,6 +15,7 @@ export type WorkerId = string
 /** A data-parallel rank (u32). */
 export type DpRank = number
 
+/** A Stored event's data: the blocks stored, their tokens hashes and their parent. */
 export interface StoredData {
   readonly _tag: "Stored"
   /** The engine's chained block hashes, in chain order. */
@@ -30,17 +31,21 @@ export interface StoredData {
   readonly resolveThroughLineage?: boolean | undefined
 }
 
+/** A Removed event's data: the blocks removed. */
 export interface RemovedData {
   readonly _tag: "Removed"
   readonly blockHashes: Uint32Array
 }
 
+/** A Cleared event's data: every block of the rank is gone. */
 export interface ClearedData {
   readonly _tag: "Cleared"
 }
 
+/** What a KV cache event says happened. */
 export type KvCacheEventData = StoredData | RemovedData | ClearedData
 
+/** One KV cache event of a worker rank, as the relay ingests it (PROTOCOL §3.1). */
 export interface RouterEvent extends CkfEvent {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
@@ -87,6 +92,7 @@ export const storedEvent = (
   }
 })
 
+/** A Removed event of `worker`'s rank (tests and simulators). */
 export const removedEvent = (
   worker: WorkerId | bigint | number,
   dpRank: DpRank,
@@ -101,6 +107,7 @@ export const removedEvent = (
   data: { _tag: "Removed", blockHashes: hashPairs(hashes) }
 })
 
+/** A Cleared event of `worker`'s rank (tests and simulators). */
 export const clearedEvent = (
   worker: WorkerId | bigint | number,
   dpRank: DpRank,
@@ -133,6 +140,7 @@ export type MalformedReason =
   | "lora"
   | "field-type"
 
+/** Every reason a message is refused as malformed, in the order metrics list them. */
 export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
   "frame-count",
   "publisher-id-width",
@@ -155,6 +163,7 @@ export const MALFORMED_REASONS: ReadonlyArray<MalformedReason> = [
 
 /** Why an engine event was skipped on purpose (PROTOCOL §3.2): it is not this worker's device cache. */
 export type SkipReason = "medium" | "locality" | "ownership" | "group" | "namespace"
+/** Every reason an event is skipped, in the order metrics list them. */
 export const SKIP_REASONS: ReadonlyArray<SkipReason> = [
   "medium",
   "locality",
@@ -162,6 +171,7 @@ export const SKIP_REASONS: ReadonlyArray<SkipReason> = [
   "group",
   "namespace"
 ]
+/** Events skipped so far, by reason. */
 export type SkipCounts = Readonly<Record<SkipReason, number>>
 
 /**
@@ -184,6 +194,7 @@ export type DropReason =
   | "fenced"
   | "handler-failed"
 
+/** Every reason a message or batch is dropped whole, in the order metrics list them. */
 export const DROP_REASONS: ReadonlyArray<DropReason> = [
   "stale",
   "malformed",
@@ -217,6 +228,7 @@ export type ZmtpErrorReason =
   /** A command frame whose body does not hold its own name. */
   | "command"
 
+/** Every reason a ZMTP connection is refused, in the order metrics list them. */
 export const ZMTP_ERROR_REASONS: ReadonlyArray<ZmtpErrorReason> = [
   "greeting-signature",
   "greeting-version",

@@ -92,16 +92,20 @@ export const ModelTokensOverlapJson = Schema.Struct({
   tokens: TokenIdsJson,
   loraName: LoraNameJson
 })
+/** An overlap query by model with the caller's local block hashes. */
 export const ModelLocalOverlapJson = Schema.Struct({ ...byModel, localBlockHashes: BlockHashesJson })
+/** An overlap query by indexer domain with tokens. */
 export const DomainTokensOverlapJson = Schema.Struct({
   ...byDomain,
   tokens: TokenIdsJson,
   loraName: LoraNameJson
 })
+/** An overlap query by indexer domain with the caller's local block hashes. */
 export const DomainLocalOverlapJson = Schema.Struct({ ...byDomain, localBlockHashes: BlockHashesJson })
 
 /** `POST /v1/overlap/batch`: the queries, 1 to 256, each decoded on its own. */
 export const MAX_OVERLAP_BATCH = 256
+/** The body of `POST /v1/overlap/batch`: up to 256 overlap queries. */
 export const OverlapBatchJson = Schema.Struct({
   queries: Schema.Array(
     Schema.Unknown.annotations({ description: "an overlap body, as POST /v1/overlap takes it" })
@@ -114,6 +118,7 @@ export const OverlapBatchJson = Schema.Struct({
   )
 })
 
+/** One lane's answer to an overlap query. */
 export const OverlapResultJson = Schema.Struct({
   relay: Schema.String,
   lane: U32,
@@ -123,15 +128,19 @@ export const OverlapResultJson = Schema.Struct({
   matchedTokens: Schema.Number
 })
 
+/** The answer to `POST /v1/overlap`: one result per ready lane. */
 export const OverlapResponseJson = Schema.Struct({ results: Schema.Array(OverlapResultJson) })
+/** An overlap answer as decoded. */
 export type OverlapResponse = typeof OverlapResponseJson.Type
 
+/** The answer to `POST /v1/overlap/batch`: the results of each query, in order. */
 export const OverlapBatchResponseJson = Schema.Struct({
   results: Schema.Array(Schema.Array(OverlapResultJson)),
   /** Per query: null, or the error the query would get from `POST /v1/overlap`. */
   errors: Schema.Array(Schema.NullOr(ErrorBodyJson))
 })
 
+/** One lane of an indexer domain in `GET /v1/domains`. */
 export const DomainLaneJson = Schema.Struct({
   lane: U32,
   relay: Schema.String,
@@ -160,7 +169,9 @@ export const DomainViewJson = Schema.Struct({
   lanes: Schema.Array(DomainLaneJson)
 })
 
+/** The answer to `GET /v1/domains`. */
 export const DomainsResponseJson = Schema.Array(DomainViewJson)
+/** The domains document as decoded. */
 export type DomainsResponse = typeof DomainsResponseJson.Type
 
 // ---------------------------------------------------------------------------------------------
@@ -183,6 +194,7 @@ export const GlobalHealthJson = Schema.Struct({
     })
   )
 })
+/** The global consumer's `GET /v1/health` document as decoded. */
 export type GlobalHealth = typeof GlobalHealthJson.Type
 
 /** Latency in milliseconds: lifetime mean and max, quantiles over the most recent queries. */
@@ -203,6 +215,7 @@ export const QueryRouteStatsJson = Schema.Struct({
   latency: QueryLatencyJson
 })
 
+/** One lane's counters in the global consumer's `GET /v1/stats`. */
 export const GlobalLaneStatsJson = Schema.Struct({
   lane: U32,
   domain: Schema.Struct({ cacheSemantics: CacheSemanticsJson, routingScope: RoutingScopeJson }),
@@ -251,13 +264,14 @@ export const GlobalStatsJson = Schema.Struct({
   ),
   queries: Schema.Array(QueryRouteStatsJson)
 })
+/** The global consumer's stats document as decoded. */
 export type GlobalStats = typeof GlobalStatsJson.Type
 
 // ---------------------------------------------------------------------------------------------
 // The routes (§7)
 
 /** `POST /v1/overlap`: by model or by pool domain, by tokens or by local block hashes. */
-export const OverlapRequestJson = Schema.Union(
+const OverlapRequestJson = Schema.Union(
   ModelTokensOverlapJson,
   ModelLocalOverlapJson,
   DomainTokensOverlapJson,

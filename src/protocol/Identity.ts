@@ -33,13 +33,17 @@ const CACHE_EXPLICIT_TAG = "dynamo/indexer-cache-semantics/explicit/v1"
 const ROUTING_DEFAULT_TAG = "dynamo/indexer-routing-scope/default/v1"
 const ROUTING_EXPLICIT_TAG = "dynamo/indexer-routing-scope/explicit/v1"
 
+/** At most this many entries in an explicit identity map. */
 export const EXPLICIT_MAX_ENTRIES = 32
+/** At most this many UTF-8 bytes in a key of an explicit identity map. */
 export const EXPLICIT_MAX_KEY_BYTES = 128
+/** At most this many UTF-8 bytes in a value of an explicit identity map. */
 export const EXPLICIT_MAX_VALUE_BYTES = 1024
 
 // ---------------------------------------------------------------------------------------------
 // Errors
 
+/** A DC name that breaks the name rules; `reason` says which. */
 export class InvalidDcName extends Data.TaggedError("InvalidDcName")<{
   readonly value: string
   readonly reason: NameProblem
@@ -49,6 +53,7 @@ export class InvalidDcName extends Data.TaggedError("InvalidDcName")<{
   }
 }
 
+/** Why an explicit identity map was refused. */
 export type ExplicitIdentityProblem =
   | "NoEntries"
   | "TooManyEntries"
@@ -94,6 +99,7 @@ export class InvalidIdentityMaterial extends Data.TaggedError("InvalidIdentityMa
   }
 }
 
+/** Why an indexer domain could not be resolved. */
 export type IndexerDomainError = ZeroBlockSize | InvalidQuerySemantics | InvalidIdentityMaterial
 
 // ---------------------------------------------------------------------------------------------
@@ -210,6 +216,7 @@ const selectedMaterial = (
 // ---------------------------------------------------------------------------------------------
 // Derivations
 
+/** The name, if it is a valid DC name. */
 export const validateDcName = (name: string): Either.Either<string, InvalidDcName> => {
   const problem = nameProblem(name)
   return problem === undefined
@@ -228,6 +235,7 @@ export const deriveStableDcId = (name: string): Either.Either<DcId, InvalidDcNam
 /** `stable_dc_id`; throws `InvalidDcName` (use `deriveStableDcId` for the error as a value). */
 export const stableDcId = (name: string): DcId => Either.getOrThrowWith(deriveStableDcId(name), (e) => e)
 
+/** What a cache-semantics identity is derived from: default material or an explicit map. */
 export interface CacheSemanticsInput {
   /** Default material, used only without an explicit map: `[sourcePath]` for cards. */
   readonly defaults: ReadonlyArray<string>
@@ -236,6 +244,7 @@ export interface CacheSemanticsInput {
   readonly hashFormat: KvQueryHashFormat
 }
 
+/** What a routing-scope identity is derived from: default material or an explicit map. */
 export interface RoutingScopeInput {
   /** Default material, used only without an explicit map: `[namespace, component, endpoint]`. */
   readonly defaults: ReadonlyArray<string>
@@ -297,11 +306,13 @@ export interface IndexerCard {
   readonly runtimeConfig: { readonly enableEagle: boolean }
 }
 
+/** An indexer domain with the query semantics its pools share. */
 export interface ResolvedIndexerDomain {
   readonly id: IndexerDomainId
   readonly querySemantics: KvQuerySemantics
 }
 
+/** True when two resolved domains are the same domain with the same semantics. */
 export const resolvedIndexerDomainEquals = (a: ResolvedIndexerDomain, b: ResolvedIndexerDomain): boolean =>
   a.id.equals(b.id) &&
   a.querySemantics.kvBlockSize === b.querySemantics.kvBlockSize &&
@@ -350,6 +361,7 @@ export const shown = (value: unknown): string => {
 
 // The message annotations below replace Effect's rendering of the whole expected type
 // ("Expected { readonly digest: Digest; … }, actual …") with the shape the user must send.
+/** Where an identity came from in JSON: `default_derived` or `explicit`. */
 export const IdentitySourceJson = Schema.Literal("default_derived", "explicit").annotations({
   message: (issue) => ({
     message: `expected "default_derived" or "explicit", got ${shown(issue.actual)}`,
@@ -361,6 +373,7 @@ const DigestIdentityFields = Schema.Struct({ digest: Digest, source: IdentitySou
   message: (issue) => `expected {digest, source}, got ${shown(issue.actual)}`
 })
 
+/** A cache-semantics identity in JSON (digest and source). */
 export const CacheSemanticsJson = Schema.transform(
   DigestIdentityFields,
   Schema.instanceOf(CacheSemanticsId),
@@ -371,6 +384,7 @@ export const CacheSemanticsJson = Schema.transform(
   }
 ).annotations({ identifier: "CacheSemanticsId" })
 
+/** A routing-scope identity in JSON (digest and source). */
 export const RoutingScopeJson = Schema.transform(DigestIdentityFields, Schema.instanceOf(RoutingScopeId), {
   strict: true,
   decode: ({ digest, source }) => new RoutingScopeId(hexToBytes(digest), source),
@@ -394,6 +408,7 @@ export const IndexerDomainJson = Schema.transform(
 /** Wire `POOL_IDENTITY_VERSION`; the native PoolId carries no version. */
 export const POOL_IDENTITY_VERSION = 1 as const
 
+/** A pool id in JSON. */
 export const PoolIdJson = Schema.transform(
   Schema.Struct({
     identityVersion: Schema.Literal(POOL_IDENTITY_VERSION),
@@ -415,6 +430,7 @@ export const PoolIdJson = Schema.transform(
   }
 ).annotations({ identifier: "PoolId" })
 
+/** The most buckets a CKF format may declare. */
 export const MAX_BUCKET_COUNT = 1 << 24
 
 const isBucketCount = (n: number): boolean =>
@@ -427,6 +443,7 @@ export const BucketCount = Schema.Number.pipe(
   )
 ).annotations({ identifier: "BucketCount" })
 
+/** A CKF format in JSON, checked for what the CKF core accepts. */
 export const CkfFormatJson = Schema.transformOrFail(
   Schema.Struct({
     formatVersion: Schema.Literal(1),
@@ -468,6 +485,7 @@ export const LayoutGeneration = U64.pipe(
   Schema.filter((value) => value !== 0n || "layoutGeneration must not be 0")
 ).annotations({ identifier: "LayoutGeneration" })
 
+/** A producer identity in JSON. */
 export const ProducerIdentityJson = Schema.transform(
   Schema.Struct({
     poolId: PoolIdJson,

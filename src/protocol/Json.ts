@@ -12,7 +12,9 @@ import type { WorkerId } from "./Events.js"
 // ---------------------------------------------------------------------------------------------
 // Decode / encode helpers
 
+/** A JSON document that could not be decoded; the message names the field at fault. */
 export class JsonDecodeError extends Data.TaggedError("JsonDecodeError")<{ readonly message: string }> {}
+/** A value that could not be encoded as its JSON document. */
 export class JsonEncodeError extends Data.TaggedError("JsonEncodeError")<{ readonly message: string }> {}
 
 const pathText = (path: ReadonlyArray<PropertyKey>): string => {
@@ -185,6 +187,7 @@ export const encodeJsonText = <A, I>(schema: Schema.Schema<A, I, never>) => {
     Either.map(encode(value), (json) => JSON.stringify(json))
 }
 
+/** A parse failure at `ast` with the given message (for schema transformations). */
 export const failType = (ast: SchemaAST.AST, actual: unknown, message: string) =>
   ParseResult.fail(new ParseResult.Type(ast, actual, message))
 
@@ -259,6 +262,7 @@ export const U32 = Schema.Number.pipe(
   Schema.filter((n) => (Number.isInteger(n) && n >= 0 && n <= 0xffff_ffff) || `expected a u32, got ${n}`)
 ).annotations({ identifier: "U32" })
 
+/** A string that is not empty. */
 export const NonEmptyString = Schema.String.pipe(Schema.filter((s) => s.length > 0 || "must not be empty"))
 
 /** 32 lowercase hex digits (a 16-byte identity digest). */
@@ -279,6 +283,7 @@ export const DcIdHex = Schema.transformOrFail(Schema.String, Schema.instanceOf(D
   encode: (dcId) => ParseResult.succeed(dcId.hex)
 }).annotations({ identifier: "DcId" })
 
+/** The bytes of an even-length hex string (already validated). */
 export const hexToBytes = (hex: string): Uint8Array => {
   const out = new Uint8Array(hex.length / 2)
   for (let i = 0; i < out.length; i++) out[i] = Number.parseInt(hex.slice(2 * i, 2 * i + 2), 16)

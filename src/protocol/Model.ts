@@ -12,6 +12,7 @@ import { compareArrays, compareUtf8, type NameProblem, nameProblem, nameProblemT
 // ---------------------------------------------------------------------------------------------
 // Errors
 
+/** A model, alias or adapter name that breaks the name rules; `field` says where it was. */
 export class InvalidModelName extends Data.TaggedError("InvalidModelName")<{
   /** Which field carried the name (`model`, `alias`, `baseModel`, `adapter`, …). */
   readonly field: string
@@ -23,6 +24,7 @@ export class InvalidModelName extends Data.TaggedError("InvalidModelName")<{
   }
 }
 
+/** Why a set of model registrations was refused. */
 export type RegistrationProblem =
   | "Empty"
   | "ConflictingTargets"
@@ -46,6 +48,7 @@ const registrationMessages: Record<
     `model alias ${quote(e.alias)} is claimed by both ${quote(e.firstOwner)} and ${quote(e.model)} in the same pool`
 }
 
+/** A card's model registrations were refused; `reason` says why. */
 export class InvalidRegistrations extends Data.TaggedError("InvalidRegistrations")<{
   readonly reason: RegistrationProblem
   readonly model?: string
@@ -58,6 +61,7 @@ export class InvalidRegistrations extends Data.TaggedError("InvalidRegistrations
   }
 }
 
+/** A KV block size of zero, which no query can be hashed with. */
 export class ZeroBlockSize extends Data.TaggedError("ZeroBlockSize")<{
   readonly field: string
 }> {
@@ -66,6 +70,7 @@ export class ZeroBlockSize extends Data.TaggedError("ZeroBlockSize")<{
   }
 }
 
+/** Query semantics (block size, hash format) the relay cannot answer queries under. */
 export class InvalidQuerySemantics extends Data.TaggedError("InvalidQuerySemantics")<{
   readonly field: "kvBlockSize" | "hashFormat" | string
   readonly value: unknown
@@ -77,8 +82,10 @@ export class InvalidQuerySemantics extends Data.TaggedError("InvalidQuerySemanti
   }
 }
 
+/** Why a serving endpoint's text is not `namespace.component.endpoint`. */
 export type EndpointIdProblem = "Format" | "EmptyPart" | "DotInPart"
 
+/** A serving endpoint's text that could not be parsed; `reason` says why. */
 export class InvalidEndpointId extends Data.TaggedError("InvalidEndpointId")<{
   readonly value: string
   readonly reason: EndpointIdProblem
@@ -93,8 +100,10 @@ export class InvalidEndpointId extends Data.TaggedError("InvalidEndpointId")<{
   }
 }
 
+/** Why a pool's worker roles were refused. */
 export type PoolDescriptorProblem = "EmptyRoles" | "DuplicateRole"
 
+/** A pool descriptor whose roles are empty or repeated. */
 export class InvalidPoolDescriptor extends Data.TaggedError("InvalidPoolDescriptor")<{
   readonly reason: PoolDescriptorProblem
   readonly role?: WorkerRole
@@ -109,7 +118,9 @@ export class InvalidPoolDescriptor extends Data.TaggedError("InvalidPoolDescript
 // ---------------------------------------------------------------------------------------------
 // CanonicalModelId and ModelAlias (§1.3)
 
+/** A model name that passed the name rules (PROTOCOL §2). */
 export type CanonicalModelId = Brand.Branded<string, "CanonicalModelId">
+/** An alias of a model that passed the name rules. */
 export type ModelAlias = Brand.Branded<string, "ModelAlias">
 
 const checkName = <A extends string>(value: string, field: string): Either.Either<A, InvalidModelName> => {
@@ -119,11 +130,13 @@ const checkName = <A extends string>(value: string, field: string): Either.Eithe
     : Either.left(new InvalidModelName({ field, value, reason: problem }))
 }
 
+/** The name as a `CanonicalModelId`, or why it breaks the name rules. */
 export const validateCanonicalModelId = (
   value: string,
   field = "model"
 ): Either.Either<CanonicalModelId, InvalidModelName> => checkName<CanonicalModelId>(value, field)
 
+/** The name as a `ModelAlias`, or why it breaks the name rules. */
 export const validateModelAlias = (
   value: string,
   field = "alias"
@@ -140,12 +153,14 @@ export const modelAlias = (value: string): ModelAlias =>
 // ---------------------------------------------------------------------------------------------
 // ModelTarget (§1.4)
 
+/** What a registered model serves: a base model, or a LoRA adapter on one. */
 export type ModelTarget = Data.TaggedEnum<{
   Base: { readonly baseModel: CanonicalModelId }
   Lora: { readonly baseModel: CanonicalModelId; readonly adapter: CanonicalModelId }
 }>
 export const ModelTarget = Data.taggedEnum<ModelTarget>()
 
+/** True for a `ModelTarget` value (a guard for values read from outside). */
 export const isModelTarget = (u: unknown): u is ModelTarget => {
   if (typeof u !== "object" || u === null || !("_tag" in u) || !("baseModel" in u)) return false
   if (typeof u.baseModel !== "string") return false
@@ -164,6 +179,7 @@ export const compareModelTargets = (a: ModelTarget, b: ModelTarget): number => {
 // ---------------------------------------------------------------------------------------------
 // CanonicalModelRegistration (§1.5)
 
+/** One model a pool serves: its name, its target and its aliases. */
 export interface CanonicalModelRegistration {
   readonly model: CanonicalModelId
   readonly target: ModelTarget
@@ -191,11 +207,13 @@ export const baseRegistration = (
   aliases: Iterable<ModelAlias> = []
 ): CanonicalModelRegistration => withTarget(model, ModelTarget.Base({ baseModel: model }), aliases)
 
+/** The order registrations are listed in: by model, then target, then aliases (byte-wise). */
 export const compareRegistrations = (a: CanonicalModelRegistration, b: CanonicalModelRegistration): number =>
   compareUtf8(a.model, b.model) ||
   compareModelTargets(a.target, b.target) ||
   compareArrays(a.aliases, b.aliases, compareUtf8)
 
+/** True when two registrations say the same thing. */
 export const registrationEquals = (a: CanonicalModelRegistration, b: CanonicalModelRegistration): boolean =>
   compareRegistrations(a, b) === 0
 
@@ -256,7 +274,9 @@ export const validatePoolRegistrations = (
 // ---------------------------------------------------------------------------------------------
 // KvQuerySemantics (§1.6)
 
+/** The block hash formats a query can be answered under. */
 export const KV_QUERY_HASH_FORMATS = ["dynamo_standard_v1", "dynamo_eagle_v1"] as const
+/** One of `KV_QUERY_HASH_FORMATS`. */
 export type KvQueryHashFormat = (typeof KV_QUERY_HASH_FORMATS)[number]
 
 /** The `u16` fed into cache-semantics material and carried on the wire enum. */
@@ -265,6 +285,7 @@ export const hashFormatIdentityVersion = (format: KvQueryHashFormat): 1 | 2 =>
 
 const U32_MAX = 0xffff_ffff
 
+/** What an overlap query needs to hash its tokens as the pool did: block size and hash format. */
 export class KvQuerySemantics extends Data.Class<{
   readonly kvBlockSize: number
   readonly hashFormat: KvQueryHashFormat
@@ -295,14 +316,18 @@ export class KvQuerySemantics extends Data.Class<{
 
 /** In the reference's declaration order, which is also the role order. */
 export const WORKER_ROLES = ["prefill", "decode", "encode", "aggregated", "legacy"] as const
+/** The role a worker plays in a pool (`legacy` for workers that do not say). */
 export type WorkerRole = (typeof WORKER_ROLES)[number]
 /** A card's `workerType`; an absent one means `legacy`. */
 export type WorkerType = Exclude<WorkerRole, "legacy">
+/** The worker types a card may declare. */
 export const WORKER_TYPES: ReadonlyArray<WorkerType> = ["prefill", "decode", "encode", "aggregated"]
 
+/** The role of a worker with the given declared type (`legacy` when it declares none). */
 export const roleFromWorkerType = (workerType: WorkerType | null | undefined): WorkerRole =>
   workerType ?? "legacy"
 
+/** The order roles are listed in. */
 export const compareWorkerRoles = (a: WorkerRole, b: WorkerRole): number =>
   WORKER_ROLES.indexOf(a) - WORKER_ROLES.indexOf(b)
 
@@ -355,6 +380,7 @@ export class EndpointId extends Data.Class<{
   }
 }
 
+/** The order serving endpoints are listed in: by namespace, component, endpoint (byte-wise). */
 export const compareEndpointIds = (a: EndpointId, b: EndpointId): number =>
   compareUtf8(a.namespace, b.namespace) ||
   compareUtf8(a.component, b.component) ||
@@ -363,11 +389,13 @@ export const compareEndpointIds = (a: EndpointId, b: EndpointId): number =>
 // ---------------------------------------------------------------------------------------------
 // DcRelayIdentity (§1.1) and DcPoolDescriptor (§1.9)
 
+/** Which relay process answers: its Dynamo runtime instance and its incarnation. */
 export class DcRelayIdentity extends Data.Class<{
   readonly drtInstanceId: bigint
   readonly relayIncarnation: bigint
 }> {}
 
+/** A pool as the catalog describes it: producer, serving endpoint, models and roles. */
 export interface DcPoolDescriptor {
   readonly producer: ProducerIdentity
   readonly servingEndpoint: EndpointId
@@ -377,8 +405,10 @@ export interface DcPoolDescriptor {
   readonly poolRoles: ReadonlyArray<WorkerRole>
 }
 
+/** The pool a descriptor describes. */
 export const poolIdOf = (descriptor: DcPoolDescriptor): PoolId => descriptor.producer.poolId
 
+/** The roles, if they are non-empty and distinct. */
 export const validatePoolRoles = (
   roles: ReadonlyArray<WorkerRole>
 ): Either.Either<ReadonlyArray<WorkerRole>, InvalidPoolDescriptor> => {
@@ -430,9 +460,11 @@ export interface RelayInfo {
 // ---------------------------------------------------------------------------------------------
 // Endpoints, models, semantics, roles
 
+/** The schema of one part of a serving endpoint (`namespace`, `component` or `endpoint`). */
 export const endpointPart = (part: "namespace" | "component" | "endpoint") =>
   Schema.String.pipe(Schema.filter((value) => endpointPartProblem(value, part)?.message ?? true))
 
+/** A serving endpoint as a JSON object of its three parts. */
 export const EndpointIdJson = Schema.transform(
   Schema.Struct({
     namespace: endpointPart("namespace"),
@@ -462,6 +494,7 @@ export const EndpointTextJson = Schema.transformOrFail(Schema.String, Schema.ins
     })
 }).annotations({ identifier: "EndpointText" })
 
+/** A model name in JSON, checked against the name rules. */
 export const CanonicalModelIdJson = Schema.String.pipe(
   Schema.filter((value) =>
     Either.match(validateCanonicalModelId(value), { onLeft: (e) => e.message, onRight: () => true })
@@ -469,6 +502,7 @@ export const CanonicalModelIdJson = Schema.String.pipe(
   Schema.brand("CanonicalModelId")
 ).annotations({ identifier: "CanonicalModelId" })
 
+/** A model alias in JSON, checked against the name rules. */
 export const ModelAliasJson = Schema.String.pipe(
   Schema.filter((value) =>
     Either.match(validateModelAlias(value), { onLeft: (e) => e.message, onRight: () => true })
@@ -531,6 +565,7 @@ export const RegistrationJson = Schema.transform(
   }
 )
 
+/** A block hash format in JSON. */
 export const KvQueryHashFormatJson = Schema.Literal(...KV_QUERY_HASH_FORMATS)
 
 /**
@@ -549,6 +584,7 @@ const BlockAddressingJson = Schema.String.pipe(
   )
 )
 
+/** Query semantics in JSON (`kvBlockSize`, `hashFormat`). */
 export const QuerySemanticsJson = Schema.transformOrFail(
   Schema.Struct({
     kvBlockSize: Schema.Number,
@@ -572,6 +608,7 @@ export const QuerySemanticsJson = Schema.transformOrFail(
   }
 ).annotations({ identifier: "KvQuerySemantics" })
 
+/** A worker role in JSON. */
 export const WorkerRoleJson = Schema.Literal(...WORKER_ROLES)
 
 // ---------------------------------------------------------------------------------------------

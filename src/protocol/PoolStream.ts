@@ -13,19 +13,26 @@
 
 import { CBI1_MAX_FRAME_BYTES } from "../ckf/cbi1.js"
 
+/** The content type of a pool stream (PROTOCOL §6). */
 export const POOL_STREAM_CONTENT_TYPE = "application/vnd.kvrelay.pool-stream.v1"
 
+/** The kind byte of a pool-stream frame. */
 export type PoolFrameKind = 1 | 2 | 3 | 4
+/** A frame carrying one CBI1 snapshot chunk. */
 export const FRAME_SNAPSHOT_CHUNK: PoolFrameKind = 1
+/** A frame carrying one CBI1 delta. */
 export const FRAME_DELTA: PoolFrameKind = 2
+/** A frame that only says the stream is alive. */
 export const FRAME_HEARTBEAT: PoolFrameKind = 3
+/** The last frame of a stream that ended on an error, carrying the error body. */
 export const FRAME_TERMINAL_ERROR: PoolFrameKind = 4
 
 /** Bytes after the length field before the payload: kind + three u64. */
 export const POOL_FRAME_FIXED_BYTES = 1 + 8 + 8 + 8
 /** The largest frame a receiver must accept: a full CBI1 chunk plus the fixed fields. */
-export const MAX_POOL_FRAME_BYTES = POOL_FRAME_FIXED_BYTES + CBI1_MAX_FRAME_BYTES
+const MAX_POOL_FRAME_BYTES = POOL_FRAME_FIXED_BYTES + CBI1_MAX_FRAME_BYTES
 
+/** One pool-stream frame: its kind, sequences, send time and payload. */
 export interface PoolFrame {
   readonly kind: PoolFrameKind
   readonly baseSequence: bigint
@@ -57,6 +64,7 @@ export const writePoolFrameAt = (
   return at + 4 + POOL_FRAME_FIXED_BYTES + payload.length
 }
 
+/** The frame's bytes, length prefix included. */
 export const encodePoolFrame = (frame: PoolFrame): Uint8Array => {
   const out = new Uint8Array(4 + POOL_FRAME_FIXED_BYTES + frame.payload.length)
   writePoolFrameAt(
@@ -72,6 +80,7 @@ export const encodePoolFrame = (frame: PoolFrame): Uint8Array => {
   return out
 }
 
+/** Bytes that are not a pool-stream frame; the message says what was wrong. */
 export class PoolFrameDecodeError extends Error {
   readonly _tag = "PoolFrameDecodeError"
 }

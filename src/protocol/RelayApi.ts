@@ -65,6 +65,7 @@ const isPoolDescriptor = (u: unknown): u is DcPoolDescriptor =>
   "poolRoles" in u &&
   Array.isArray(u.poolRoles)
 
+/** A pool descriptor in the catalog document (PROTOCOL §5). */
 export const PoolDescriptorJson = Schema.transformOrFail(
   Schema.Struct({
     producer: ProducerIdentityJson,
@@ -85,6 +86,7 @@ export const PoolDescriptorJson = Schema.transformOrFail(
   }
 )
 
+/** The relay's identity in JSON (`drtInstanceId`, `relayIncarnation`). */
 export const RelayIdentityJson = Schema.transform(
   Schema.Struct({ drtInstanceId: U64, relayIncarnation: U64 }),
   Schema.instanceOf(DcRelayIdentity),
@@ -98,6 +100,7 @@ export const RelayIdentityJson = Schema.transform(
   }
 ).annotations({ identifier: "DcRelayIdentity" })
 
+/** The protocol version every relay document carries. */
 export const PROTOCOL_VERSION = 1 as const
 
 const isCatalogSnapshot = (u: unknown): u is CatalogSnapshot =>
@@ -178,6 +181,7 @@ export const RelayInfoJson = Schema.transform(
   }
 )
 
+/** The `reason`s an error body may carry (PROTOCOL §7). */
 export const ERROR_REASONS = [
   "INVALID_REQUEST",
   "POOL_NOT_FOUND",
@@ -200,6 +204,7 @@ export const ERROR_REASONS = [
   "INVALID_PUBLICATION",
   "SNAPSHOT_PROGRESS_TIMEOUT"
 ] as const
+/** One of `ERROR_REASONS`. */
 export type ErrorReason = (typeof ERROR_REASONS)[number]
 
 /** Body of an HTTP error and payload of a terminal stream frame. */
@@ -207,6 +212,7 @@ export const ErrorBodyJson = Schema.Struct({
   reason: Schema.Literal(...ERROR_REASONS),
   message: Schema.String
 }).annotations({ identifier: "ErrorBody" })
+/** An error response body: `{reason, message}`. */
 export type ErrorBody = typeof ErrorBodyJson.Type
 
 /** `discovery` of `GET /v1/health`: the backend's state and when it last changed (ISO-8601, UTC). */
@@ -234,6 +240,7 @@ export const HealthJson = Schema.Struct({
   }),
   discovery: DiscoveryStatusJson
 })
+/** The relay's `GET /v1/health` document. */
 export type Health = typeof HealthJson.Type
 
 /** 1..=128 bytes of UTF-8 without control characters. */
@@ -252,6 +259,7 @@ export const SubscribeRequestJson = Schema.Struct({
   subscriberId: SubscriberIdJson,
   expectedProducer: ProducerIdentityJson
 })
+/** The body of a pool-stream subscription. */
 export type SubscribeRequest = typeof SubscribeRequestJson.Type
 
 // ---------------------------------------------------------------------------------------------
@@ -307,11 +315,13 @@ export const unsupportedProducerFeature = (input: unknown): string | undefined =
 
 /** `UNKNOWN` is a valid state: the relay has no authoritative availability for the group yet. */
 export const READINESS_STATES = ["READY", "UNAVAILABLE", "UNKNOWN"] as const
+/** A readiness state in JSON. */
 export const ReadinessStateJson = Schema.Literal(...READINESS_STATES)
 
 /** A role a worker card can declare (no `legacy`): the evaluator's present and missing roles. */
 export const WorkerTypeRoleJson = Schema.Literal(...WORKER_TYPES)
 
+/** One serving endpoint of a readiness entry, with its roles. */
 export const TopologyMemberJson = Schema.Struct({
   endpoint: EndpointIdJson,
   roles: Schema.Array(WorkerRoleJson),
@@ -319,12 +329,14 @@ export const TopologyMemberJson = Schema.Struct({
   poolId: Schema.optional(PoolIdJson)
 })
 
+/** The readiness of one LoRA adapter of a readiness entry. */
 export const AdapterReadinessJson = Schema.Struct({
   canonicalModelId: CanonicalModelIdJson,
   state: ReadinessStateJson,
   missingRoles: Schema.Array(WorkerTypeRoleJson)
 })
 
+/** One readiness entry: a model in a namespace, its state and members. */
 export const TopologyEntryJson = Schema.Struct({
   namespace: Schema.String,
   canonicalModelId: CanonicalModelIdJson,
@@ -337,6 +349,7 @@ export const TopologyEntryJson = Schema.Struct({
   legacyFallbackActive: Schema.Boolean,
   adapters: Schema.Array(AdapterReadinessJson)
 })
+/** A readiness entry as decoded. */
 export type TopologyEntryDocument = typeof TopologyEntryJson.Type
 
 /** `GET /v1/readiness` and every `event: readiness` of `/v1/readiness/watch`. */
@@ -344,6 +357,7 @@ export const ReadinessJson = Schema.Struct({
   revision: U64,
   entries: Schema.Array(TopologyEntryJson)
 })
+/** The relay's readiness document as decoded. */
 export type ReadinessDocument = typeof ReadinessJson.Type
 
 /** One pool of a load window; unknown sums are sent as 0 (observed < expected marks them). */
@@ -368,6 +382,7 @@ export const LoadWindowJson = Schema.Struct({
   windowMs: U64,
   pools: Schema.Array(LoadPoolJson)
 })
+/** One load window as decoded. */
 export type LoadWindowDocument = typeof LoadWindowJson.Type
 
 /** `undefined` in the domain value, `null` in JSON. */
@@ -378,8 +393,10 @@ export const nullable = <A, I>(schema: Schema.Schema<A, I, never>) =>
     encode: (value) => value ?? null
   })
 
+/** A count in a stats document (a JSON number). */
 export const Count = Schema.Number
 
+/** The lifecycle states of a serving endpoint's slot, as `GET /v1/stats` reports them. */
 export const SLOT_LIFECYCLES = [
   "discovered",
   "starting",
@@ -397,6 +414,7 @@ export const SourceMetricsJson = Schema.Struct({
   error: Schema.optional(Schema.Struct({ reason: Schema.String, message: Schema.String }))
 })
 
+/** One serving endpoint's counters in `GET /v1/stats`. */
 export const EndpointStatsJson = Schema.Struct({
   servingEndpoint: EndpointTextJson,
   lifecycle: Schema.Literal(...SLOT_LIFECYCLES),
@@ -545,6 +563,7 @@ export const DiagnosticSnapshotJson = Schema.Struct({
   format: CkfFormatJson,
   buckets: BucketWordsBase64
 })
+/** The diagnostic snapshot document as decoded. */
 export type DiagnosticSnapshotDocument = typeof DiagnosticSnapshotJson.Type
 
 // ---------------------------------------------------------------------------------------------
@@ -577,7 +596,7 @@ export const openApiEndpoint = HttpApiEndpoint.get("openApi", "/v1/openapi.json"
   .annotate(OpenApi.Summary, "This document")
 
 /** Server-sent events (`text/event-stream`); the events' data are the documents named per route. */
-export const SseBody = HttpApiSchema.Text({ contentType: "text/event-stream" })
+const SseBody = HttpApiSchema.Text({ contentType: "text/event-stream" })
 
 /** `?subscriber=ID`: who asks (logged with the stream); required by the catalog watch only. */
 const subscriberParam = Schema.Struct({ subscriber: SubscriberIdJson })

@@ -17,7 +17,7 @@ export type RouteName<Api> =
     : never
 
 /** One route of an API: its endpoint's name, method and path. */
-export interface Route<Name extends string> {
+interface Route<Name extends string> {
   readonly name: Name
   readonly method: string
   /** The path as declared (`/v1/endpoints/:endpoint/snapshot`). */

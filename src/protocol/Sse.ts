@@ -11,6 +11,7 @@ export const sseEvent = (event: string, json: string): Uint8Array =>
 /** A comment line that keeps idle connections (and proxies) alive. */
 export const sseHeartbeat: Uint8Array = encoder.encode(": heartbeat\n\n")
 
+/** One server-sent event: its name and its data. */
 export interface SseMessage {
   readonly event: string
   readonly data: string

@@ -12,11 +12,13 @@ const SURROUNDING_WHITESPACE = new RegExp(`^[${WHITESPACE}]|[${WHITESPACE}]$`, "
 // With the `u` flag a surrogate pair is one code point, so only lone surrogates match.
 const LONE_SURROGATE = /[\ud800-\udfff]/u
 
+/** True when the text starts or ends with white space. */
 export const hasSurroundingWhitespace = (value: string): boolean => SURROUNDING_WHITESPACE.test(value)
 
 /** False for strings with lone surrogates: they have no UTF-8 form and a Rust peer rejects them. */
 export const isWellFormedUnicode = (value: string): boolean => !LONE_SURROGATE.test(value)
 
+/** Why a name breaks the name rules. */
 export type NameProblem = "Empty" | "SurroundingWhitespace" | "NotUnicode"
 
 /** The `CanonicalModelId` / `ModelAlias` / DC name rule: non-empty, `trim(s) == s`. */
@@ -27,6 +29,7 @@ export const nameProblem = (value: string): NameProblem | undefined => {
   return undefined
 }
 
+/** The problem in words, for messages. */
 export const nameProblemText = (problem: NameProblem): string =>
   problem === "Empty"
     ? "must not be empty"

@@ -19,10 +19,10 @@ export type LiveBatchHandler = (
   events: ReadonlyArray<RouterEvent>
 ) => Effect.Effect<void> | undefined
 
-export type MalformedCounts = Readonly<Record<MalformedReason, number>>
+type MalformedCounts = Readonly<Record<MalformedReason, number>>
 
 /** Running totals since the subscriptions were made; closed sources still count. */
-export interface LiveSubscriptionTotals {
+interface LiveSubscriptionTotals {
   readonly messages: number
   readonly events: number
   readonly blocks: number
@@ -33,7 +33,7 @@ export interface LiveSubscriptionTotals {
 }
 
 /** Live subscriptions of one KV-state endpoint's sources. */
-export interface LiveEventSubscriptions {
+interface LiveEventSubscriptions {
   /** Opens and closes subscriptions so that exactly these sources are subscribed. */
   readonly sync: (sources: ReadonlyArray<KvEventSource>) => Effect.Effect<void>
   /** Subscribed sources whose connection to the publisher is established. */
@@ -47,11 +47,12 @@ export interface LiveEventSubscriptions {
 }
 
 /** Facts of the pool whose sources are subscribed, that decoding checks events against. */
-export interface LiveSubscriptionOptions {
+interface LiveSubscriptionOptions {
   /** The card's `kvCacheBlockSize`. */
   readonly kvBlockSize?: number | undefined
 }
 
+/** How the relay subscribes to KV event sources (ZeroMQ in the product). */
 export interface KvEventTransport {
   /** Subscriptions that deliver batches to `handler` in FIFO order per source; closed with the scope. */
   readonly subscribe: (

@@ -20,7 +20,7 @@ import type { RouterEvent } from "../protocol/Events.js"
 /** Buffer bound (in commit groups); on overflow the oldest entries are dropped. */
 export const RECOVERY_PENDING_LIVE_EVENT_LIMIT = 1024
 /** `plan_pending_drain` discards everything before `len - margin` in one step when that entry is stale. */
-export const RECOVERY_PENDING_FAST_PRUNE_MARGIN = 10
+const RECOVERY_PENDING_FAST_PRUNE_MARGIN = 10
 
 /** A run of consecutive events that share one event id; never empty. */
 export interface CommitGroup {
@@ -41,6 +41,7 @@ export const commitGroups = (events: ReadonlyArray<RouterEvent>): Array<CommitGr
   return groups
 }
 
+/** A commit group of one event. */
 export const singleEventGroup = (event: RouterEvent): CommitGroup => ({
   eventId: event.eventId,
   events: [event]
@@ -50,12 +51,13 @@ const containsClear = (group: CommitGroup): boolean =>
   group.events.some((event) => event.data._tag === "Cleared")
 
 /** `CursorState::observe` of the simple cursor (recovery-events.md §2.1); `undefined` is `Initial`. */
-export type CursorObservation =
+type CursorObservation =
   | { readonly _tag: "Initial"; readonly got: number }
   | { readonly _tag: "Stale"; readonly got: number; readonly lastApplied: number }
   | { readonly _tag: "Contiguous"; readonly got: number }
   | { readonly _tag: "Gap"; readonly expected: number; readonly got: number }
 
+/** What an arriving event id means against the rank's cursor: first, next, or a gap. */
 export const observeCursor = (cursor: number | undefined, got: number): CursorObservation => {
   if (cursor === undefined) return { _tag: "Initial", got }
   if (got <= cursor) return { _tag: "Stale", got, lastApplied: cursor }
@@ -63,6 +65,7 @@ export const observeCursor = (cursor: number | undefined, got: number): CursorOb
   return { _tag: "Gap", expected: cursor + 1, got }
 }
 
+/** What to do with a live event group of a rank. */
 export type LiveEventAction =
   | { readonly _tag: "Ignore" }
   /** Admit the group; commit with `commitLiveAdmission(eventId)` once every event was admitted. */
@@ -86,7 +89,7 @@ export type LiveEventAction =
 
 const IGNORE: LiveEventAction = { _tag: "Ignore" }
 
-export interface PendingDrainPlan {
+interface PendingDrainPlan {
   /** The buffered tail to admit after the recovered events, flattened in group order. */
   readonly events: ReadonlyArray<RouterEvent>
   readonly cursor: number | undefined
@@ -96,6 +99,7 @@ export interface PendingDrainPlan {
 
 const byEventId = (a: CommitGroup, b: CommitGroup): number => a.eventId - b.eventId
 
+/** One rank's ingest cursor and recovery state, as its supervisor tracks them. */
 export class RankState {
   /**
    * The id of the last group admitted to the target's queue: queue admission, not confirmed

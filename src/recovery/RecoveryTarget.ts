@@ -17,6 +17,7 @@ import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
  */
 export type SourceEpoch = number
 
+/** Why a rank was reset before its recovery. */
 export type RecoveryResetReason = "Lifecycle" | "TreeDumpFailed" | "TargetFault"
 
 /** A target refused or could not complete a command; `reason` classifies it for the caller. */
@@ -25,6 +26,7 @@ export class RecoveryTargetError extends Data.TaggedError("RecoveryTargetError")
   readonly message: string
 }> {}
 
+/** What a supervisor applies events and recoveries to (the pool actor in the relay). */
 export interface RecoveryTarget {
   readonly admitEvent: (
     sourceEpoch: SourceEpoch,

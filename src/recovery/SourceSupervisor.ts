@@ -24,13 +24,18 @@ import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 import type { RecoveryTarget, SourceEpoch } from "./RecoveryTarget.js"
 import type { WorkerQueryTransport } from "./WorkerQuery.js"
 
+/** Worker query attempts of one recovery before the rank is degraded. */
 export const RECOVERY_MAX_RETRIES = 8
+/** The first wait between recovery attempts; it doubles after each. */
 export const RECOVERY_INITIAL_BACKOFF_MS = 200
+/** Recoveries that run at once across a supervisor's ranks. */
 export const RECOVERY_CONCURRENCY_LIMIT = 16
+/** How long one worker query attempt may take, by default. */
 export const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT: Duration.Duration = Duration.seconds(30)
 /** Full restores wait a uniform 0–3000 µs first, so a membership wave does not query in lockstep. */
 export const FULL_RESTORE_JITTER_MICROS = 3000
 
+/** What the supervisor did about a recovery target's fault. */
 export type TargetFaultDisposition = "Recovering" | "ResetLiveOnly" | "Fenced" | "Stale"
 
 /**
@@ -62,6 +67,7 @@ export interface SourceBinding {
  */
 export type SourceState = "live" | "recovering" | "degraded"
 
+/** A supervisor's workers and ranks, by state, for health and stats. */
 export interface SourceSupervisorHealth {
   readonly workerCount: number
   readonly rankCount: number
@@ -104,6 +110,7 @@ export interface SourceSupervisorCounters {
   readonly restarts: number
 }
 
+/** Follows one pool's expected ranks: their sources, gaps and recoveries. */
 export interface SourceSupervisor {
   /**
    * Apply the latest membership snapshot. Re-reading after taking the membership lock prevents a
@@ -159,6 +166,7 @@ export interface SourceSupervisor {
   readonly shutdown: Effect.Effect<void>
 }
 
+/** What a supervisor recovers into and through, and its limits. */
 export interface SourceSupervisorOptions {
   readonly target: RecoveryTarget
   readonly transport: WorkerQueryTransport

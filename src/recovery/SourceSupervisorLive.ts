@@ -75,6 +75,7 @@ const recoveryRetrySchedule = Schedule.exponential(Duration.millis(RECOVERY_INIT
   Schedule.intersect(Schedule.recurs(RECOVERY_MAX_RETRIES - 1))
 )
 
+/** A source supervisor in the current scope. */
 export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupervisor, never, Scope.Scope> =>
   Effect.gen(function* () {
     const { target, transport } = options

@@ -8,6 +8,7 @@ import { Data, type Effect } from "effect"
 import type { KvEventSource } from "../protocol/Discovery.js"
 import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
 
+/** A worker query for a rank's events from an id on (recovery-events §6). */
 export interface WorkerKvQueryRequest {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
@@ -18,6 +19,7 @@ export interface WorkerKvQueryRequest {
   readonly supportsTreeDumpFailed: boolean
 }
 
+/** A worker's answer: its events, a tree dump, or why it has neither. */
 export type WorkerKvQueryResponse =
   | {
       readonly _tag: "Events"
@@ -57,6 +59,7 @@ export interface WorkerQueryContext {
   readonly kvBlockSize?: number | undefined
 }
 
+/** How the supervisor sends worker queries. */
 export interface WorkerQueryTransport {
   readonly queryWorker: (
     source: KvEventSource,

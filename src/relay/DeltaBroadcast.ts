@@ -24,9 +24,9 @@
 import { Effect, Option } from "effect"
 import type { DcCkfDelta, DcCkfDeltaSink } from "../ckf/publisher.js"
 
-export const DEFAULT_DELTA_RECEIVER_CAPACITY = 64
+const DEFAULT_DELTA_RECEIVER_CAPACITY = 64
 
-export type DeltaBroadcastCloseMode = "drain" | "discard"
+type DeltaBroadcastCloseMode = "drain" | "discard"
 
 /** This receiver fell behind the bounded delta buffer; it was closed and needs a fresh snapshot. */
 export interface DeltaStreamLagged {
@@ -50,7 +50,7 @@ export interface DeltaReceiver {
 /** Why an enqueue was refused: the publisher fences the lease (`DeliveryUncertain`). */
 export type DeltaBroadcastSendError = "no delta receivers attached"
 
-export interface DeltaBroadcast {
+interface DeltaBroadcast {
   /** The publisher's sink. Synchronous and non-blocking. */
   readonly sink: DcCkfDeltaSink<DeltaBroadcastSendError>
   /** A receiver that gets every delta sent after this call (synchronous, for the actor's barrier). */
@@ -210,6 +210,7 @@ class Broadcast implements DeltaBroadcast {
   }
 }
 
+/** A delta fan-out whose receivers each hold up to `capacity` deltas. */
 export const makeDeltaBroadcast = (capacity: number = DEFAULT_DELTA_RECEIVER_CAPACITY): DeltaBroadcast => {
   if (!Number.isInteger(capacity) || capacity <= 0) {
     throw new RangeError(`delta receiver capacity must be a positive integer, got ${capacity}`)

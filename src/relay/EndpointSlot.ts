@@ -100,17 +100,17 @@ export const targetFaultRetirementMode = (
   disposition: TargetFaultDisposition
 ): PoolRetirementMode | undefined => (disposition === "Fenced" ? "Fenced" : undefined)
 
-export const START_RETRY_INITIAL: Duration.Duration = Duration.millis(100)
+const START_RETRY_INITIAL: Duration.Duration = Duration.millis(100)
 /**
  * How long the first ranks' restores wait for the rest of the initial wave before the pool is
  * rebuilt from the ones that arrived. The seed waits a whole recovery attempt (30 s); a replay
  * endpoint that never answers then holds every healthy sibling's blocks back that long
  * (PROTOCOL §3.2). A straggler's restore lands later in a batch of its own.
  */
-export const INITIAL_RECOVERY_WAVE_DEADLINE: Duration.Duration = Duration.millis(500)
-export const START_RETRY_MAX: Duration.Duration = Duration.seconds(5)
+const INITIAL_RECOVERY_WAVE_DEADLINE: Duration.Duration = Duration.millis(500)
+const START_RETRY_MAX: Duration.Duration = Duration.seconds(5)
 /** How often each rank's `kvUsedBlocks` is observed from the actor's member block counts. */
-export const LOAD_OBSERVATION_INTERVAL: Duration.Duration = Duration.seconds(1)
+const LOAD_OBSERVATION_INTERVAL: Duration.Duration = Duration.seconds(1)
 
 // ---------------------------------------------------------------------------------------------
 // Bindings and pure helpers
@@ -121,7 +121,7 @@ export interface ActorBinding {
   readonly kvStateEndpoint: EndpointId
 }
 
-export const bindingEquals = (a: ActorBinding | undefined, b: ActorBinding | undefined): boolean =>
+const bindingEquals = (a: ActorBinding | undefined, b: ActorBinding | undefined): boolean =>
   a === undefined || b === undefined
     ? a === b
     : resolvedIndexerDomainEquals(a.domain, b.domain) &&
@@ -140,7 +140,7 @@ export const inactiveSlotLifecycle = (membership: EndpointMembership | undefined
       : "discovered"
 
 /** The materialization gate (§2.8): the binding a generation should have now, if any. */
-export const desiredBinding = (
+const desiredBinding = (
   membership: EndpointMembership | undefined,
   sourceView: CoordinatedSourceView | undefined
 ): ActorBinding | undefined => {
@@ -157,7 +157,7 @@ export const desiredBinding = (
 const sameMembership = (a: EndpointMembership | undefined, b: EndpointMembership | undefined): boolean =>
   a === b || (a !== undefined && b !== undefined && a.generation === b.generation && membershipEquals(a, b))
 
-export type RegistrationRefresh = "Skipped" | "Published"
+type RegistrationRefresh = "Skipped" | "Published"
 
 /**
  * Publishes new registrations for the active generation only while its binding is still the
@@ -204,7 +204,7 @@ export class EndpointSlotStatus {
 // ---------------------------------------------------------------------------------------------
 // The slot
 
-export interface EndpointSlotOptions {
+interface EndpointSlotOptions {
   readonly endpoint: EndpointId
   readonly dcId: DcId
   readonly registry: PoolRegistry
@@ -526,6 +526,18 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
           })
         )
 
+      /**
+       * Runs a supervisor call while the actor's faults are collected; a producer fence among
+       * them is reported and wins over the call's result.
+       */
+      const fencedOr = <A>(active: { readonly attachment: PoolAttachment }, call: Effect.Effect<A>) =>
+        Effect.gen(function* () {
+          const collected = yield* collectPendingWhile(active.attachment.faults, pending, call)
+          if (collected._tag !== "ProducerFence") return collected
+          yield* reportProducerFenceTrigger(collected.trigger)
+          return "Fenced" as const
+        })
+
       /** The retirement mode a fault asks for (undefined: the generation stays). */
       const handleFault = (action: PendingActorAction): Effect.Effect<PoolRetirementMode | undefined> =>
         Effect.gen(function* () {
@@ -541,9 +553,8 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
               return undefined
             case "ReportResourceFailure": {
               if (active === undefined) return undefined
-              const collected = yield* collectPendingWhile(
-                active.attachment.faults,
-                pending,
+              const collected = yield* fencedOr(
+                active,
                 active.subscriber.supervisor.handleTargetFault(
                   fault.workerId,
                   fault.dpRank,
@@ -551,17 +562,12 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
                   false
                 )
               )
-              if (collected._tag === "ProducerFence") {
-                yield* reportProducerFenceTrigger(collected.trigger)
-                return "Fenced" as const
-              }
-              return targetFaultRetirementMode(collected.value)
+              return collected === "Fenced" ? collected : targetFaultRetirementMode(collected.value)
             }
             case "RejectSource": {
               if (active === undefined) return undefined
-              const collected = yield* collectPendingWhile(
-                active.attachment.faults,
-                pending,
+              const collected = yield* fencedOr(
+                active,
                 active.subscriber.supervisor.rejectSource(
                   fault.workerId,
                   fault.dpRank,
@@ -569,11 +575,7 @@ export const run = (options: EndpointSlotOptions): Effect.Effect<void, never, Di
                   fault.message
                 )
               )
-              if (collected._tag === "ProducerFence") {
-                yield* reportProducerFenceTrigger(collected.trigger)
-                return "Fenced" as const
-              }
-              return undefined
+              return collected === "Fenced" ? collected : undefined
             }
             case "FenceAndRebuildProducer":
               return "Fenced" as const

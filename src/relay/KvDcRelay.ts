@@ -6,7 +6,7 @@
  * additively.
  */
 
-import { Context, type Deferred, type Effect, type Scope, type Stream, type SubscriptionRef } from "effect"
+import { Context, type Effect, type SubscriptionRef } from "effect"
 import type { MemberTierCount, TierStats } from "../ckf/canonical.js"
 import type { DcId, ProducerIdentity } from "../ckf/identity.js"
 import type { WorkerQueryResult } from "../ckf/workerQuery.js"
@@ -20,8 +20,8 @@ import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
 import type { EngineLoad, SourceMetricsStats } from "./EngineLoad.js"
 import type { DcPoolCatalog } from "./PoolCatalog.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
-import type { PoolFeed, PublicationFrame } from "./PublicationSource.js"
-import type { KvDcRelayError, PublicationError } from "./RelayErrors.js"
+import type { PublicationSource } from "./PublicationSource.js"
+import type { KvDcRelayError } from "./RelayErrors.js"
 
 /**
  * The state of an expected source rank (an advertised source of the pool), PROTOCOL §5 ◆3:
@@ -31,6 +31,7 @@ import type { KvDcRelayError, PublicationError } from "./RelayErrors.js"
  */
 export type ExpectedSourceState = "connecting" | SourceSupervisor.SourceState | "rejected"
 
+/** Where a serving endpoint's slot is in its life, as `GET /v1/stats` reports it. */
 export type SlotLifecycle = "discovered" | "starting" | "active" | "draining" | "fenced" | "lightweight"
 
 /** Expected source ranks by state, summed over the relay's endpoints (PROTOCOL §5 ◆3). */
@@ -59,6 +60,7 @@ export interface SourceStats {
   readonly metrics: SourceMetricsStats | undefined
 }
 
+/** The relay's `GET /v1/health` answer before encoding. */
 export interface RelayHealth {
   readonly healthy: boolean
   readonly shuttingDown: boolean
@@ -95,7 +97,7 @@ export interface EndpointAggregationStats {
   readonly occupiedSlotCount: number
 }
 
-export interface EndpointPublicationStats {
+interface EndpointPublicationStats {
   readonly sequence: bigint
   readonly pendingEvents: number
   readonly emittedImages: number
@@ -106,7 +108,7 @@ export interface EndpointPublicationStats {
   readonly netRevertedBuckets: number
 }
 
-export interface EndpointRecoveryStats {
+interface EndpointRecoveryStats {
   readonly degradedResets: number
   readonly rebuildCount: number
   readonly rebuildTotalMs: number
@@ -124,6 +126,7 @@ export interface EndpointRecoveryStats {
 /** The host and disk tiers' edges and memory (PROTOCOL §5.1 ◆3). */
 export type EndpointTierStats = TierStats
 
+/** Memory held by an endpoint's state. */
 export interface EndpointMemoryStats {
   readonly filterBytes: number
   readonly dirtyTrackingBytes: number
@@ -135,7 +138,7 @@ export interface EndpointMemoryStats {
   readonly insertionScratchCapacity: number
 }
 
-export interface EndpointActorStats {
+interface EndpointActorStats {
   readonly mailboxDepth: number
   readonly mailboxCapacity: number
   readonly activeCommand: string | undefined
@@ -164,6 +167,7 @@ export interface EndpointIngestStats {
   readonly unanchored: number
 }
 
+/** One serving endpoint's counters, as `GET /v1/stats` reports them. */
 export interface EndpointStats {
   readonly servingEndpoint: EndpointId
   readonly lifecycle: SlotLifecycle
@@ -185,6 +189,7 @@ export interface EndpointStats {
   readonly sources: ReadonlyArray<SourceStats>
 }
 
+/** The relay's `GET /v1/stats` answer before encoding. */
 export interface RelayStats {
   readonly identity: {
     readonly dcName: string
@@ -223,6 +228,7 @@ export interface EndpointSourceRank {
 
 export type { MemberTierCount }
 
+/** The running relay: catalog, membership, load, pool streams, health, stats and shutdown. */
 export interface KvDcRelayService {
   readonly dcName: string
   readonly dcId: DcId
@@ -241,20 +247,12 @@ export interface KvDcRelayService {
    * `ended` completes as soon as the stream is terminal, before its end is pulled
    * (`PublicationSource.subscribePool`).
    */
-  readonly subscribePool: (
-    expected: ProducerIdentity,
-    subscriberId: string,
-    ended?: Deferred.Deferred<PublicationError>
-  ) => Effect.Effect<Stream.Stream<PublicationFrame, PublicationError>, PublicationError, Scope.Scope>
+  readonly subscribePool: PublicationSource["subscribePool"]
   /**
    * `subscribePool` as a callback-driven `PoolFeed` (`PublicationSource.subscribePoolFeed`): the
    * HTTP pool stream's form, which moves frames without a fiber per frame.
    */
-  readonly subscribePoolFeed: (
-    expected: ProducerIdentity,
-    subscriberId: string,
-    ended?: Deferred.Deferred<PublicationError>
-  ) => Effect.Effect<PoolFeed, PublicationError, Scope.Scope>
+  readonly subscribePoolFeed: PublicationSource["subscribePoolFeed"]
   readonly health: Effect.Effect<RelayHealth>
   readonly stats: Effect.Effect<RelayStats, KvDcRelayError>
   readonly diagnosticSnapshot: (endpoint: EndpointId) => Effect.Effect<DiagnosticSnapshot, KvDcRelayError>
@@ -275,4 +273,5 @@ export interface KvDcRelayService {
   readonly shutdown: Effect.Effect<void>
 }
 
+/** The relay service (the seed's `KvDcRelay`). */
 export class KvDcRelay extends Context.Tag("kvrelay/KvDcRelay")<KvDcRelay, KvDcRelayService>() {}

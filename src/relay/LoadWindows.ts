@@ -15,10 +15,11 @@ import { loopStep, supervised } from "../observability/Supervised.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
 import { LoadWindowLagged, LoadWindowsClosed } from "./RelayErrors.js"
 
-export const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
-export const DEFAULT_LOAD_FANOUT_CAPACITY = 16
-export const MAX_LOAD_FANOUT_CAPACITY = 65_536
+const DEFAULT_LOAD_WINDOW: Duration.Duration = Duration.seconds(1)
+const DEFAULT_LOAD_FANOUT_CAPACITY = 16
+const MAX_LOAD_FANOUT_CAPACITY = 65_536
 
+/** One load window: every pool's load over the window, with its sequence and time. */
 export interface LoadWindow {
   readonly windowSequence: bigint
   /** Wall clock (Unix ms) when the window was cut. */
@@ -33,9 +34,9 @@ export interface LoadWindowPool extends PoolLoadSnapshot {
   readonly engine?: EngineLoadAdditions | undefined
 }
 
-export type LoadWindowError = LoadWindowLagged | LoadWindowsClosed
+type LoadWindowError = LoadWindowLagged | LoadWindowsClosed
 
-export interface LoadWindowSubscription {
+interface LoadWindowSubscription {
   /**
    * The next window: the current one first, then every newer one; fails once the subscriber was
    * dropped as lagged or the publisher stopped. Safe to interrupt (nothing is lost).
@@ -45,6 +46,7 @@ export interface LoadWindowSubscription {
   readonly windows: Stream.Stream<LoadWindow, LoadWindowError>
 }
 
+/** The relay's load windows: the current one and a subscription to the next ones. */
 export interface LoadWindows {
   readonly current: Effect.Effect<Option.Option<LoadWindow>>
   /** Subscribes until the scope closes. */
@@ -52,7 +54,7 @@ export interface LoadWindows {
   readonly subscriberCount: () => number
 }
 
-export interface LoadWindowsOptions {
+interface LoadWindowsOptions {
   /** Default 1 s; the first window is cut one window after start. */
   readonly window?: Duration.DurationInput | undefined
   /** Windows buffered per subscriber (default 16, at most 65,536). */

@@ -19,12 +19,14 @@ import { handBackWake, makeWaiter, queuedNow } from "./internal/FaultWaiter.js"
 import type { ActorFault } from "./PoolActor.js"
 import { DEFAULT_FAULT_CAPACITY } from "./PoolActor.js"
 
+/** Source faults held while a supervisor call runs, at most. */
 export const MAX_PENDING_SOURCE_FAULTS = DEFAULT_FAULT_CAPACITY
 
-export type ProducerFenceTrigger =
+type ProducerFenceTrigger =
   | { readonly _tag: "Fault"; readonly fault: ActorFault }
   | { readonly _tag: "PendingOverflow"; readonly fault: ActorFault }
 
+/** What a pending fault asks of the endpoint slot: handle one fault, or fence the producer. */
 export type PendingActorAction =
   | { readonly _tag: "Fault"; readonly fault: ActorFault }
   | { readonly _tag: "ProducerFence"; readonly trigger: ProducerFenceTrigger }
@@ -35,6 +37,7 @@ const sourceKey = (fault: ActorFault): string => `${fault.workerId}/${fault.dpRa
 const isStrongerSourceFault = (candidate: CkfFailureAction, current: CkfFailureAction): boolean =>
   current === "ReportResourceFailure" && candidate === "RejectSource"
 
+/** Actor faults that arrived while the endpoint slot was busy, kept in order for it to handle. */
 export class PendingActorFaults {
   private producerFence: ProducerFenceTrigger | undefined = undefined
   // Insertion order is the order sources first faulted: `Map` iteration keeps it.
@@ -140,7 +143,7 @@ export const drainReadyFaults = (
     }
   })
 
-export type FaultCollection<A> =
+type FaultCollection<A> =
   | { readonly _tag: "Completed"; readonly value: A }
   /** The effect was interrupted; the caller must retire the producer generation. */
   | { readonly _tag: "ProducerFence"; readonly trigger: ProducerFenceTrigger }
@@ -233,7 +236,7 @@ export const drainFaultsWhile = <A, E, R>(
     return yield* drain.pipe(Effect.onInterrupt(() => Effect.zipRight(Fiber.interrupt(fiber), closeAndLog)))
   })
 
-export const faultLogFields = (fault: ActorFault) => ({
+const faultLogFields = (fault: ActorFault) => ({
   workerId: fault.workerId,
   dpRank: fault.dpRank,
   sourceEpoch: fault.sourceEpoch,
@@ -243,11 +246,13 @@ export const faultLogFields = (fault: ActorFault) => ({
   error: fault.message
 })
 
+/** Logs an actor fault with its rank and disposition. */
 export const reportActorFault = (fault: ActorFault) =>
   Effect.logError("KV DC Relay actor failed an admitted mutation").pipe(
     Effect.annotateLogs(faultLogFields(fault))
   )
 
+/** Logs why the producer generation is being fenced. */
 export const reportProducerFenceTrigger = (trigger: ProducerFenceTrigger) =>
   trigger._tag === "Fault"
     ? reportActorFault(trigger.fault)

@@ -20,11 +20,17 @@ import type { SourceEpoch } from "../recovery/RecoveryTarget.js"
 import type { DeltaReceiver } from "./DeltaBroadcast.js"
 import type { KvDcRelayError, RelayShuttingDown } from "./RelayErrors.js"
 
+/** Commands a pool actor's mailbox holds by default. */
 export const DEFAULT_MAILBOX_CAPACITY = 256
+/** Blocks admitted but not yet applied, at most, by default. */
 export const DEFAULT_PENDING_BLOCK_PERMITS = 65_536
+/** Publications queued for the hub, at most, by default. */
 export const DEFAULT_PUBLICATION_CAPACITY = 64
+/** Actor faults queued for the endpoint slot, at most, by default. */
 export const DEFAULT_FAULT_CAPACITY = 16
+/** How long the actor gathers changes before it publishes a delta, by default. */
 export const DEFAULT_PUBLICATION_DELAY_MS = 1
+/** How long rank restores arriving together are gathered into one rebuild. */
 export const RECOVERY_REBUILD_BATCH_WINDOW_MS = 5
 
 /** What a producer generation publishes under. */
@@ -34,6 +40,7 @@ export interface StreamScope {
   readonly poolId: PoolId
 }
 
+/** A pool actor's capacities and delays. */
 export interface PoolActorOptions {
   /** Mailbox capacity (default 256). */
   readonly mailboxCapacity?: number
@@ -47,6 +54,10 @@ export interface PoolActorOptions {
   readonly faultCapacity?: number
 }
 
+/**
+ * What kind of fault an actor reports: a resource ran out, a source broke the protocol, or the
+ * producer's own invariant failed.
+ */
 export type ActorFaultCategory = "Resource" | "SourceProtocol" | "ProducerInvariant"
 
 /** A typed fault the actor reports to its owner; capacity omissions never become faults. */
@@ -60,6 +71,7 @@ export interface ActorFault {
   readonly message: string
 }
 
+/** What subscribing to an actor gives: its snapshot and the deltas after it. */
 export interface ActorSubscription {
   readonly snapshot: DcCkfSnapshot
   readonly deltas: DeltaReceiver
@@ -74,6 +86,7 @@ export interface ActorSnapshot {
   readonly stats: DcCkfStats
 }
 
+/** An actor's CKF counters and publication position. */
 export interface ActorStats {
   readonly stats: DcCkfStats
   /** The publisher's last sequence. */
@@ -102,7 +115,7 @@ export interface ActorWorkerQuery {
   readonly expected?: ReadonlyArray<CkfMemberRef> | undefined
 }
 
-export interface ActorDiagnostics {
+interface ActorDiagnostics {
   readonly activeCommand: string | undefined
   readonly shuttingDown: boolean
   readonly lastError: string | undefined
@@ -126,6 +139,7 @@ export interface ActorDiagnostics {
   readonly publishDelay: PublishDelaySnapshot
 }
 
+/** A rank's whole event history, replacing what the actor holds for it (a recovery). */
 export interface RankReplacement {
   readonly sourceEpoch: SourceEpoch
   readonly workerId: WorkerId
@@ -134,6 +148,10 @@ export interface RankReplacement {
   readonly events: ReadonlyArray<RouterEvent>
 }
 
+/**
+ * The actor that owns one pool generation's CKF state: every change to it goes through its
+ * mailbox.
+ */
 export interface PoolActor {
   readonly identity: ProducerIdentity
   /**

@@ -18,7 +18,7 @@ import type { RuntimeConfig } from "../protocol/Discovery.js"
 import type { DpRank, WorkerId } from "../protocol/Events.js"
 
 /** Data-parallel ranks one worker may declare. */
-export const MAX_DATA_PARALLEL_RANKS = 4096
+const MAX_DATA_PARALLEL_RANKS = 4096
 
 const U32_MAX = 0xffff_ffff
 const U64_MAX = (1n << 64n) - 1n
@@ -32,9 +32,9 @@ export interface ActiveLoad {
   readonly kvUsedBlocks?: bigint | undefined
 }
 
-export type LoadObservationOutcome = "UnknownRank" | "IgnoredAdvisory" | "Updated"
+type LoadObservationOutcome = "UnknownRank" | "IgnoredAdvisory" | "Updated"
 
-export type LoadCapacityProblem = "ZeroDataParallelSize" | "TooManyRanks" | "RankRangeOverflow"
+type LoadCapacityProblem = "ZeroDataParallelSize" | "TooManyRanks" | "RankRangeOverflow"
 
 const loadCapacityMessages: Record<
   LoadCapacityProblem,
@@ -51,6 +51,7 @@ const loadCapacityMessages: Record<
     `worker ${e.workerId} rank range overflow: start ${e.dataParallelStartRank} + size ${e.dataParallelSize}`
 }
 
+/** A pool's load capacity could not be set; `reason` says why. */
 export class LoadCapacityError extends Data.TaggedError("LoadCapacityError")<{
   readonly reason: LoadCapacityProblem
   readonly workerId: WorkerId
@@ -78,6 +79,7 @@ export interface PoolLoadSnapshot {
 export const hasDegradedCoverage = (snapshot: PoolLoadSnapshot): boolean =>
   snapshot.kvExpectedRanks === 0 || snapshot.kvObservedRanks < snapshot.kvExpectedRanks
 
+/** True when two pools' load snapshots are the same. */
 export const loadSnapshotEquals = (a: PoolLoadSnapshot, b: PoolLoadSnapshot): boolean =>
   a.producer.equals(b.producer) &&
   a.kvUsedBlocks === b.kvUsedBlocks &&

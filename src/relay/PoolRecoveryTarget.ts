@@ -21,11 +21,11 @@ import type { KvDcRelayError } from "./RelayErrors.js"
 
 import { foldTreeDump } from "./TreeDump.js"
 
-export interface KvDcRelayRecoveryTarget extends RecoveryTarget {
+interface KvDcRelayRecoveryTarget extends RecoveryTarget {
   readonly actor: PoolActor
 }
 
-export interface RecoveryTargetOptions {
+interface RecoveryTargetOptions {
   /** Shared by every pool's rebuilds (the seed's `rebuild_permit`). */
   readonly rebuildPermit: Effect.Semaphore
   /** Ranks whose first restore joins one initial rebuild; empty means no initial wave. */
@@ -49,6 +49,7 @@ const reasonOf = (error: KvDcRelayError): RecoveryTargetError["reason"] => {
   }
 }
 
+/** The relay's error as the supervisor's recovery target error. */
 export const toRecoveryTargetError = (error: KvDcRelayError): RecoveryTargetError =>
   new RecoveryTargetError({ reason: reasonOf(error), message: error.message })
 

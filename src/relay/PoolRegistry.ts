@@ -63,11 +63,13 @@ import type {
   UnknownPool
 } from "./RelayErrors.js"
 
+/** CKF tables allocated at once, by default. */
 export const DEFAULT_CKF_ALLOCATION_CONCURRENCY = 2
 
 // ---------------------------------------------------------------------------------------------
 // Requests and configuration
 
+/** How the registry sizes and runs each pool's actor. */
 export interface PoolActorConfig {
   /** Sizes each generation's CKF (the launcher default is 1,048,576). */
   readonly expectedUniqueBlocks: number
@@ -77,10 +79,11 @@ export interface PoolActorConfig {
 }
 
 /** Runtime facts of a serving pool; a local-only pool has none and publishes no load. */
-export interface PoolServingFacts {
+interface PoolServingFacts {
   readonly runtimeConfigs: ReadonlyMap<WorkerId, RuntimeConfig>
 }
 
+/** What a serving endpoint asks the registry for when it attaches to its pool. */
 export interface PoolAttachRequest {
   readonly poolId: PoolId
   readonly endpoint: EndpointId
@@ -90,6 +93,7 @@ export interface PoolAttachRequest {
   readonly servingFacts?: PoolServingFacts | undefined
 }
 
+/** How a pool generation ends: drained (`Graceful`) or cut off (`Fenced`). */
 export type PoolRetirementMode = "Graceful" | "Fenced"
 
 /** Builds CKF storage for a generation (a test hook can gate it; the seed's `attach_with_builder`). */
@@ -116,8 +120,10 @@ export const externalCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new DcCkf
 /** Builds a canonically addressed pool (PROTOCOL §3.3), the relay's default. */
 export const canonicalCkfBuilder: CkfBuilder = ckfBuilderOf((config) => new CanonicalCkfState(config))
 
+/** Builds a pool's CKF with the canonical core. */
 export const defaultCkfBuilder: CkfBuilder = canonicalCkfBuilder
 
+/** The registry's identity, actor settings and limits. */
 export interface PoolRegistryOptions {
   readonly relayIdentity: DcRelayIdentity
   readonly actorConfig: PoolActorConfig
@@ -133,12 +139,14 @@ export interface PoolRegistryOptions {
   readonly evictionGate?: Effect.Effect<void> | undefined
 }
 
+/** What attaching a serving endpoint to its pool fails with. */
 export type PoolAttachFailure =
   | PoolAttachError
   | InvalidRegistrations
   | InvalidPoolDescriptor
   | CkfBuildFailed
 
+/** What updating an attached pool's registrations or roles fails with. */
 export type PoolUpdateFailure =
   | PoolAttachError
   | InvalidRegistrations
@@ -168,6 +176,7 @@ export class GenerationLifetime {
   ) {}
 }
 
+/** An attached pool: its endpoint, actor and generation. */
 export interface PoolEntry {
   readonly endpoint: EndpointId
   readonly actor: PoolActor
@@ -183,6 +192,7 @@ export interface PoolEntry {
   readonly lifetime: GenerationLifetime
 }
 
+/** A layout generation reserved for an endpoint before its actor starts. */
 export interface PoolReservation {
   readonly endpoint: EndpointId
   readonly layoutGeneration: bigint
@@ -231,6 +241,9 @@ export class PoolAttachment {
 // ---------------------------------------------------------------------------------------------
 // The service
 
+/**
+ * The relay's pools by id: attaches endpoints, runs one actor per pool generation, retires them.
+ */
 export interface PoolRegistry {
   readonly relayIdentity: DcRelayIdentity
   /** Reserves a layout generation, allocates the CKF, starts the actor and publishes the pool. */

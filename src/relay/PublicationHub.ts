@@ -32,6 +32,7 @@ import {
 import { CBI1_MAX_DELTA_IMAGES, Cbi1Error, type Cbi1Expected, encodeCbi1Delta } from "../ckf/cbi1.js"
 import { LaneLease, type ProducerIdentity } from "../ckf/identity.js"
 import type { DcCkfDelta } from "../ckf/publisher.js"
+import { counterFamily } from "../observability/MetricFamilies.js"
 import { InjectedLoopFault, LoopFaults, supervised } from "../observability/Supervised.js"
 import type { DeltaReceiver } from "./DeltaBroadcast.js"
 import { type EncodingPermits, makeEncodingPermits } from "./internal/sync.js"
@@ -51,9 +52,10 @@ import {
 /** The supervised loop name of every hub's consumer fiber (`kvrelay_supervised_restarts_total`). */
 export const PUBLICATION_HUB_LOOP = "relay.publication-hub"
 
-export const DEFAULT_QUEUE_CAPACITY = 16
-export const DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
-export const DEFAULT_MAX_SUBSCRIBERS = 64
+const DEFAULT_QUEUE_CAPACITY = 16
+const DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
+const DEFAULT_MAX_SUBSCRIBERS = 64
+/** Publication hubs holding a mirror at once, by default. */
 export const DEFAULT_MAX_INITIALIZED_POOL_HUBS = 64
 /** What one queued frame costs a subscriber beyond its payload. */
 export const FRAME_OVERHEAD_BYTES = 256
@@ -65,21 +67,22 @@ export const minQueueBytes = (maxDeltaImages: number): number =>
 export const publicationLease = (identity: ProducerIdentity): LaneLease =>
   new LaneLease(identity.producerIncarnation, 0, identity.layoutGeneration)
 
+/** The error a stream ends with when its pool generation retired. */
 export const generationRetired = (): PublicationUnavailable =>
   new PublicationUnavailable({ reason: "pool generation retired" })
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const subscriberLagged = Metric.counter("kv_dc_relay_subscriber_lagged_total", {
-  description: "streams terminated for bounded-queue lag",
-  incremental: true
-}).pipe(Metric.tagged("stream", "pool"))
+const subscriberLagged = counterFamily(
+  "kv_dc_relay_subscriber_lagged_total",
+  "streams terminated for bounded-queue lag"
+).pipe(Metric.tagged("stream", "pool"))
 
-const subscriberLimitRejected = Metric.counter("kv_dc_relay_subscriber_limit_rejected_total", {
-  description: "subscriptions rejected at a limit",
-  incremental: true
-}).pipe(Metric.tagged("stream", "pool"))
+const subscriberLimitRejected = counterFamily(
+  "kv_dc_relay_subscriber_limit_rejected_total",
+  "subscriptions rejected at a limit"
+).pipe(Metric.tagged("stream", "pool"))
 
 /** Counted inside synchronous state transitions, where no effect may run. */
 export const countLimitRejection = (scope: "per_pool" | "initialized_hub"): void =>
@@ -88,6 +91,7 @@ export const countLimitRejection = (scope: "per_pool" | "initialized_hub"): void
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** A publication hub's queues, limits and time-outs. */
 export interface PublicationHubConfig {
   /** Frames queued per subscriber (default 16). */
   readonly queueCapacity: number
@@ -105,6 +109,7 @@ export interface PublicationHubConfig {
   readonly postSnapshotGate?: Effect.Effect<void> | undefined
 }
 
+/** A hub configuration from defaults and `overrides`, each value checked. */
 export const makePublicationHubConfig = (
   overrides: Partial<PublicationHubConfig> = {}
 ): Either.Either<PublicationHubConfig, InvalidPublicationHubConfig> => {
@@ -148,7 +153,7 @@ class MirrorImage {
   constructor(readonly words: Uint32Array) {}
 }
 
-export interface HubSnapshot {
+interface HubSnapshot {
   readonly identity: ProducerIdentity
   readonly lease: LaneLease
   readonly sequence: bigint
@@ -163,7 +168,7 @@ export interface HubFrame {
   readonly payload: Uint8Array
 }
 
-export type SubscriberCloseReason = "Active" | "Lagged" | "Retired"
+type SubscriberCloseReason = "Active" | "Lagged" | "Retired"
 
 /** A subscriber of one hub. One fiber at a time may `recv`. */
 export interface HubSubscription {
@@ -354,7 +359,7 @@ class HubSubscriber implements HubSubscription {
 // ---------------------------------------------------------------------------------------------
 // The hub
 
-export interface PublicationHubStats {
+interface PublicationHubStats {
   readonly ready: boolean
   readonly lastError: string | undefined
   readonly sequence: bigint
@@ -365,6 +370,10 @@ export interface PublicationHubStats {
   readonly laggedSubscribers: number
 }
 
+/**
+ * One pool's publication: a mirror of its filter that serves snapshots and fans deltas out to
+ * subscribers.
+ */
 export class PublicationHub {
   private ready = true
   private stopped = false
@@ -709,7 +718,7 @@ const snapshotProblem = (
   return undefined
 }
 
-export interface StartPublicationHubOptions {
+interface StartPublicationHubOptions {
   readonly actor: PoolActor
   readonly config: PublicationHubConfig
   /** Called (uninterruptibly) once with the reason when the hub fails for good. */

@@ -30,11 +30,11 @@ import type { PoolRegistry } from "./PoolRegistry.js"
 import type { HubFrame } from "./PublicationHub.js"
 import { PublicationError, type PublicationHubError, SubscriberLagged } from "./RelayErrors.js"
 
-export const DEFAULT_MAX_POOL_STREAMS = 64
-export const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration.Duration = Duration.seconds(60)
+const DEFAULT_MAX_POOL_STREAMS = 64
+const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration.Duration = Duration.seconds(60)
 
 /** The driver-level kind of a hub error (relay-service §3.3). */
-export const publicationErrorOf = (error: PublicationHubError): PublicationError => {
+const publicationErrorOf = (error: PublicationHubError): PublicationError => {
   switch (error._tag) {
     case "UnknownPool":
       return new PublicationError({ kind: "NotFound", message: error.message })
@@ -52,8 +52,9 @@ export const publicationErrorOf = (error: PublicationHubError): PublicationError
   }
 }
 
-export type PublicationFrameKind = "SnapshotChunk" | "Delta"
+type PublicationFrameKind = "SnapshotChunk" | "Delta"
 
+/** One frame of a pool stream before it is written: a snapshot chunk, a delta or a heartbeat. */
 export interface PublicationFrame {
   readonly kind: PublicationFrameKind
   readonly identity: ProducerIdentity
@@ -68,7 +69,7 @@ export interface PublicationFrame {
  * down (the stream ends silently), or the error the stream ended with. An end is final: every
  * later poll returns it again.
  */
-export type PoolFeedNext = ReadonlyArray<PublicationFrame> | PublicationError | "end"
+type PoolFeedNext = ReadonlyArray<PublicationFrame> | PublicationError | "end"
 
 /**
  * A pool stream as a callback-driven source, for a consumer that moves frames without a fiber per
@@ -86,6 +87,7 @@ export interface PoolFeed {
   readonly onReady: (wake: (() => void) | undefined) => void
 }
 
+/** Stream limits and snapshot permits of the publication source. */
 export interface PublicationSourceOptions {
   /** Pool streams open at once across all pools (default 64). */
   readonly maxActiveStreams?: number | undefined
@@ -95,6 +97,7 @@ export interface PublicationSourceOptions {
   readonly snapshotProgressTimeout?: Duration.DurationInput | undefined
 }
 
+/** Opens pool streams over the publication hubs, within the relay's stream limits. */
 export interface PublicationSource {
   /**
    * Opens a pool stream. Errors before the first frame (not found, producer changed, limits,
@@ -128,7 +131,7 @@ const END: Effect.Effect<never, Option.Option<never>> = Effect.fail(Option.none(
 const NOTHING_YET: ReadonlyArray<PublicationFrame> = []
 
 /** `feed` pulled: each pull takes what is ready, or waits for the feed's next wake-up. */
-export const feedStream = (feed: PoolFeed): Stream.Stream<PublicationFrame, PublicationError> => {
+const feedStream = (feed: PoolFeed): Stream.Stream<PublicationFrame, PublicationError> => {
   const settle = (
     next: PoolFeedNext
   ): Effect.Effect<Chunk.Chunk<PublicationFrame>, Option.Option<PublicationError>> | undefined => {

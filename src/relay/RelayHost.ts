@@ -87,16 +87,19 @@ import {
   UnknownEndpoint
 } from "./RelayErrors.js"
 
+/** Unique blocks a pool's CKF is sized for by default (`--expected-unique-blocks`). */
 export const DEFAULT_EXPECTED_UNIQUE_BLOCKS = 1_048_576
+/** Changed buckets that make the actor publish a delta at once, by default. */
 export const DEFAULT_PUBLICATION_THRESHOLD = 16
-export const DEFAULT_PUBLICATION_DELAY_MS = 1
-export const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT_MS = 30_000
+const DEFAULT_PUBLICATION_DELAY_MS = 1
+const DEFAULT_RECOVERY_ATTEMPT_TIMEOUT_MS = 30_000
 /** Worker queries in flight relay-wide (the seed's `DEFAULT_RECOVERY_FETCH_CONCURRENCY`). */
-export const DEFAULT_RECOVERY_FETCH_CONCURRENCY = RECOVERY_CONCURRENCY_LIMIT
+const DEFAULT_RECOVERY_FETCH_CONCURRENCY = RECOVERY_CONCURRENCY_LIMIT
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+/** Everything `kvrelay relay` configures about the relay itself (not its HTTP server). */
 export interface RelayHostConfig {
   /** `--dc-id`: the DC's name; its `stableDcId` is every pool's DC dimension. */
   readonly dcName: string
@@ -168,7 +171,7 @@ export const validateRelayConfig = (
 }
 
 /** A random 63-bit relay incarnation (the seed masks a random u64 with `i64::MAX`). */
-export const newRelayIncarnation: Effect.Effect<bigint> = Effect.gen(function* () {
+const newRelayIncarnation: Effect.Effect<bigint> = Effect.gen(function* () {
   const hi = yield* Random.nextIntBetween(0, 0x8000_0000)
   const lo = yield* Random.nextIntBetween(0, 0x1_0000_0000)
   return (BigInt(hi) << 32n) | BigInt(lo)
@@ -226,7 +229,7 @@ const ALWAYS_LIVE: DiscoveryStatus = { state: "live", since: new Date(0) }
  * `KvDcRelay::health` over the slots' statuses. Discovery is reported, not judged: a stale or
  * connecting backend leaves the relay healthy (PROTOCOL §2), since the last membership serves.
  */
-export const NO_SOURCES: SourceCounts = {
+const NO_SOURCES: SourceCounts = {
   expected: 0,
   connecting: 0,
   live: 0,
@@ -236,7 +239,7 @@ export const NO_SOURCES: SourceCounts = {
 }
 
 /** Counts expected sources by state. */
-export const countSources = (
+const countSources = (
   sources: Iterable<{ readonly state: ExpectedSourceState }>,
   into: { -readonly [K in keyof SourceCounts]: SourceCounts[K] } = { ...NO_SOURCES }
 ): SourceCounts => {
@@ -247,6 +250,7 @@ export const countSources = (
   return into
 }
 
+/** The relay's health from its endpoints' slot states and discovery's status. */
 export const relayHealth = (
   statuses: Iterable<EndpointSlot.EndpointSlotStatus>,
   shuttingDown: boolean,
@@ -786,5 +790,6 @@ const optionValue = <A>(option: { readonly _tag: "Some"; readonly value: A } | {
 /** `KvDcRelay::start`. */
 export const start = make
 
+/** The relay service, built from `config` over the `Discovery` in context. */
 export const layer = (config: RelayHostConfig): Layer.Layer<KvDcRelay, InvalidRelayConfig, Discovery> =>
   Layer.scoped(KvDcRelay, make(config))

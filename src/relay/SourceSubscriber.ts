@@ -40,22 +40,22 @@ import type { WorkerQueryTransport } from "../recovery/WorkerQuery.js"
 import type { EndpointIngestStats, ExpectedSourceState } from "./KvDcRelay.js"
 
 /** Readiness poll while some source's socket is still connecting. */
-export const CONNECTING_POLL: Duration.Duration = Duration.millis(20)
+const CONNECTING_POLL: Duration.Duration = Duration.millis(20)
 /** Readiness poll once every source is connected (detects transport discontinuities). */
-export const STEADY_POLL: Duration.Duration = Duration.millis(250)
+const STEADY_POLL: Duration.Duration = Duration.millis(250)
 /**
  * How long the first recovery wave waits for a source's socket. A rank still unconnected then is
  * released from the wave (`completeInitialRecovery`), so one unreachable publisher does not hold
  * the other ranks' first rebuild until the wave's deadline; it restores on its own once it connects.
  */
-export const INITIAL_CONNECT_GRACE: Duration.Duration = Duration.seconds(2)
+const INITIAL_CONNECT_GRACE: Duration.Duration = Duration.seconds(2)
 /** How long a new source's first restore may run before its `recovering` state is logged. */
-export const RECOVERING_WARN_AFTER: Duration.Duration = Duration.seconds(2)
+const RECOVERING_WARN_AFTER: Duration.Duration = Duration.seconds(2)
 /** How long a source may stay `connecting` before it is logged (PROTOCOL §5 ◆3). */
-export const CONNECTING_WARN_AFTER: Duration.Duration = Duration.seconds(5)
+const CONNECTING_WARN_AFTER: Duration.Duration = Duration.seconds(5)
 
 /** One expected source rank and its state. */
-export interface ExpectedSource {
+interface ExpectedSource {
   readonly workerId: string
   readonly dpRank: number
   readonly publisherId: bigint
@@ -71,18 +71,18 @@ export interface ExpectedSource {
 }
 
 /** The supervisor's health plus every expected source's state. */
-export interface SourceSubscriberHealth extends SourceSupervisor.SourceSupervisorHealth {
+interface SourceSubscriberHealth extends SourceSupervisor.SourceSupervisorHealth {
   readonly expected: ReadonlyArray<ExpectedSource>
 }
 
 /** The endpoint's source view as the KV source coordinator publishes it. */
-export interface SourceViewWatch {
+interface SourceViewWatch {
   readonly current: Effect.Effect<KvSourceMembershipView>
   /** The current view, then every changed view. */
   readonly changes: Stream.Stream<KvSourceMembershipView>
 }
 
-export interface SourceSubscriberOptions {
+interface SourceSubscriberOptions {
   readonly servingEndpoint: EndpointId
   readonly target: RecoveryTarget
   readonly sources: SourceViewWatch
@@ -98,6 +98,7 @@ export interface SourceSubscriberOptions {
   readonly initialConnectGrace?: Duration.DurationInput | undefined
 }
 
+/** One serving endpoint's subscriptions to its ranks' event sources, with their supervisor. */
 export interface SourceSubscriber {
   readonly supervisor: SourceSupervisor.SourceSupervisor
   readonly health: Effect.Effect<SourceSubscriberHealth>
@@ -107,6 +108,7 @@ export interface SourceSubscriber {
   readonly shutdown: Effect.Effect<void>
 }
 
+/** Ingest counters with nothing counted. */
 export const emptyIngest: EndpointIngestStats = {
   events: 0,
   blocks: 0,
@@ -129,6 +131,7 @@ const addByReason = <K extends string>(
   return out
 }
 
+/** The sum of two sets of ingest counters. */
 export const addIngest = (a: EndpointIngestStats, b: EndpointIngestStats): EndpointIngestStats => ({
   events: a.events + b.events,
   blocks: a.blocks + b.blocks,

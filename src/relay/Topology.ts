@@ -39,7 +39,7 @@ import type { DcPoolCatalog } from "./PoolCatalog.js"
 // ---------------------------------------------------------------------------------------------
 // Evaluator (§6.1)
 
-export type ReadinessState = "READY" | "UNAVAILABLE" | "UNKNOWN"
+type ReadinessState = "READY" | "UNAVAILABLE" | "UNKNOWN"
 
 /** Workers of one endpoint that share `(workerType, modelType, needs)`. */
 export interface ReadinessUnit {
@@ -50,7 +50,7 @@ export interface ReadinessUnit {
   readonly needs: ReadonlyArray<ReadonlyArray<WorkerType>>
 }
 
-export interface ReadinessEvaluation {
+interface ReadinessEvaluation {
   readonly ready: boolean
   /** Typed roles with a live worker, sorted. */
   readonly present: ReadonlyArray<WorkerType>
@@ -63,6 +63,7 @@ export interface ReadinessEvaluation {
 const sortedRoles = (roles: Iterable<WorkerType>): Array<WorkerType> =>
   Array.from(roles).sort(compareWorkerRoles)
 
+/** Whether a model's serving units cover the roles it needs, and which are missing. */
 export const evaluateReadiness = (units: ReadonlyArray<ReadinessUnit>): ReadinessEvaluation => {
   const present = new Set<WorkerType>()
   const liveUnits = new Map<WorkerType, number>()
@@ -104,22 +105,22 @@ export const evaluateReadiness = (units: ReadonlyArray<ReadinessUnit>): Readines
 // ---------------------------------------------------------------------------------------------
 // Projection (§6.2)
 
-export interface TopologyMember {
+interface TopologyMember {
   readonly endpoint: EndpointId
   readonly roles: ReadonlyArray<WorkerRole>
   readonly poolId?: PoolId | undefined
 }
 
-export interface AdapterReadiness {
+interface AdapterReadiness {
   /** The request-facing adapter name. */
   readonly canonicalModelId: CanonicalModelId
   readonly state: ReadinessState
   readonly missingRoles: ReadonlyArray<WorkerType>
 }
 
-export type DuplicateRole = "prefill" | "decode"
+type DuplicateRole = "prefill" | "decode"
 
-export interface TopologyEntry {
+interface TopologyEntry {
   readonly namespace: string
   readonly canonicalModelId: CanonicalModelId
   readonly state: ReadinessState
@@ -133,6 +134,7 @@ export interface TopologyEntry {
   readonly adapters: ReadonlyArray<AdapterReadiness>
 }
 
+/** The relay's readiness entries at one revision. */
 export interface TopologySnapshot {
   /** Starts at 1; +1 exactly when the entries change. */
   readonly revision: bigint
@@ -152,7 +154,7 @@ export const availabilityFromMembership = (view: DcMembershipView): EndpointAvai
   return availability
 }
 
-export interface TopologyProjection {
+interface TopologyProjection {
   readonly entries: ReadonlyArray<TopologyEntry>
   /** Pool-link keys (`endpoint base-model`) claimed by more than one catalog descriptor. */
   readonly conflictingLinks: ReadonlyArray<string>
@@ -275,6 +277,7 @@ const stateOf = (authoritative: boolean, evaluation: ReadinessEvaluation): Readi
 
 const isDuplicateRole = (role: WorkerType): role is DuplicateRole => role === "prefill" || role === "decode"
 
+/** The readiness entries of a membership view. */
 export const projectTopology = (
   view: DcMembershipView,
   catalog: DcPoolCatalog,
@@ -360,7 +363,7 @@ export const projectTopology = (
 }
 
 /** A canonical text of an entry list: equal texts ⇔ equal entries. */
-export const topologyEntriesKey = (entries: ReadonlyArray<TopologyEntry>): string =>
+const topologyEntriesKey = (entries: ReadonlyArray<TopologyEntry>): string =>
   JSON.stringify(
     entries.map((entry) => [
       entry.namespace,
@@ -387,13 +390,14 @@ export const nextTopologySnapshot = (
 // ---------------------------------------------------------------------------------------------
 // Publisher
 
+/** The readiness projection: its current snapshot and its changes. */
 export interface TopologyPublisher {
   /** The current snapshot and every later revision (watchers may see coalesced revisions). */
   readonly ref: SubscriptionRef.SubscriptionRef<TopologySnapshot>
   readonly current: Effect.Effect<TopologySnapshot>
 }
 
-export interface TopologyInputs {
+interface TopologyInputs {
   readonly membershipRef: SubscriptionRef.SubscriptionRef<DcMembershipView>
   readonly catalogRef: SubscriptionRef.SubscriptionRef<DcPoolCatalog>
   /** Default `availabilityFromMembership`. */

@@ -10,7 +10,6 @@
  */
 
 import { Clock, Effect, type Scope } from "effect"
-import * as zmq from "zeromq"
 import type { StorageTier } from "../ckf/events.js"
 import { localBlockHashes } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
@@ -19,8 +18,9 @@ import { clearedEvent, type DpRank, type RouterEvent, type WorkerId } from "../p
 import type { EndpointId } from "../protocol/Model.js"
 import { encodeDynamoMessage, KV_EVENT_TOPIC } from "../transport/DynamoZmq.js"
 import type { RouterEventEncodeOptions } from "../transport/msgpack.js"
-import { acquireSocket, bindSocket, EVENT_HWM, sendFrames, type ZmqError } from "../transport/ZmqSocket.js"
+import type { ZmqError } from "../transport/ZmqSocket.js"
 import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
+import { advertisement, bindSimulatedPub, logRestart, type SimulatedRank } from "./SimulatedPub.js"
 import type { WorkerQueryServer } from "./WorkerQueryServer.js"
 
 /** Publisher ids stay JSON-safe (Dynamo masks them to `MAX_JSON_SAFE_PUBLISHER_ID`). */
@@ -34,12 +34,14 @@ export const randomPublisherId = (): bigint => {
   return BigInt(id === 0 ? 1 : Math.min(id, MAX_PUBLISHER_ID))
 }
 
+/** Block hashes as hash pairs or as numbers. */
 export type HashInput = Uint32Array | ReadonlyArray<bigint | number>
 
-const pairsOf = (hashes: HashInput): Uint32Array =>
+/** The hashes as `[hi, lo]` word pairs. */
+export const pairsOf = (hashes: HashInput): Uint32Array =>
   hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
 
-export interface DynamoZmqPublisherOptions {
+interface DynamoZmqPublisherOptions {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   /** Default `kv-events`. */
@@ -55,19 +57,15 @@ export interface DynamoZmqPublisherOptions {
   readonly blockSize?: number
 }
 
-export interface StoreOptions {
+interface StoreOptions {
   readonly parentHash?: bigint
   /** The blocks' local hashes (default: of tokens derived from each block's hash). */
   readonly tokensHashes?: HashInput
   readonly storageTier?: StorageTier
 }
 
-export interface DynamoZmqPublisher {
-  readonly endpoint: string
-  readonly topic: string
-  readonly workerId: WorkerId
-  readonly dpRank: DpRank
-  readonly publisherId: Effect.Effect<bigint>
+/** A simulated Dynamo worker rank on the event plane. */
+export interface DynamoZmqPublisher extends SimulatedRank {
   /** The id the next event will get. */
   readonly nextEventId: Effect.Effect<number>
   /** Publishes one message holding `events` as given (ids are the caller's). */
@@ -78,8 +76,6 @@ export interface DynamoZmqPublisher {
   readonly clear: Effect.Effect<RouterEvent, ZmqError>
   /** The next `count` messages are recorded but not sent (a gap on the wire). */
   readonly dropNext: (count?: number) => Effect.Effect<void>
-  /** Sends arbitrary frames on the PUB socket (garbage tests). */
-  readonly sendRaw: (frames: ReadonlyArray<Uint8Array | string>) => Effect.Effect<void, ZmqError>
   /** A new incarnation: new publisher id, sequence 0, ids from 1, the rank's query history reset. */
   readonly restart: (publisherId?: bigint) => Effect.Effect<bigint>
   /** The discovery advertisement of the current incarnation. */
@@ -93,25 +89,19 @@ export interface DynamoZmqPublisher {
    * Only `store`, `remove`, `clear` and `restart` keep it: `publish` and `sendRaw` go around it.
    */
   readonly addressOf: (blockHash: bigint) => bigint
-  /** Blocks whose address is kept: those held now (tests). */
-  readonly addressCount: () => number
 }
 
+/** A simulated Dynamo worker rank bound for the scope's life. */
 export const makeDynamoZmqPublisher = (
   options: DynamoZmqPublisherOptions
 ): Effect.Effect<DynamoZmqPublisher, ZmqError, Scope.Scope> =>
   Effect.gen(function* () {
     const topic = options.topic ?? KV_EVENT_TOPIC
-    const socket = yield* acquireSocket(
-      () => new zmq.Publisher({ sendHighWaterMark: EVENT_HWM, sendTimeout: 0, linger: 0 })
-    )
-    const endpoint = yield* bindSocket(socket, options.endpoint ?? "tcp://127.0.0.1:*")
+    const pub = yield* bindSimulatedPub(options.endpoint)
+    const endpoint = pub.endpoint
     let publisherId = options.publisherId ?? randomPublisherId()
     let sequence = 0
     let nextEventId = 1
-    let dropping = 0
-    let sent = 0
-    let dropped = 0
     const server = options.queryServer
 
     const publish = (events: ReadonlyArray<RouterEvent>): Effect.Effect<void, ZmqError> =>
@@ -122,13 +112,7 @@ export const makeDynamoZmqPublisher = (
           { topic, publisherId, sequence: sequence++, publishedAtMs, events },
           options.encoding
         )
-        if (dropping > 0) {
-          dropping--
-          dropped++
-          return
-        }
-        sent++
-        yield* sendFrames(socket, frames, endpoint)
+        yield* pub.send(frames)
       })
 
     const emit = (build: (eventId: number) => RouterEvent): Effect.Effect<RouterEvent, ZmqError> =>
@@ -191,42 +175,29 @@ export const makeDynamoZmqPublisher = (
         addresses.clear()
         return clearedEvent(options.workerId, options.dpRank, eventId)
       }),
-      dropNext: (count = 1) =>
-        Effect.sync(() => {
-          dropping += count
-        }),
-      sendRaw: (frames) => sendFrames(socket, frames, endpoint),
+      dropNext: pub.dropNext,
+      sendRaw: pub.sendRaw,
       restart: (next) =>
         Effect.gen(function* () {
           publisherId = next ?? randomPublisherId()
           sequence = 0
           nextEventId = 1
-          dropping = 0
+          pub.cancelDrops()
           addresses.clear()
           if (server !== undefined) yield* server.resetRank(options.dpRank)
-          yield* Effect.logInfo("simulated dynamo publisher restarted").pipe(
-            Effect.annotateLogs({
-              workerId: options.workerId,
-              dpRank: options.dpRank,
-              publisherId: String(publisherId)
-            })
-          )
+          yield* logRestart("simulated dynamo publisher restarted", options, publisherId)
           return publisherId
         }),
       source: (kvStateEndpoint, sourceOptions = {}) =>
-        Effect.sync(
-          (): KvEventSource => ({
+        Effect.sync(() =>
+          advertisement(
             kvStateEndpoint,
-            workerId: options.workerId,
-            dpRank: options.dpRank,
+            options,
             publisherId,
-            transport: { kind: "dynamo-zmq", endpoint, topic },
-            recoveryTarget:
-              server !== undefined && (sourceOptions.recoverable ?? true)
-                ? { endpoint: server.endpoint }
-                : null
-          })
+            { kind: "dynamo-zmq", endpoint, topic },
+            server !== undefined && (sourceOptions.recoverable ?? true) ? { endpoint: server.endpoint } : null
+          )
         ),
-      stats: Effect.sync(() => ({ sent, dropped }))
+      stats: Effect.sync(pub.counts)
     } satisfies DynamoZmqPublisher
   })

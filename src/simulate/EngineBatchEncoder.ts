@@ -12,6 +12,7 @@ import { fixKey, MsgpackWriter } from "../transport/msgpack.js"
 export const mediumOfTier = (tier: StorageTier): string | null =>
   tier === "device" ? null : tier === "host_pinned" ? "CPU_PINNED" : tier === "disk" ? "DISK" : "EXTERNAL"
 
+/** One event of a simulated engine's batch, in the engine's own terms. */
 export type EngineEvent =
   | {
       readonly type: "BlockStored"
@@ -34,6 +35,7 @@ export type EngineEvent =
     }
   | { readonly type: "AllBlocksCleared" }
 
+/** How an engine writes its batches (maps or arrays, signed or unsigned hashes, medium). */
 export interface EngineFormat {
   /** Tagged maps (vLLM since #42892) or tagged arrays (SGLang, older vLLM). */
   readonly events: "map" | "array"
@@ -46,6 +48,7 @@ export interface EngineFormat {
   readonly medium: boolean
 }
 
+/** vLLM's batch format. */
 export const VLLM_FORMAT: EngineFormat = {
   events: "map",
   batch: "array",
@@ -54,6 +57,7 @@ export const VLLM_FORMAT: EngineFormat = {
   medium: true
 }
 
+/** SGLang's batch format. */
 export const SGLANG_FORMAT: EngineFormat = {
   events: "array",
   batch: "array",

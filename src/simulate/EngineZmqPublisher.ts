@@ -20,14 +20,13 @@ import { REPLAY_END_SEQ } from "../transport/EngineReplay.js"
 import {
   acquireSocket,
   bindSocket,
-  EVENT_HWM,
   receiveFrames,
   sendFrames,
   u64FrameOf,
   u64FrameValue,
   type ZmqError
 } from "../transport/ZmqSocket.js"
-import { type HashInput, randomPublisherId } from "./DynamoZmqPublisher.js"
+import { type HashInput, pairsOf, randomPublisherId } from "./DynamoZmqPublisher.js"
 import {
   type EngineEvent,
   type EngineFormat,
@@ -37,8 +36,9 @@ import {
   VLLM_FORMAT
 } from "./EngineBatchEncoder.js"
 import { AddressBook, defaultTokenIds } from "./SimulatedAddresses.js"
+import { advertisement, bindSimulatedPub, logRestart, type SimulatedRank } from "./SimulatedPub.js"
 
-export interface EngineZmqPublisherOptions {
+interface EngineZmqPublisherOptions {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   /** `vllm`, `sglang` or an explicit format. */
@@ -65,7 +65,7 @@ export interface EngineZmqPublisherOptions {
   readonly silentReplay?: boolean
 }
 
-export interface EngineStoreOptions {
+interface EngineStoreOptions {
   readonly parentHash?: bigint
   /** The blocks' token ids (default: derived from each block's hash, see `defaultTokenIds`). */
   readonly tokenIds?: ReadonlyArray<number>
@@ -75,14 +75,10 @@ export interface EngineStoreOptions {
   readonly storageTier?: StorageTier
 }
 
-export interface EngineZmqPublisher {
-  readonly endpoint: string
+/** A simulated vLLM or SGLang engine rank with its replay endpoint. */
+export interface EngineZmqPublisher extends SimulatedRank {
   readonly replayEndpoint: string | null
-  readonly topic: string
-  readonly workerId: WorkerId
-  readonly dpRank: DpRank
   readonly format: EngineFormat
-  readonly publisherId: Effect.Effect<bigint>
   /** The seq the next batch will get. */
   readonly nextSeq: Effect.Effect<number>
   /** Publishes one batch; returns its seq. */
@@ -102,7 +98,6 @@ export interface EngineZmqPublisher {
   readonly dropNext: (count?: number) => Effect.Effect<void>
   /** Forgets buffered batches with seq < `seq` (a replay then starts later: truncated history). */
   readonly forgetBefore: (seq: number) => Effect.Effect<void>
-  readonly sendRaw: (frames: ReadonlyArray<Uint8Array | string>) => Effect.Effect<void, ZmqError>
   /** A new incarnation: new publisher id, seq from 0, empty replay buffer. */
   readonly restart: (publisherId?: bigint) => Effect.Effect<bigint>
   readonly source: (kvStateEndpoint: EndpointId) => Effect.Effect<KvEventSource>
@@ -113,8 +108,6 @@ export interface EngineZmqPublisher {
    * and `sendRaw` go around it.
    */
   readonly addressOf: (blockHash: bigint) => bigint
-  /** Blocks whose address is kept: those held now (tests). */
-  readonly addressCount: () => number
   /** Batches kept for replay (at most `bufferSteps`; tests). */
   readonly bufferedBatches: () => number
 }
@@ -126,6 +119,7 @@ const tierOfMedium = (medium: string | null): string =>
 const formatOf = (format: EngineZmqPublisherOptions["format"]): EngineFormat =>
   format === "vllm" ? VLLM_FORMAT : format === "sglang" ? SGLANG_FORMAT : format
 
+/** A simulated engine rank bound for the scope's life. */
 export const makeEngineZmqPublisher = (
   options: EngineZmqPublisherOptions
 ): Effect.Effect<EngineZmqPublisher, ZmqError, Scope.Scope> =>
@@ -134,15 +128,10 @@ export const makeEngineZmqPublisher = (
     const topic = options.topic ?? ""
     const bufferSteps = options.bufferSteps ?? 10_000
     const blockSize = options.blockSize ?? 16
-    const pub = yield* acquireSocket(
-      () => new zmq.Publisher({ sendHighWaterMark: EVENT_HWM, sendTimeout: 0, linger: 0 })
-    )
-    const endpoint = yield* bindSocket(pub, options.endpoint ?? "tcp://127.0.0.1:*")
+    const pub = yield* bindSimulatedPub(options.endpoint)
+    const endpoint = pub.endpoint
     let publisherId = options.publisherId ?? randomPublisherId()
     let seq = 0
-    let dropping = 0
-    let sent = 0
-    let dropped = 0
     let replays = 0
     // (seq, payload) in seq order, at most `bufferSteps` entries.
     let buffer: Array<{ readonly seq: number; readonly payload: Uint8Array }> = []
@@ -189,13 +178,7 @@ export const makeEngineZmqPublisher = (
         const batchSeq = seq++
         buffer.push({ seq: batchSeq, payload })
         if (buffer.length > bufferSteps) buffer.shift()
-        if (dropping > 0) {
-          dropping--
-          dropped++
-          return batchSeq
-        }
-        sent++
-        yield* sendFrames(pub, [Buffer.from(topic, "utf8"), u64FrameOf(batchSeq), payload], endpoint)
+        yield* pub.send([Buffer.from(topic, "utf8"), u64FrameOf(batchSeq), payload])
         return batchSeq
       })
 
@@ -209,8 +192,6 @@ export const makeEngineZmqPublisher = (
         )
       )
 
-    const pairsOf = (hashes: HashInput): Uint32Array =>
-      hashes instanceof Uint32Array ? hashes : hashPairs(hashes)
     const addresses = new AddressBook()
 
     return {
@@ -277,42 +258,32 @@ export const makeEngineZmqPublisher = (
         addresses.clear()
         return publish([{ type: "AllBlocksCleared" }])
       }),
-      dropNext: (count = 1) =>
-        Effect.sync(() => {
-          dropping += count
-        }),
+      dropNext: pub.dropNext,
       forgetBefore: (from) =>
         Effect.sync(() => {
           buffer = buffer.filter((entry) => entry.seq >= from)
         }),
-      sendRaw: (frames) => sendFrames(pub, frames, endpoint),
+      sendRaw: pub.sendRaw,
       restart: (next) =>
         Effect.gen(function* () {
           publisherId = next ?? randomPublisherId()
           seq = 0
-          dropping = 0
+          pub.cancelDrops()
           buffer = []
           addresses.clear()
-          yield* Effect.logInfo("simulated engine restarted").pipe(
-            Effect.annotateLogs({
-              workerId: options.workerId,
-              dpRank: options.dpRank,
-              publisherId: String(publisherId)
-            })
-          )
+          yield* logRestart("simulated engine restarted", options, publisherId)
           return publisherId
         }),
       source: (kvStateEndpoint) =>
-        Effect.sync(
-          (): KvEventSource => ({
+        Effect.sync(() =>
+          advertisement(
             kvStateEndpoint,
-            workerId: options.workerId,
-            dpRank: options.dpRank,
+            options,
             publisherId,
-            transport: { kind: "engine-zmq", endpoint, topic, replayEndpoint },
-            recoveryTarget: null
-          })
+            { kind: "engine-zmq", endpoint, topic, replayEndpoint },
+            null
+          )
         ),
-      stats: Effect.sync(() => ({ sent, dropped, replays }))
+      stats: Effect.sync(() => ({ ...pub.counts(), replays }))
     } satisfies EngineZmqPublisher
   })

@@ -26,7 +26,7 @@ import {
 /** `WORKER_KV_INDEXER_BUFFER_SIZE`. */
 export const WORKER_RING_SIZE = 1024
 /** Blocks per synthetic tree-dump event (a chain is split into events of at most this many). */
-export const TREE_DUMP_BLOCKS_PER_EVENT = 256
+const TREE_DUMP_BLOCKS_PER_EVENT = 256
 
 // ---------------------------------------------------------------------------------------------
 // Block ledger: the stored-minus-removed block set of one rank, in first-stored order
@@ -259,7 +259,7 @@ class RankIndexer {
 // ---------------------------------------------------------------------------------------------
 // Server
 
-export interface WorkerQueryServerOptions {
+interface WorkerQueryServerOptions {
   readonly workerId: WorkerId
   /** Ranks served from the start; a rank also becomes served when an event of it is recorded. */
   readonly dpRanks?: ReadonlyArray<DpRank>
@@ -269,7 +269,7 @@ export interface WorkerQueryServerOptions {
   readonly bufferSize?: number
 }
 
-export interface WorkerQueryServerStats {
+interface WorkerQueryServerStats {
   readonly requests: number
   readonly unanswered: number
   readonly dumpsBuilt: number
@@ -278,6 +278,7 @@ export interface WorkerQueryServerStats {
   readonly responses: Readonly<Record<WorkerKvQueryResponse["_tag"], number>>
 }
 
+/** A simulated worker's query endpoint, answering from the events its publishers recorded. */
 export interface WorkerQueryServer {
   /** The bound endpoint (`tcp://127.0.0.1:PORT`). */
   readonly endpoint: string
@@ -303,6 +304,7 @@ export interface WorkerQueryServer {
 
 const DUMP_EXTENSION_BUDGET_DIVISOR = 2
 
+/** A worker query server bound for the scope's life. */
 export const makeWorkerQueryServer = (
   options: WorkerQueryServerOptions
 ): Effect.Effect<WorkerQueryServer, ZmqError, Scope.Scope> =>

@@ -25,12 +25,12 @@ import {
   type ZmqError
 } from "./ZmqSocket.js"
 
-export const DYNAMO_FRAME_VERSION = 0x01
-export const DYNAMO_FRAME_HEADER_BYTES = 5
+const DYNAMO_FRAME_VERSION = 0x01
+const DYNAMO_FRAME_HEADER_BYTES = 5
 /** The topic Dynamo publishes KV events under (`KV_EVENT_SUBJECT`). */
 export const KV_EVENT_TOPIC = "kv-events"
 
-export interface DynamoMessage {
+interface DynamoMessage {
   readonly topic: string
   readonly publisherId: bigint
   readonly sequence: number
@@ -168,7 +168,7 @@ const topicMatches = (buf: Uint8Array, start: number, length: number, topic: Uin
   return true
 }
 
-export interface DynamoSubscriptionOptions {
+interface DynamoSubscriptionOptions {
   readonly endpoint: string
   readonly topic: string
   /** Every decoded or malformed message, in arrival order. */

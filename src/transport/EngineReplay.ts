@@ -12,7 +12,7 @@ import type { DpRank, WorkerId } from "../protocol/Events.js"
 import { decodeEngineBatch, type EngineBatch } from "./EngineZmq.js"
 import { acquireSocket, connectSocket, receiveFrames, sendFrames, u64FrameOf, ZmqError } from "./ZmqSocket.js"
 
-export const END_SEQ = Buffer.alloc(8, 0xff)
+const END_SEQ = Buffer.alloc(8, 0xff)
 
 // ---------------------------------------------------------------------------------------------
 // Replay client
@@ -22,7 +22,7 @@ export const END_SEQ = Buffer.alloc(8, 0xff)
  * vLLM before mid-2026 send `[empty, seq, payload]`; current vLLM adds its topic,
  * `[empty, topic, seq, payload]`, on every reply and on the end marker. A string says what was wrong.
  */
-export const replayReplyFrames = (
+const replayReplyFrames = (
   frames: ReadonlyArray<Buffer>
 ): { readonly seqFrame: Buffer; readonly payload: Buffer } | string => {
   if (frames.length !== 3 && frames.length !== 4)
@@ -34,6 +34,7 @@ export const replayReplyFrames = (
   return { seqFrame, payload: frames[frames.length - 1]! }
 }
 
+/** One batch an engine's replay endpoint sent back. */
 export interface ReplayedBatch {
   readonly seq: number
   /** undefined when the batch could not be decoded (the replay then has a hole there). */
@@ -41,7 +42,7 @@ export interface ReplayedBatch {
   readonly error: string | undefined
 }
 
-export interface ReplayOptions {
+interface ReplayOptions {
   readonly replayEndpoint: string
   readonly startSeq: number
   readonly workerId: WorkerId

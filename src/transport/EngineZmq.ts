@@ -56,10 +56,10 @@ const K = (...names: ReadonlyArray<string>): ReadonlyArray<Uint8Array> => names.
  * Why an engine event is not this worker's device cache (PROTOCOL §3.2). Such an event is
  * skipped: it keeps its place in the sequence and is counted by reason, never applied.
  */
-export type EngineSkipReason = SkipReason
+type EngineSkipReason = SkipReason
 const ENGINE_SKIP_REASONS = SKIP_REASONS
-export type EngineSkipCounts = SkipCounts
-export const noSkips = (): Record<EngineSkipReason, number> => ({
+type EngineSkipCounts = SkipCounts
+const noSkips = (): Record<EngineSkipReason, number> => ({
   medium: 0,
   locality: 0,
   ownership: 0,
@@ -68,13 +68,13 @@ export const noSkips = (): Record<EngineSkipReason, number> => ({
 })
 
 /** Why an engine message is malformed beyond its framing; nothing of such a message is applied. */
-export type EngineMalformedReason = Extract<
+type EngineMalformedReason = Extract<
   MalformedReason,
   "hash" | "block-size" | "token-ids" | "token-count" | "lora" | "field-type"
 >
 
 /** A field of an otherwise well-formed msgpack batch that breaks the contract of §3.2. */
-export class EngineFieldError extends Error {
+class EngineFieldError extends Error {
   constructor(
     readonly reason: EngineMalformedReason,
     message: string
@@ -182,7 +182,7 @@ export interface EngineBatch {
 }
 
 /** Options of the decoder that depend on the source's pool. */
-export interface EngineDecodeOptions {
+interface EngineDecodeOptions {
   /** The card's `kvCacheBlockSize`: a `BlockStored` of another `block_size` is malformed. */
   readonly kvBlockSize?: number | undefined
   /**
@@ -653,7 +653,7 @@ const readBatchRank = (r: MsgpackReader): number | undefined =>
  * Throws `MsgpackDecodeError` for a msgpack shape error and `EngineFieldError` for a field that
  * breaks §3.2.
  */
-export const readEngineBatch = (
+const readEngineBatch = (
   r: MsgpackReader,
   workerId: WorkerId,
   defaultDpRank: DpRank,
@@ -677,6 +677,8 @@ export const readEngineBatch = (
         case 3:
           rank = readBatchRank(r) ?? rank
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()
@@ -711,7 +713,7 @@ export const readEngineBatch = (
   return { dpRank, events, skipped, ignored }
 }
 
-export type EngineDecodeResult =
+type EngineDecodeResult =
   | { readonly ok: true; readonly value: EngineBatch }
   | { readonly ok: false; readonly reason: EngineMalformedReason | "payload"; readonly message: string }
 
@@ -734,7 +736,7 @@ export const decodeEngineBatch = (
   }
 }
 
-export interface EngineSourceIdentity {
+interface EngineSourceIdentity {
   readonly workerId: WorkerId
   readonly dpRank: DpRank
   /** The advertised publisher id the batches are routed under. */
@@ -743,7 +745,7 @@ export interface EngineSourceIdentity {
 }
 
 /** How far past the last accepted seq a batch may claim to be before it is malformed (§3.2). */
-export const MAX_SEQ_JUMP = 2 ** 32
+const MAX_SEQ_JUMP = 2 ** 32
 
 /**
  * Decodes the 3-frame messages of one engine source, in arrival order. It keeps the last
@@ -804,7 +806,7 @@ export const makeEngineDecoder = (
   }
 }
 
-export interface EngineSubscriptionOptions {
+interface EngineSubscriptionOptions {
   readonly endpoint: string
   readonly source: EngineSourceIdentity
   readonly decode?: EngineDecodeOptions

@@ -38,9 +38,9 @@ import {
 } from "./ZmqSocket.js"
 
 /** Handles one batch; `undefined` when it was handled synchronously, else the effect that completes it. */
-export type BatchHandler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Delivered
+type BatchHandler = (publisherId: bigint, events: ReadonlyArray<RouterEvent>) => Delivered
 
-export interface EventSubscriberPoolOptions {
+interface EventSubscriberPoolOptions {
   readonly handler: BatchHandler
   /** Batches queued per publisher lane before its socket waits (default 1024). */
   readonly laneCapacity?: number
@@ -48,9 +48,9 @@ export interface EventSubscriberPoolOptions {
   readonly kvBlockSize?: number | undefined
 }
 
-export type MalformedCounts = Readonly<Record<MalformedReason, number>>
+type MalformedCounts = Readonly<Record<MalformedReason, number>>
 
-export interface SourceIngestStats {
+interface SourceIngestStats {
   readonly key: string
   readonly source: KvEventSource
   readonly connected: boolean
@@ -67,7 +67,7 @@ export interface SourceIngestStats {
   readonly malformedTotal: number
 }
 
-export interface SubscriptionIngestStats {
+interface SubscriptionIngestStats {
   readonly key: string
   readonly endpoint: string
   readonly connected: boolean
@@ -78,7 +78,7 @@ export interface SubscriptionIngestStats {
   readonly unattributedMalformed: MalformedCounts
 }
 
-export interface EventSubscriberPoolStats {
+interface EventSubscriberPoolStats {
   readonly sources: ReadonlyArray<SourceIngestStats>
   readonly subscriptions: ReadonlyArray<SubscriptionIngestStats>
   readonly totals: {
@@ -96,7 +96,7 @@ export interface EventSubscriberPoolStats {
 }
 
 /** Cumulative counts of a pool since it was made, closed sources and subscriptions included. */
-export interface LifetimeIngest {
+interface LifetimeIngest {
   readonly messages: number
   readonly events: number
   readonly blocks: number
@@ -106,6 +106,7 @@ export interface LifetimeIngest {
   readonly stale: number
 }
 
+/** The relay's subscriptions to KV event sources, opened and closed to match discovery. */
 export interface EventSubscriberPool {
   /** Opens and closes subscriptions so that exactly these sources are subscribed. */
   readonly sync: (sources: ReadonlyArray<KvEventSource>) => Effect.Effect<void>
@@ -118,7 +119,7 @@ export interface EventSubscriberPool {
 }
 
 /** Identity of one source incarnation and its transport. */
-export const sourceKey = sourceIdentityKey
+const sourceKey = sourceIdentityKey
 
 const subscriptionKey = (source: KvEventSource): string => {
   const t = source.transport
@@ -190,6 +191,7 @@ const reopenSchedule = Schedule.exponential("100 millis", 2).pipe(
   Schedule.either(Schedule.spaced("5 seconds"))
 )
 
+/** An event subscriber pool for the scope's life. */
 export const makeEventSubscriberPool = (
   options: EventSubscriberPoolOptions
 ): Effect.Effect<EventSubscriberPool, never, Scope.Scope> =>

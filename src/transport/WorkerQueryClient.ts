@@ -35,7 +35,7 @@ import { type ReplayedBatch, replayEngine } from "./EngineReplay.js"
 import { decodeWorkerQueryResponse, encodeWorkerQueryRequest } from "./msgpack.js"
 import { acquireSocket, connectSocket, receiveFrames, sendFrames, type ZmqError } from "./ZmqSocket.js"
 
-export interface WorkerQueryClientOptions {
+interface WorkerQueryClientOptions {
   /** Refuse engine replays longer than this many batches (default 1,000,000). */
   readonly maxReplayBatches?: number
 }
@@ -44,7 +44,7 @@ const toQueryError = (error: ZmqError): WorkerQueryError =>
   new WorkerQueryError({ message: `${error.operation} ${error.endpoint}: ${error.message}` })
 
 /** One request/response exchange with a Dynamo worker-query ROUTER, on a socket of its own. */
-export const queryDynamoWorker = (
+const queryDynamoWorker = (
   endpoint: string,
   request: WorkerKvQueryRequest
 ): Effect.Effect<WorkerKvQueryResponse, WorkerQueryError> =>
@@ -125,7 +125,7 @@ const foreignRank = (
 }
 
 /** Answers a worker query from an engine replay endpoint (see the module comment). */
-export const queryEngineReplay = (
+const queryEngineReplay = (
   replayEndpoint: string,
   request: WorkerKvQueryRequest,
   options: WorkerQueryClientOptions = {},
@@ -181,12 +181,12 @@ export const queryEngineReplay = (
   })
 
 /** Where a source's recovery queries go. */
-export type QueryRoute =
+type QueryRoute =
   | { readonly _tag: "EngineReplay"; readonly endpoint: string }
   | { readonly _tag: "WorkerQuery"; readonly endpoint: string }
 
 /** Engine sources use their replay endpoint; any other source its advertised recovery target. */
-export const queryRoute = (source: KvEventSource): QueryRoute | undefined => {
+const queryRoute = (source: KvEventSource): QueryRoute | undefined => {
   if (source.transport.kind === "engine-zmq" && source.transport.replayEndpoint !== null)
     return { _tag: "EngineReplay", endpoint: source.transport.replayEndpoint }
   if (source.recoveryTarget !== null) return { _tag: "WorkerQuery", endpoint: source.recoveryTarget.endpoint }

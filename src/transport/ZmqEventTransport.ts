@@ -8,6 +8,7 @@ import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { makeEventSubscriberPool } from "./EventSubscriberPool.js"
 import { makeWorkerQueryClient } from "./WorkerQueryClient.js"
 
+/** The KV event transport over ZeroMQ (both Dynamo and engine sources). */
 export const makeZmqEventTransport = (): KvEventTransport => ({
   subscribe: (handler, options = {}) =>
     Effect.map(makeEventSubscriberPool({ handler, kvBlockSize: options.kvBlockSize }), (pool) => ({

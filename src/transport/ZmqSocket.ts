@@ -13,6 +13,7 @@ import type { MalformedReason, RouterEvent, SkipCounts } from "../protocol/Event
 import { parseTcpEndpoint } from "./zmtp/Endpoint.js"
 import { makeZmtpSubscriber } from "./zmtp/ZmtpSubscriber.js"
 
+/** A ZeroMQ socket operation that failed; `operation` and `endpoint` say which. */
 export class ZmqError extends Data.TaggedError("ZmqError")<{
   readonly operation: string
   readonly endpoint: string
@@ -55,6 +56,7 @@ export const connectSocket = (socket: zmq.Socket, endpoint: string): Effect.Effe
     catch: (error) => new ZmqError({ operation: "connect", endpoint, message: describe(error) })
   })
 
+/** Sends one multipart message. */
 export const sendFrames = (
   socket: zmq.Writable,
   frames: ReadonlyArray<Uint8Array | string>,
@@ -66,6 +68,7 @@ export const sendFrames = (
     catch: (error) => new ZmqError({ operation: "send", endpoint, message: describe(error) })
   })
 
+/** The next multipart message. */
 export const receiveFrames = (
   socket: zmq.Readable<Array<Buffer>>,
   endpoint: string
@@ -83,7 +86,7 @@ export const RECEIVE_BATCH = 32
  * appending to `into`. A receive on a readable socket settles at once, so the batch costs one
  * fiber suspension and a promise per message instead of an Effect per message.
  */
-export const receiveBatch = (
+const receiveBatch = (
   socket: zmq.Readable<Array<Buffer>> & zmq.Socket,
   endpoint: string,
   into: Array<Array<Buffer>>
@@ -183,6 +186,7 @@ export type IngestMessage =
       readonly publisherId: bigint | undefined
     }
 
+/** The blocks the events store or remove (for batch weights and counters). */
 export const blockCount = (events: ReadonlyArray<RouterEvent>): number => {
   let blocks = 0
   for (const event of events) if (event.data._tag !== "Cleared") blocks += event.data.blockHashes.length >>> 1
@@ -195,7 +199,7 @@ export const blockCount = (events: ReadonlyArray<RouterEvent>): number => {
  */
 export type Delivered = Effect.Effect<void> | undefined
 
-export interface SubscriptionOptions {
+interface SubscriptionOptions {
   readonly endpoint: string
   /** Prefix subscription (frame 0). */
   readonly topic: string
@@ -224,7 +228,7 @@ export interface ReceiveLoop {
 export const RECEIVE_LOOP = "transport.zmq-receive"
 
 /** Messages a ZMTP receive takes at most; like `RECEIVE_BATCH`, the turn budget is checked between batches. */
-export const ZMTP_RECEIVE_BATCH = 32
+const ZMTP_RECEIVE_BATCH = 32
 
 /**
  * The receive side of a subscription: an effect that appends the next batch of messages to

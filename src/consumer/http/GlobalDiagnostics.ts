@@ -18,17 +18,11 @@ import { GlobalConsumer, type GlobalConsumerService } from "../GlobalConsumer.js
 // ---------------------------------------------------------------------------------------------
 // Query statistics
 
-export type QueryOutcome = "ok" | "invalid" | "not_found" | "unavailable" | "error"
-export const QUERY_OUTCOMES: ReadonlyArray<QueryOutcome> = [
-  "ok",
-  "invalid",
-  "not_found",
-  "unavailable",
-  "error"
-]
+type QueryOutcome = "ok" | "invalid" | "not_found" | "unavailable" | "error"
+const QUERY_OUTCOMES: ReadonlyArray<QueryOutcome> = ["ok", "invalid", "not_found", "unavailable", "error"]
 
 /** What an HTTP status says about a query. */
-export const outcomeOf = (status: number): QueryOutcome =>
+const outcomeOf = (status: number): QueryOutcome =>
   status < 400
     ? "ok"
     : status === 404
@@ -40,7 +34,7 @@ export const outcomeOf = (status: number): QueryOutcome =>
           : "error"
 
 /** Quantiles are taken over this many most recent queries of a route. */
-export const RECENT_QUERY_WINDOW = 1024
+const RECENT_QUERY_WINDOW = 1024
 
 /** Seconds; from 50 µs (a cached probe) to 2.5 s (a batch against a stalled event loop). */
 const LATENCY_BUCKETS = [
@@ -78,7 +72,7 @@ class RouteStats {
 const quantile = (sorted: Float64Array, q: number): number =>
   sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!
 
-export interface RouteStatsSnapshot {
+interface RouteStatsSnapshot {
   readonly route: string
   readonly count: number
   readonly outcomes: Readonly<Record<QueryOutcome, number>>
@@ -156,13 +150,16 @@ export class QueryStats {
 // ---------------------------------------------------------------------------------------------
 // The service
 
-export const QUERY_ROUTES: ReadonlyArray<string> = ["/v1/overlap", "/v1/overlap/batch"]
+const QUERY_ROUTES: ReadonlyArray<string> = ["/v1/overlap", "/v1/overlap/batch"]
 
-export interface GlobalDiagnosticsService {
+interface GlobalDiagnosticsService {
   readonly exposition: Prometheus.PrometheusExposition
   readonly queries: QueryStats
 }
 
+/**
+ * What the global consumer's diagnostic routes read: its Prometheus exposition and query counters.
+ */
 export class GlobalDiagnostics extends Context.Tag("kvrelay/GlobalDiagnostics")<
   GlobalDiagnostics,
   GlobalDiagnosticsService
@@ -205,6 +202,7 @@ const json = (status: number, body: unknown): HttpServerResponse.HttpServerRespo
 const internal = (message: string): HttpServerResponse.HttpServerResponse =>
   json(500, { reason: "INTERNAL", message })
 
+/** `GET /metrics` of the global consumer. */
 export const metrics: Effect.Effect<
   HttpServerResponse.HttpServerResponse,
   never,
@@ -250,6 +248,7 @@ const laneCounts = (consumer: GlobalConsumerService): Map<number, { lanes: numbe
   return counts
 }
 
+/** `GET /v1/health` of the global consumer. */
 export const health: Effect.Effect<HttpServerResponse.HttpServerResponse, never, GlobalConsumer> = Effect.map(
   GlobalConsumer,
   (consumer) => {
@@ -273,6 +272,7 @@ export const health: Effect.Effect<HttpServerResponse.HttpServerResponse, never,
   }
 )
 
+/** `GET /v1/stats` of the global consumer. */
 export const stats: Effect.Effect<
   HttpServerResponse.HttpServerResponse,
   never,

@@ -30,6 +30,7 @@ import {
   methodNotAllowedMessage,
   noRouteMessage
 } from "../../http/ErrorText.js"
+import { statusPageResponse } from "../../http/StatusPage.js"
 import type { ServerTlsOptions } from "../../http/Tls.js"
 import { DomainsResponseJson, GlobalHttpApi, globalOpenApi } from "../../protocol/GlobalApi.js"
 import { encodeJson } from "../../protocol/Json.js"
@@ -43,14 +44,15 @@ import * as GlobalStatusPage from "./GlobalStatusPage.js"
 import * as OverlapQuery from "./OverlapQuery.js"
 import * as RouteQuery from "./RouteQuery.js"
 
-export const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
-export const DEFAULT_GLOBAL_HTTP_PORT = 8090
+const DEFAULT_GLOBAL_HTTP_HOST = "127.0.0.1"
+const DEFAULT_GLOBAL_HTTP_PORT = 8090
 /**
  * The query routes' body limit (`--max-request-body-bytes`, PROTOCOL §7 ◆3): 16 MiB, so that
  * 256 queries of 2,048 tokens (about 3.6 MB) fit in one batch.
  */
-export const DEFAULT_MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES
+const DEFAULT_MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES
 
+/** The global consumer's HTTP server settings. */
 export interface GlobalHttpServerOptions {
   readonly host?: string | undefined
   /** 0 binds an ephemeral port (tests); read it back from `HttpServer.HttpServer`. */
@@ -126,7 +128,7 @@ const readBody = (
 
 const encodeDomains = encodeJson(DomainsResponseJson)
 
-export { decodeOverlapRequest, parseOverlapBatch, parseOverlapRequest } from "./OverlapQuery.js"
+export { parseOverlapBatch, parseOverlapRequest } from "./OverlapQuery.js"
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -251,7 +253,7 @@ const openApi = Effect.sync(() => {
 })
 
 /** The API as a router, one route per endpoint `GlobalHttpApi` declares; needs the consumer and its view. */
-export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
+const makeRouter = (options: GlobalHttpServerOptions = {}) => {
   const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES
   type Handler = Effect.Effect<
     HttpServerResponse.HttpServerResponse,
@@ -259,7 +261,7 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
     GlobalView | GlobalConsumer | GlobalDiagnostics.GlobalDiagnostics | HttpServerRequest.HttpServerRequest
   >
   const handlers: { readonly [Name in RouteName<typeof GlobalHttpApi>]: Handler } = {
-    statusPage: Effect.sync(GlobalStatusPage.response),
+    statusPage: Effect.sync(() => statusPageResponse(GlobalStatusPage.GLOBAL_STATUS_PAGE)),
     healthz,
     metrics,
     domains,
@@ -296,14 +298,6 @@ export const makeRouter = (options: GlobalHttpServerOptions = {}) => {
       )
     )
 }
-
-/** Serves the API on an existing `HttpServer`. */
-export const serve = (
-  options: GlobalHttpServerOptions = {}
-): Layer.Layer<never, never, HttpServer.HttpServer | GlobalView | GlobalConsumer> =>
-  HttpServer.serve(BearerAuth.guard(options.auth)(makeRouter(options))).pipe(
-    Layer.provide(GlobalDiagnostics.layer)
-  )
 
 /**
  * The API on a Node HTTP server bound to `host:port` (default 127.0.0.1:8090). The layer also

@@ -10,8 +10,7 @@
  * the relays are the names the lanes give, and the lanes show no counters).
  */
 
-import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { renderStatusPage, type StatusPage, statusPageResponse } from "../../http/StatusPage.js"
+import { renderStatusPage, type StatusPage } from "../../http/StatusPage.js"
 
 const BODY = `
 <section>
@@ -69,9 +68,8 @@ const BODY = `
 </section>
 `
 
+// The body of the page's function: `renderStatusPage` opens it with the `kv` helpers in scope.
 const SCRIPT = String.raw`
-(function () {
-  var el = kv.el, td = kv.td, num = kv.num, $ = kv.$;
   var U32_MAX = 4294967295;
 
   /** The token ids of the text box, or a message saying which one is not a u32. */
@@ -258,7 +256,6 @@ const SCRIPT = String.raw`
       ]);
     }) : [], stats ? "no queries yet" : "not available (no /v1/stats)");
   });
-})();
 `
 
 /** The page, rendered once: it holds no data, the script fetches everything. */
@@ -268,6 +265,3 @@ export const GLOBAL_STATUS_PAGE: StatusPage = renderStatusPage({
   body: BODY,
   script: SCRIPT
 })
-
-/** `GET /`: the page with its content security policy. */
-export const response = (): HttpServerResponse.HttpServerResponse => statusPageResponse(GLOBAL_STATUS_PAGE)

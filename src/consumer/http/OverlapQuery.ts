@@ -181,6 +181,7 @@ export interface Reply {
   readonly body: string
 }
 
+/** A JSON error reply `{reason, message}` with `status`. */
 export const errorReply = (status: number, reason: ErrorReason, message: string): Reply => ({
   status,
   body: JSON.stringify({ reason, message: boundedMessage(message) })
@@ -316,19 +317,18 @@ export const batchAnswers = (
   requests.map((request) => view.overlapNow(request))
 
 /** 413 `BODY_TOO_LARGE` of the query routes, whose limit is `--max-request-body-bytes`. */
-export const tooLarge = (limit: number): Reply =>
-  errorReply(413, "BODY_TOO_LARGE", bodyTooLargeMessage(limit))
+const tooLarge = (limit: number): Reply => errorReply(413, "BODY_TOO_LARGE", bodyTooLargeMessage(limit))
 
 // ---------------------------------------------------------------------------------------------
 // The fast path
 
-export const OVERLAP_ROUTE = "/v1/overlap"
-export const BATCH_ROUTE = "/v1/overlap/batch"
+const OVERLAP_ROUTE = "/v1/overlap"
+const BATCH_ROUTE = "/v1/overlap/batch"
 
 /** The server span's name on either path. */
 export const spanName = (method: string, route: string): string => `GlobalHttpServer ${method} ${route}`
 
-export interface FastPathOptions {
+interface FastPathOptions {
   readonly view: GlobalViewService
   readonly queries: QueryStats
   readonly maxBodyBytes: number

@@ -10,18 +10,7 @@
  * are read in one place.
  */
 
-import {
-  Cause,
-  Deferred,
-  Duration,
-  Effect,
-  ExecutionStrategy,
-  Exit,
-  Layer,
-  Option,
-  Queue,
-  Scope
-} from "effect"
+import { Cause, Deferred, Duration, Effect, ExecutionStrategy, Exit, Option, Queue, Scope } from "effect"
 import { CKF_LANE_COUNT } from "../../ckf/config.js"
 import type { CkfFailureDisposition } from "../../ckf/failure.js"
 import {
@@ -55,7 +44,7 @@ import {
 } from "../ConsumerErrors.js"
 import {
   GlobalCkfIngestionFault,
-  GlobalCkfIngestionPool,
+  type GlobalCkfIngestionPool,
   type GlobalCkfIngestionPoolConfig,
   ingestionErrorDisposition,
   lagPollInterval,
@@ -976,10 +965,3 @@ const build = (
     }
     return { pool, testHooks }
   })
-
-/** The pool of the process-wide default indexer domain as a scoped layer. */
-export const layer = (
-  indexer: GlobalCkfIndexer,
-  config?: Partial<GlobalCkfIngestionPoolConfig>
-): Layer.Layer<GlobalCkfIngestionPool, GlobalCkfIngestionPoolBuildError> =>
-  Layer.scoped(GlobalCkfIngestionPool, make(indexer, config))

@@ -4,7 +4,8 @@
  * counter the live path feeds.
  */
 
-import { Metric, MetricLabel } from "effect"
+import { MetricLabel } from "effect"
+import { counterFamily } from "../../observability/MetricFamilies.js"
 import type { RankKey } from "../../protocol/Discovery.js"
 import type { DpRank, DropReason, RouterEvent, WorkerId } from "../../protocol/Events.js"
 import { RankState } from "../RankState.js"
@@ -13,10 +14,10 @@ import type { SourceBinding, SourceState } from "../SourceSupervisor.js"
 import type { WorkerKvQueryResponse } from "../WorkerQuery.js"
 
 // The key of `RelayMetrics`' drop counter (recovery does not import observability): one series.
-const droppedBatches = Metric.counter("kv_dc_relay_ingest_dropped_batches_total", {
-  description: "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)",
-  incremental: true
-})
+const droppedBatches = counterFamily(
+  "kv_dc_relay_ingest_dropped_batches_total",
+  "KV event messages and batches dropped whole, by reason (domain/ingest.ts DropReason)"
+)
 
 const dropLabels = new Map<DropReason, ReadonlyArray<MetricLabel.MetricLabel>>()
 

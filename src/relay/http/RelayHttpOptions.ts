@@ -9,6 +9,7 @@ import type { ServerTlsOptions } from "../../http/Tls.js"
 import type * as LoadWindows from "../LoadWindows.js"
 import type * as Topology from "../Topology.js"
 
+/** How many watchers and bodies the relay's server takes at once. */
 export interface RelayHttpLimits {
   /** Catalog watchers at once (default 64). Pool streams are limited by the publication source. */
   readonly maxCatalogWatchers: number
@@ -27,6 +28,7 @@ export interface RelayHttpLimits {
   readonly maxControlBodyBytes: number
 }
 
+/** How often the relay's streams send heartbeats and re-sends. */
 export interface RelayHttpIntervals {
   /** Pool-stream heartbeat after this long without a frame, once the snapshot was sent (10 s). */
   readonly poolHeartbeat: Duration.DurationInput
@@ -42,6 +44,7 @@ export interface RelayHttpIntervals {
   readonly shutdownGrace: Duration.DurationInput
 }
 
+/** The relay's HTTP server settings. */
 export interface RelayHttpOptions {
   /** Default `127.0.0.1`. */
   readonly host?: string | undefined
@@ -61,10 +64,13 @@ export interface RelayHttpOptions {
   readonly auth?: BearerAuth.TokenFile | undefined
 }
 
+/** The address the relay listens on by default. */
 export const DEFAULT_RELAY_HTTP_HOST = "127.0.0.1"
 
+/** The port the relay listens on by default. */
 export const DEFAULT_RELAY_HTTP_PORT = 8080
 
+/** The limits used when none are given. */
 export const DEFAULT_RELAY_HTTP_LIMITS: RelayHttpLimits = {
   maxCatalogWatchers: 64,
   maxReadinessWatchers: 64,
@@ -73,6 +79,7 @@ export const DEFAULT_RELAY_HTTP_LIMITS: RelayHttpLimits = {
   maxControlBodyBytes: 64 * 1024
 }
 
+/** The intervals used when none are given. */
 export const DEFAULT_RELAY_HTTP_INTERVALS: RelayHttpIntervals = {
   poolHeartbeat: Duration.seconds(10),
   readinessResend: Duration.seconds(10),

@@ -34,12 +34,10 @@ import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequ
 import {
   Cause,
   Clock,
-  Context,
   Deferred,
   Duration,
   Effect,
   Either,
-  Layer,
   Option,
   Schema,
   type Scope,
@@ -51,6 +49,7 @@ import { SNAPSHOT_CHUNK_BUCKETS } from "../../ckf/cbi1.js"
 import type { ProducerIdentity } from "../../ckf/identity.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
 import { methodNotAllowedMessage, noRouteMessage } from "../../http/ErrorText.js"
+import { statusPageResponse } from "../../http/StatusPage.js"
 import type { EngineLoadAdditions } from "../../load/EngineLoadWindow.js"
 import * as Prometheus from "../../observability/Prometheus.js"
 import { EMPTY_PUBLISH_DELAY } from "../../observability/PublishDelay.js"
@@ -75,9 +74,8 @@ import {
 } from "../../protocol/RelayApi.js"
 import { type RouteName, routesOf } from "../../protocol/Routes.js"
 import { sseEvent, sseHeartbeat } from "../../protocol/Sse.js"
-import { KvDcRelay, type KvDcRelayService } from "../KvDcRelay.js"
+import type { KvDcRelayService } from "../KvDcRelay.js"
 import * as LoadWindows from "../LoadWindows.js"
-import type { DcPoolCatalog } from "../PoolCatalog.js"
 import { hasDegradedCoverage } from "../PoolLoad.js"
 import type { PublicationError } from "../RelayErrors.js"
 import * as Topology from "../Topology.js"
@@ -131,12 +129,6 @@ export type {
 /** Bytes a response buffers before its writer waits for the socket (one full CBI1 chunk frame). */
 const RESPONSE_HIGH_WATER_MARK = 4 * 1024 * 1024 + 4096
 
-/** The relay's HTTP server, as the address it listens on. */
-export class RelayHttpServer extends Context.Tag("kvrelay/RelayHttpServer")<
-  RelayHttpServer,
-  RelayHttpAddress
->() {}
-
 // ---------------------------------------------------------------------------------------------
 // Responses
 
@@ -184,17 +176,43 @@ const relayInfo: Handler = (ctx) =>
 const catalog: Handler = (ctx) =>
   Effect.flatMap(SubscriptionRef.get(ctx.relay.catalogRef), (c) => respondCatalog(c))
 
+/**
+ * A watch's values: the source's changes of revision, sliding, so that a watcher that falls
+ * behind skips to the newest one (coalescing is allowed).
+ */
+const newestRevisions = <A extends { readonly revision: unknown }>(
+  changes: Stream.Stream<A>
+): Effect.Effect<Handoff<Take.Take<A>>, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const values = new Handoff<Take.Take<A>>(1, true)
+    yield* forward(
+      Stream.changesWith(changes, (a, b) => a.revision === b.revision),
+      values
+    )
+    return values
+  })
+
+/** The response of a watch whose body `step` writes, logged as opened for `subscriber`. */
+const openWatch = (
+  ctx: ServerContext,
+  request: HttpServerRequest.HttpServerRequest,
+  label: string,
+  subscriber: string | undefined,
+  step: Parameters<typeof guardedBody>[3]
+) =>
+  Effect.gen(function* () {
+    yield* Effect.logDebug(`KV DC Relay ${label} opened`).pipe(
+      Effect.annotateLogs("subscriber", subscriber ?? "")
+    )
+    return sseResponse(yield* guardedBody(ctx, request, label, step))
+  })
+
 const catalogWatch: Handler = (ctx, request, query) =>
   Effect.gen(function* () {
     const subscriber = yield* subscriberParam(query, true)
     yield* acquireWatch(ctx.catalogWatchers)
     yield* Effect.annotateCurrentSpan("kvrelay.subscriber", subscriber ?? "")
-    // Sliding: a watcher that falls behind skips to the newest catalog (coalescing is allowed).
-    const values = new Handoff<Take.Take<DcPoolCatalog>>(1, true)
-    yield* forward(
-      Stream.changesWith(ctx.relay.catalogRef.changes, (a, b) => a.revision === b.revision),
-      values
-    )
+    const values = yield* newestRevisions(ctx.relay.catalogRef.changes)
     const step = yield* watchStep(
       ctx,
       values,
@@ -206,10 +224,7 @@ const catalogWatch: Handler = (ctx, request, query) =>
         }),
       Effect.succeed(sseHeartbeat)
     )
-    yield* Effect.logDebug("KV DC Relay catalog watch opened").pipe(
-      Effect.annotateLogs("subscriber", subscriber ?? "")
-    )
-    return sseResponse(yield* guardedBody(ctx, request, "catalog watch", step))
+    return yield* openWatch(ctx, request, "catalog watch", subscriber, step)
   })
 
 const readinessText = (snapshot: Topology.TopologySnapshot): Effect.Effect<Uint8Array> =>
@@ -225,11 +240,7 @@ const readinessWatch: Handler = (ctx, request, query) =>
   Effect.gen(function* () {
     const subscriber = yield* subscriberParam(query, false)
     yield* acquireWatch(ctx.readinessWatchers)
-    const values = new Handoff<Take.Take<Topology.TopologySnapshot>>(1, true)
-    yield* forward(
-      Stream.changesWith(ctx.topology.ref.changes, (a, b) => a.revision === b.revision),
-      values
-    )
+    const values = yield* newestRevisions(ctx.topology.ref.changes)
     // The re-send carries the current snapshot with its unchanged revision.
     const step = yield* watchStep(
       ctx,
@@ -238,10 +249,7 @@ const readinessWatch: Handler = (ctx, request, query) =>
       readinessText,
       Effect.flatMap(ctx.topology.current, readinessText)
     )
-    yield* Effect.logDebug("KV DC Relay readiness watch opened").pipe(
-      Effect.annotateLogs("subscriber", subscriber ?? "")
-    )
-    return sseResponse(yield* guardedBody(ctx, request, "readiness watch", step))
+    return yield* openWatch(ctx, request, "readiness watch", subscriber, step)
   })
 
 const loadWindowDocument = (window: LoadWindows.LoadWindow): LoadWindowDocument => ({
@@ -552,7 +560,7 @@ const openApi: Handler = () =>
 
 /** The handler of each route `RelayHttpApi` declares. */
 const HANDLERS: { readonly [Name in RouteName<typeof RelayHttpApi>]: Handler } = {
-  statusPage: () => Effect.sync(RelayStatusPage.response),
+  statusPage: () => Effect.sync(() => statusPageResponse(RelayStatusPage.RELAY_STATUS_PAGE)),
   healthz,
   health,
   relayInfo,
@@ -666,7 +674,7 @@ const dispatch = (
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-export interface RelayHttpApp {
+interface RelayHttpApp {
   /** The HTTP app; run it with a per-request scope (as every platform server does). */
   readonly app: Effect.Effect<
     HttpServerResponse.HttpServerResponse,
@@ -682,7 +690,7 @@ export interface RelayHttpApp {
 const durationOf = (input: Duration.DurationInput): Duration.Duration => Duration.decode(input)
 
 /** The app over `relay`; topology and load publishers (unless given) live in the current scope. */
-export const makeApp = (
+const makeApp = (
   relay: KvDcRelayService,
   options: RelayHttpOptions = {}
 ): Effect.Effect<RelayHttpApp, never, Scope.Scope> =>
@@ -794,10 +802,3 @@ export const serve = (
     yield* Effect.logInfo("KV DC Relay HTTP API listening").pipe(Effect.annotateLogs("url", bound.url))
     return bound
   })
-
-/** `RelayHttpServer` (the bound address) serving the `KvDcRelay` in context. */
-export const layer = (options: RelayHttpOptions = {}): Layer.Layer<RelayHttpServer, ServeError, KvDcRelay> =>
-  Layer.scoped(
-    RelayHttpServer,
-    Effect.flatMap(KvDcRelay, (relay) => serve(relay, options))
-  )

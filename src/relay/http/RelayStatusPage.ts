@@ -11,8 +11,7 @@
  * Filter fill is occupied slots over `bucketCount × slotsPerBucket` of the catalog's format.
  */
 
-import type * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { renderStatusPage, type StatusPage, statusPageResponse } from "../../http/StatusPage.js"
+import { renderStatusPage, type StatusPage } from "../../http/StatusPage.js"
 
 const BODY = `
 <section>
@@ -66,9 +65,8 @@ const BODY = `
 </section>
 `
 
+// The body of the page's function: `renderStatusPage` opens it with the `kv` helpers in scope.
 const SCRIPT = String.raw`
-(function () {
-  var el = kv.el, td = kv.td, num = kv.num, $ = kv.$;
   var previous = null;
 
   function subscribersOf(metricsText) {
@@ -230,7 +228,6 @@ const SCRIPT = String.raw`
 
     previous = { at: at, counters: counters };
   });
-})();
 `
 
 /** The page, rendered once: it holds no data, the script fetches everything. */
@@ -240,6 +237,3 @@ export const RELAY_STATUS_PAGE: StatusPage = renderStatusPage({
   body: BODY,
   script: SCRIPT
 })
-
-/** `GET /`: the page with its content security policy. */
-export const response = (): HttpServerResponse.HttpServerResponse => statusPageResponse(RELAY_STATUS_PAGE)

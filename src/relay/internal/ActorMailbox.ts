@@ -3,13 +3,14 @@
  * payload permits that bound queued event weight, and the small helpers of the consumer loop.
  */
 
-import { Deferred, Effect, Exit, FiberId, Metric, MetricLabel } from "effect"
+import { Deferred, Effect, Exit, FiberId, MetricLabel } from "effect"
 import { CanonicalCkfState } from "../../ckf/canonical.js"
 import { memberKey } from "../../ckf/events.js"
 import type { CkfFailureDisposition } from "../../ckf/failure.js"
 import type { LaneLease } from "../../ckf/identity.js"
 import type { DcCkfState, MemberCount } from "../../ckf/state.js"
 import type { WorkerQueryResult } from "../../ckf/workerQuery.js"
+import { counterFamily } from "../../observability/MetricFamilies.js"
 import type { DpRank, RouterEvent, WorkerId } from "../../protocol/Events.js"
 import type { SourceEpoch } from "../../recovery/RecoveryTarget.js"
 import type {
@@ -201,12 +202,12 @@ export const raceInterruptibly = <A, E, B, E2>(
 ): Effect.Effect<A | B, E | E2> => Effect.raceFirst(Effect.interruptible(left), Effect.interruptible(right))
 
 // The key `RelayMetrics` registers at zero (the actor does not import observability): one series.
-export const skippedBlocks = Metric.counter("kv_dc_relay_ingest_skipped_blocks_total", {
-  description: "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)",
-  incremental: true
-})
+const skippedBlocks = counterFamily(
+  "kv_dc_relay_ingest_skipped_blocks_total",
+  "KV blocks of engine events not indexed, by reason (unanchored: parent chain unknown)"
+)
 
-export const UNANCHORED_LABELS = [MetricLabel.make("reason", "unanchored")]
+const UNANCHORED_LABELS = [MetricLabel.make("reason", "unanchored")]
 
 /** Synchronous, so that the apply path counts without running an effect. */
 export const countUnanchored = (blocks: number): void => {

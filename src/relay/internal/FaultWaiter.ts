@@ -26,7 +26,7 @@ const wakeOwners = new WeakMap<ActorFault, FaultWaiter>()
 
 type WakeableFaults = Queue.Dequeue<ActorFault> & Queue.Enqueue<unknown>
 
-export class FaultWaiter {
+class FaultWaiter {
   /** In `Queue.take`, or about to enter it: the end of the other effect must wake it. */
   private parked = false
   /** The wake-up is in the queue (or on its way to a taker) and not yet taken back. */
@@ -141,7 +141,7 @@ export const handBackWake = (item: ActorFault): boolean => {
   return true
 }
 
-export type FaultRace<A> =
+type FaultRace<A> =
   | { readonly _tag: "Fault"; readonly fault: ActorFault }
   | { readonly _tag: "Done"; readonly value: A }
   | { readonly _tag: "ShutDown" }

@@ -825,6 +825,8 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
           "resetRank",
           submit<void>((reply) => ({ _tag: "ResetRank", sourceEpoch, workerId, dpRank, degraded, reply }))
         ),
+      // One entry per request, each a span around a submit to the mailbox: written out per request
+      // so that each keeps its own reply type, which the compiler checks against the message.
       flush: span(
         "flush",
         submit<void>((reply) => ({ _tag: "Flush", reply }))

@@ -29,9 +29,9 @@ import {
 // ---------------------------------------------------------------------------------------------
 // The per-generation slot
 
-export type HubPhaseName = "vacant" | "initializing" | "ready" | "evicting" | "failed" | "retired"
+type HubPhaseName = "vacant" | "initializing" | "ready" | "evicting" | "failed" | "retired"
 
-export type HubPhase =
+type HubPhase =
   | { readonly _tag: "Vacant" }
   | { readonly _tag: "Initializing" }
   | { readonly _tag: "Ready"; readonly hub: PublicationHub; readonly permit: OwnedPermit }
@@ -39,16 +39,16 @@ export type HubPhase =
   | { readonly _tag: "Failed"; readonly reason: string }
   | { readonly _tag: "Retired" }
 
-export const VACANT: HubPhase = { _tag: "Vacant" }
+const VACANT: HubPhase = { _tag: "Vacant" }
 
-export const INITIALIZING: HubPhase = { _tag: "Initializing" }
+const INITIALIZING: HubPhase = { _tag: "Initializing" }
 
-export const EVICTING: HubPhase = { _tag: "Evicting" }
+const EVICTING: HubPhase = { _tag: "Evicting" }
 
-export const RETIRED: HubPhase = { _tag: "Retired" }
+const RETIRED: HubPhase = { _tag: "Retired" }
 
 /** Held for the duration of one subscribe call; a pending admission protects a hub from eviction. */
-export interface HubAdmission {
+interface HubAdmission {
   readonly release: () => void
 }
 
@@ -63,7 +63,7 @@ export interface HubStartContext {
   readonly scope: Scope.Scope
 }
 
-export interface ClaimedIdleHub {
+interface ClaimedIdleHub {
   readonly hub: PublicationHub
   readonly permit: OwnedPermit
 }
@@ -302,7 +302,7 @@ export interface EvictionCandidate {
   readonly slot: PoolHubSlot
 }
 
-export interface HubCoordinatorOptions {
+interface HubCoordinatorOptions {
   /** At most this many hubs hold an initialized mirror (default 64). */
   readonly maxInitializedHubs: number
   readonly config: PublicationHubConfig

@@ -16,7 +16,6 @@ import {
   ExecutionStrategy,
   Exit,
   Fiber,
-  Layer,
   Metric,
   Scope,
   SubscriptionRef
@@ -25,6 +24,7 @@ import { type CkfConfig, ckfConfig } from "../../ckf/config.js"
 import type { PoolId, ProducerIdentity } from "../../ckf/identity.js"
 import type { DcCkfState } from "../../ckf/state.js"
 import { U64_MAX } from "../../ckf/u64.js"
+import { counterFamily } from "../../observability/MetricFamilies.js"
 import type { RuntimeConfig } from "../../protocol/Discovery.js"
 import type { WorkerId } from "../../protocol/Events.js"
 import {
@@ -55,7 +55,7 @@ import {
   PoolAttachment,
   type PoolAttachRequest,
   type PoolEntry,
-  PoolRegistry,
+  type PoolRegistry,
   type PoolRegistryOptions,
   type PoolReservation,
   type PoolRetirementMode,
@@ -81,10 +81,10 @@ import { make as makePoolActor } from "./PoolActorLoop.js"
 import { type EvictionCandidate, HubCoordinator, type HubStartContext, PoolHubSlot } from "./PoolHubSlot.js"
 import { type GenerationSignal, GenerationToken } from "./sync.js"
 
-const terminalPublicationFailures = Metric.counter("kv_dc_relay_terminal_publication_failures_total", {
-  description: "generations fenced after terminal publication failure",
-  incremental: true
-})
+const terminalPublicationFailures = counterFamily(
+  "kv_dc_relay_terminal_publication_failures_total",
+  "generations fenced after terminal publication failure"
+)
 
 const descriptorOf = (entry: PoolEntry): DcPoolDescriptor => ({
   producer: entry.identity,
@@ -811,6 +811,3 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
     }
     return registry
   })
-
-export const layer = (options: PoolRegistryOptions): Layer.Layer<PoolRegistry> =>
-  Layer.scoped(PoolRegistry, make(options))

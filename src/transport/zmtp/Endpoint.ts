@@ -4,6 +4,7 @@
  * `tcp://src;host:port`, a wildcard) stays with zeromq.js.
  */
 
+/** A `tcp://host:port` endpoint, parsed. */
 export interface TcpEndpoint {
   readonly host: string
   readonly port: number
@@ -11,6 +12,7 @@ export interface TcpEndpoint {
 
 const TCP = /^tcp:\/\/(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+)):(\d{1,5})$/
 
+/** The endpoint's host and port, or undefined for anything but `tcp://host:port`. */
 export const parseTcpEndpoint = (endpoint: string): TcpEndpoint | undefined => {
   const match = TCP.exec(endpoint)
   if (match === null) return undefined

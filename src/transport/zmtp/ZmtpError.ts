@@ -12,6 +12,7 @@ export interface ZmtpFault {
   readonly message: string
 }
 
+/** A peer broke the ZMTP protocol; the connection is dropped. */
 export class ZmtpProtocolError extends Data.TaggedError("ZmtpProtocolError")<{
   readonly endpoint: string
   readonly reason: ZmtpErrorReason

@@ -23,6 +23,7 @@ import { MessageQueue } from "./internal/MessageQueue.js"
 import { Session, type SessionEnd } from "./internal/Session.js"
 import { ZmtpProtocolError } from "./ZmtpError.js"
 
+/** What a ZMTP subscriber connects to and subscribes for. */
 export interface ZmtpSubscriberOptions {
   /** The endpoint as configured (for logs and errors). */
   readonly endpoint: string
@@ -48,9 +49,9 @@ export interface ZmtpSubscriberOptions {
  * 256 MiB: far above any KV event batch (a Dynamo batch of 10,000 8-block events is ~2 MB),
  * small enough that a corrupt 8-byte size cannot make the relay hold gigabytes for one frame.
  */
-export const DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
+const DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 
-export interface ZmtpSubscriberStats {
+interface ZmtpSubscriberStats {
   /** TCP connections tried. */
   readonly attempts: number
   /** Completed handshakes. */
@@ -66,6 +67,7 @@ export interface ZmtpSubscriberStats {
   readonly bufferedBytes: number
 }
 
+/** A SUB connection to one publisher, over ZMTP 3 on a plain TCP socket. */
 export interface ZmtpSubscriber {
   /**
    * Waits for a message, then moves up to `max` queued messages to `into` in arrival order. It

@@ -36,7 +36,7 @@ import type { PoolFeed, PublicationFrame } from "../../PublicationSource.js"
 import type { PublicationErrorKind } from "../../RelayErrors.js"
 
 /** The terminal frame's reason for each way a feed can end. */
-export const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {
+const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {
   NotFound: "POOL_NOT_FOUND",
   ProducerMismatch: "PRODUCER_CHANGED",
   Unavailable: "PUBLICATION_UNAVAILABLE",
@@ -48,7 +48,7 @@ export const TERMINAL_REASONS: Record<PublicationErrorKind, ErrorReason> = {
 }
 
 /** How a stream ended, for its log line. */
-export interface PoolStreamEnd {
+interface PoolStreamEnd {
   readonly reason: ErrorReason
   readonly message: string
   /** A defect the writer caught (the stream then ends as INTERNAL). */
@@ -70,7 +70,7 @@ const singleFrame = (
   payload: Uint8Array
 ): Uint8Array => encodePoolFrame({ kind, baseSequence, sequence, sendTsUs, payload })
 
-export interface PoolStreamWriterOptions {
+interface PoolStreamWriterOptions {
   /** Snapshot chunks the stream opens with; heartbeats wait until they all went out. */
   readonly snapshotChunks: number
   /** Clock milliseconds (the stall and heartbeat bookkeeping). */
@@ -90,7 +90,7 @@ export interface PoolStreamWriterOptions {
  * when the response is abandoned (the client went away). Everything else is driven by the feed's
  * wake-ups, `drain`, and the three hooks a timer calls (`heartbeat`, `stalledFor`, `shutdown`).
  */
-export class PoolStreamWriter {
+class PoolStreamWriter {
   private snapshotChunksLeft: number
   private lastSequence = 0n
   /** `write` returned false: nothing is taken from the feed until `drain`. */
@@ -274,7 +274,7 @@ export class PoolStreamWriter {
   }
 }
 
-export interface PoolStreamBodyOptions {
+interface PoolStreamBodyOptions {
   readonly response: Http.ServerResponse
   readonly feed: PoolFeed
   readonly snapshotChunks: number

@@ -38,7 +38,7 @@ export const JSON_CONTENT_TYPE = "application/json"
 
 export const SSE_HEADERS = { "cache-control": "no-cache", "x-accel-buffering": "no" } as const
 
-export const encodeErrorBody = encodeJsonText(ErrorBodyJson)
+const encodeErrorBody = encodeJsonText(ErrorBodyJson)
 
 export const errorBodyText = (reason: ErrorReason, message: string): string =>
   Either.getOrElse(encodeErrorBody({ reason, message: boundedMessage(message) }), () =>
@@ -66,6 +66,7 @@ export const jsonResponder = <A, I>(schema: Schema.Schema<A, I, never>) => {
 // ---------------------------------------------------------------------------------------------
 // Request bodies
 
+/** Strict UTF-8: a request body that is not valid UTF-8 is refused, not patched. */
 export const utf8 = new TextDecoder("utf-8", { fatal: true })
 
 /**
@@ -136,7 +137,7 @@ export const parseJsonBody = (text: string): Effect.Effect<unknown, HttpFailure>
     catch: (cause) => invalidRequest(invalidJsonMessage(cause))
   })
 
-export const decodeSubscriberId = decodeJson(SubscriberIdJson, "contract")
+const decodeSubscriberId = decodeJson(SubscriberIdJson, "contract")
 
 // ---------------------------------------------------------------------------------------------
 // Context of one server

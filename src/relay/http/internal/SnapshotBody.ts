@@ -34,7 +34,7 @@ const LITTLE_ENDIAN_HOST = os.endianness() === "LE"
 export type SnapshotHead = Omit<DiagnosticSnapshotDocument, "buckets">
 
 /** A snapshot body handed out slice by slice. */
-export interface SnapshotBody {
+interface SnapshotBody {
   /** Bytes of the whole body (for `content-length`). */
   readonly byteLength: number
   /** The next piece of the body, `undefined` once everything was handed out. */

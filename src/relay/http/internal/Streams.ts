@@ -21,7 +21,7 @@ export const unlessShutdown = <A, E>(
   Effect.raceFirst(Effect.map(effect, Option.some), Effect.as(Deferred.await(ctx.shutdown), Option.none<A>()))
 
 /** Ends the underlying connection at once (the request fiber is then interrupted as a client abort). */
-export const abortConnection = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<void> =>
+const abortConnection = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<void> =>
   Effect.sync(() => {
     NodeHttpServerRequest.toServerResponse(request).destroy()
   })
@@ -163,14 +163,14 @@ export class Handoff<A> {
   }
 }
 
-export type HandoffWait<A> =
+type HandoffWait<A> =
   | { readonly _tag: "Item"; readonly item: A }
   | { readonly _tag: "Heartbeat" }
   | { readonly _tag: "Closed" }
 
-export const HANDOFF_HEARTBEAT = { _tag: "Heartbeat" } as const
+const HANDOFF_HEARTBEAT = { _tag: "Heartbeat" } as const
 
-export const HANDOFF_CLOSED = { _tag: "Closed" } as const
+const HANDOFF_CLOSED = { _tag: "Closed" } as const
 
 /** Runs `stream` into `handoff` as `Take`s (its end and failure included) in a scoped fiber. */
 export const forward = <A, E>(

@@ -10,14 +10,15 @@
 
 import type * as Http from "node:http"
 import { Duration, Effect, Metric, Option } from "effect"
+import { counterFamily } from "../../../observability/MetricFamilies.js"
 
 /** How long a connection may take to accept a terminal frame (PROTOCOL §5). */
-export const TERMINAL_DELIVERY_TIMEOUT: Duration.Duration = Duration.seconds(5)
+const TERMINAL_DELIVERY_TIMEOUT: Duration.Duration = Duration.seconds(5)
 
-const connectionsCut = Metric.counter("kv_dc_relay_stream_connections_cut_total", {
-  description: "stream connections destroyed because the client did not take the stream's end in time",
-  incremental: true
-})
+const connectionsCut = counterFamily(
+  "kv_dc_relay_stream_connections_cut_total",
+  "stream connections destroyed because the client did not take the stream's end in time"
+)
 
 /** Completes once `response` was completely handed to the kernel or its connection closed. */
 const finished = (response: Http.ServerResponse): Effect.Effect<void> =>

@@ -32,6 +32,8 @@ export interface EnvelopeView {
 
 const ENVELOPE_KEYS = K("topic", "publisher_id", "sequence", "published_at", "payload")
 
+// Fast-path key matchers, one per key and written out on purpose: decode hot path, the same form
+// as routerEvents.ts's (see transport/msgpack.ts).
 const ENV_TOPIC = Uint8Array.of(0x85, ...fixKey("topic"))
 const ENV_TOPIC_0 = i32(ENV_TOPIC, 0)
 const ENV_TOPIC_3 = i32(ENV_TOPIC, 3)
@@ -193,6 +195,8 @@ const readEnvelopeGeneral = (r: MsgpackReader): EnvelopeView => {
         case 4:
           readPayload()
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()

@@ -235,6 +235,8 @@ const readBlock = (
           r.u64(tokensHashes, 2 * i, "tokens_hash")
           seen |= 2
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()
@@ -285,6 +287,8 @@ const readStored = (r: MsgpackReader): KvCacheEventData => {
           readBlocks(r)
           sawBlocks = true
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()
@@ -396,6 +400,8 @@ const readKvEvent = (r: MsgpackReader): void => {
         case 2:
           kvDpRank = r.uint("dp_rank", 0xffff_ffff)
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()
@@ -432,6 +438,8 @@ const readRouterEvent = (r: MsgpackReader): RouterEvent => {
           readKvEvent(r)
           sawEvent = true
           break
+        // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+        // the switches stay flat on the decode path (see transport/msgpack.ts).
         case -2:
           r.skip()
           r.skip()
@@ -457,6 +465,8 @@ const readRouterEvent = (r: MsgpackReader): RouterEvent => {
   return { workerId, dpRank: kvDpRank, eventId: kvEventId, storageTier, data: kvData }
 }
 
+// Fast-path key matchers, one per key and written out on purpose: decode hot path, the same form
+// as envelope.ts's (see transport/msgpack.ts).
 const EV_WORKER = Uint8Array.of(0x83, ...fixKey("worker_id"))
 const EV_WORKER_0 = i32(EV_WORKER, 0)
 const EV_WORKER_4 = i32(EV_WORKER, 4)

@@ -71,6 +71,8 @@ export const readWorkerQueryRequest = (r: MsgpackReader): DecodedWorkerQueryRequ
         else if (entries > 1) fail("kind: expected a single-entry variant map")
         break
       }
+      // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+      // the switches stay flat on the decode path (see transport/msgpack.ts).
       case -2:
         r.skip()
         r.skip()
@@ -135,6 +137,8 @@ const readEventsBody = (r: MsgpackReader, tag: "Events" | "TreeDump"): WorkerKvQ
       case 1:
         lastEventId = r.uint("last_event_id")
         break
+      // A key that is not a string: skip it and its value. Each decoder's switch spells this out:
+      // the switches stay flat on the decode path (see transport/msgpack.ts).
       case -2:
         r.skip()
         r.skip()

@@ -16,7 +16,7 @@
 import type { ZmtpFault } from "../ZmtpError.js"
 import { FLAG_COMMAND, FLAG_LONG, FLAG_MORE } from "./Commands.js"
 
-export interface FrameHandler {
+interface FrameHandler {
   /**
    * A data frame, `buf[start, start + size)`; `first` when it starts its message, `last` when it
    * ends it (MORE clear). A fault stops the parser.

@@ -32,7 +32,7 @@ export interface SessionEnd {
   readonly defect?: unknown
 }
 
-export interface SessionOptions {
+interface SessionOptions {
   readonly topic: Buffer
   readonly queue: MessageQueue
   readonly maxFrameBytes: number
