@@ -22,6 +22,9 @@
  * retired) frees its slot at that moment, before its writer gets to the terminal frame, and its
  * connection is cut if it has not taken that end 5 s later (PROTOCOL §5 ◆, `TerminalDelivery`).
  * The diagnostic snapshot is streamed too (`SnapshotBody`), at most 2 at once.
+ *
+ * Length: one short handler per declared route (nineteen) and the server's life cycle; what they
+ * share lives in `internal/` and the worker queries in `WorkerQueries.ts`.
  */
 
 import * as Http from "node:http"
