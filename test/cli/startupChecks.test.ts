@@ -22,6 +22,7 @@ import {
   writableFile
 } from "../../src/cli/startupChecks.js"
 import { makeTestPki, type TestPki } from "../http/tlsFixtures.js"
+import { demoPortsWithOneBusy } from "./busyPorts.js"
 
 let dir: string
 let pki: TestPki
@@ -206,14 +207,17 @@ describe("startup resources of a command, all at once", () => {
   )
 
   it.effect("demo: each of its three ports", () =>
-    withBusyPort((port) =>
-      Effect.gen(function* () {
-        // The busy port is the demo's second (the second relay's).
-        expect(yield* demoStartupProblems({ httpPort: port - 1 })).toEqual([
-          `--http-port: cannot listen on 127.0.0.1:${port}: the address is already in use`
-        ])
-        expect(yield* demoStartupProblems({ httpPort: 0 })).toEqual([])
-      })
+    Effect.acquireUseRelease(
+      Effect.promise(() => demoPortsWithOneBusy(1)),
+      ({ base, busyPort }) =>
+        Effect.gen(function* () {
+          // The busy port is the demo's second (the second relay's).
+          expect(yield* demoStartupProblems({ httpPort: base })).toEqual([
+            `--http-port: cannot listen on 127.0.0.1:${busyPort}: the address is already in use`
+          ])
+          expect(yield* demoStartupProblems({ httpPort: 0 })).toEqual([])
+        }),
+      ({ release }) => Effect.promise(release)
     )
   )
 

@@ -8,6 +8,7 @@ import { existsSync, mkdirSync, writeFileSync } from "node:fs"
 import * as net from "node:net"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
+import { demoPortsWithOneBusy } from "../cli/busyPorts.js"
 import { CLI_TEST_TIMEOUT_MS, type CliResult, cleanup, runKvrelay, tempDir } from "./relayProcessHarness.js"
 
 afterAll(() => cleanup())
@@ -165,16 +166,19 @@ describe.concurrent("every startup problem at once", { timeout: CLI_TEST_TIMEOUT
   })
 
   it("demo: bad values and a busy port among its three", async () => {
-    await withBusyPort(async (port) => {
+    const { base, busyPort, release } = await demoPortsWithOneBusy(2)
+    try {
       expectProblems(
-        await runKvrelay(["demo", "--workers", "0", "--http-port", String(port - 2), "--log-level", "loud"]),
+        await runKvrelay(["demo", "--workers", "0", "--http-port", String(base), "--log-level", "loud"]),
         "demo",
         [
           "--workers: expected a positive integer, got 0",
           /^kvrelay demo: --log-level: expected "trace" \| .* got "loud"$/,
-          `--http-port: cannot listen on 127.0.0.1:${port}: the address is already in use`
+          `--http-port: cannot listen on 127.0.0.1:${busyPort}: the address is already in use`
         ]
       )
-    })
+    } finally {
+      await release()
+    }
   })
 })
