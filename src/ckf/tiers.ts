@@ -39,6 +39,7 @@ import { sequenceHashesInto } from "./tokens.js"
 export const HOST_TIER = 0
 /** Index of the disk tier (disk and external media) in `LowerTiers`. */
 export const DISK_TIER = 1
+/** Index of a lower tier in `LowerTiers`: `HOST_TIER` or `DISK_TIER`. */
 export type LowerTierIndex = typeof HOST_TIER | typeof DISK_TIER
 
 /** The lower tier a storage tier is kept in: host, disk, or -1 for the device. */

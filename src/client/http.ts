@@ -41,6 +41,7 @@ export class KvrelayHttpError extends Error {
   }
 }
 
+/** Bearer token, `fetch` and per-request timeout of the clients. */
 export interface HttpClientOptions {
   /** A bearer token, sent as `Authorization: Bearer TOKEN` (PROTOCOL §1). */
   readonly token?: string | undefined
@@ -64,6 +65,7 @@ export type QueryPrompt =
     }
   | { readonly localBlockHashes: ReadonlyArray<bigint> }
 
+/** `POST /v1/query`'s body (PROTOCOL §5.1 ◆3): which pools to ask and the prompt. */
 export type WorkerQuery = QueryTarget & QueryPrompt
 
 /** One pool's answer of `POST /v1/query`; `poolId` is the pool identity document (§5). */
@@ -73,16 +75,19 @@ export interface PoolWorkers extends PoolWorkersAnswer {
   readonly kvBlockSize: number
 }
 
+/** `POST /v1/query`'s answer: one entry per pool that serves the model (PROTOCOL §5.1 ◆3). */
 export interface WorkerQueryResponse {
   readonly pools: ReadonlyArray<PoolWorkers>
 }
 
+/** The model part of a `POST /query` or `POST /query_by_hash` body (PROTOCOL §5.1 ◆3). */
 export interface DynamoQuery {
   readonly modelName: string
   /** The namespace; may be left out when one namespace serves the model. */
   readonly routingGroup?: string | undefined
 }
 
+/** One worker of `GET /workers`: its ranks' event source endpoints, by dp rank (PROTOCOL §5.1 ◆3). */
 export interface DynamoWorker {
   readonly instance_id: bigint
   readonly endpoints: Readonly<Record<string, string>>

@@ -215,13 +215,13 @@ export class PoolStreamFault extends Data.TaggedError("PoolStreamFault")<{
   readonly message: string
 }> {}
 
-/** The catalog watch ended or broke the protocol; the relay's connection epoch ends. */
 /** A relay's load or readiness watch (PROTOCOL §5, followed for §7.1) ended or sent what it may not. */
 export class SignalWatchEnded extends Data.TaggedError("SignalWatchEnded")<{
   readonly watch: "load" | "readiness"
   readonly message: string
 }> {}
 
+/** The catalog watch ended or broke the protocol; the relay's connection epoch ends. */
 export class CatalogWatchEnded extends Data.TaggedError("CatalogWatchEnded")<{
   readonly message: string
 }> {}

@@ -26,6 +26,7 @@ import { GlobalConsumer, type GlobalConsumerService, type LaneStatus } from "./G
 import { type LaneProbe, type OverlapRequest, probeLanesOf } from "./GlobalView.js"
 import type { RelaySignalsView } from "./RelaySignals.js"
 
+/** A route answer over the consumer's pool ids and serving endpoints (PROTOCOL §7.1 ◆3). */
 export type GlobalRouteAnswer = RouteAnswer<PoolId, EndpointId>
 
 /** The process's routing settings: the policy flags and `--relay-penalty` values. */
@@ -35,6 +36,7 @@ export interface RoutingSettings {
   readonly penalties: ReadonlyMap<string, number>
 }
 
+/** The contract's default policy and no relay penalties. */
 export const DEFAULT_ROUTING: RoutingSettings = { policy: DEFAULT_ROUTE_POLICY, penalties: new Map() }
 
 /** Per pool descriptor, the canonical models each requested name resolves to (descriptors are immutable). */
@@ -207,17 +209,20 @@ export const routeOf = (
   return routeDecision(candidates, policy, penalties)
 }
 
+/** Routing decisions over the global consumer's lanes and relay signals (PROTOCOL §7.1 ◆3). */
 export interface GlobalRoutingService {
   readonly settings: RoutingSettings
   /** Under the process's settings, or `policy` (already decoded over them) for this request. */
   readonly routeNow: (request: OverlapRequest, policy?: RoutePolicy) => GlobalRouteAnswer | OverlapError
 }
 
+/** The routing service's tag. */
 export class GlobalRouting extends Context.Tag("kvrelay/GlobalRouting")<
   GlobalRouting,
   GlobalRoutingService
 >() {}
 
+/** The routing service over `consumer`, ageing load windows by the Effect clock. */
 export const make = (consumer: GlobalConsumerService, settings: RoutingSettings = DEFAULT_ROUTING) =>
   Effect.map(
     Effect.clock,
@@ -234,6 +239,7 @@ export const make = (consumer: GlobalConsumerService, settings: RoutingSettings 
     })
   )
 
+/** The routing service as a layer over the `GlobalConsumer`. */
 export const layer = (
   settings: RoutingSettings = DEFAULT_ROUTING
 ): Layer.Layer<GlobalRouting, never, GlobalConsumer> =>

@@ -313,8 +313,8 @@ export class SignalWatchReader<A> {
   }
 }
 
-export const decodeLoadWindow = decodeJsonText(LoadWindowJson)
-export const decodeReadiness = decodeJsonText(ReadinessJson)
+const decodeLoadWindow = decodeJsonText(LoadWindowJson)
+const decodeReadiness = decodeJsonText(ReadinessJson)
 
 // ---------------------------------------------------------------------------------------------
 // The client

@@ -27,13 +27,16 @@ export interface ReceivedLoad {
   readonly pools: ReadonlyMap<string, LoadPoolEntry>
 }
 
+/** A relay's latest readiness document as the consumer received it. */
 export interface ReceivedReadiness {
   readonly receivedAtMs: number
   readonly document: ReadinessDocument
 }
 
+/** A watch's state: `starting` (nothing received yet), `up` (delivering), `failing` (retrying). */
 export type SignalWatchState = "starting" | "up" | "failing"
 
+/** One watch of one relay: its state, its latest error and how often it was opened again. */
 export interface SignalWatchStatus {
   readonly state: SignalWatchState
   readonly lastError: string | undefined
@@ -104,6 +107,7 @@ export class RelaySignals implements RelaySignalsView {
   }
 }
 
+/** What `follow` needs of one relay: its client, the subscriber id and the reconnect backoff. */
 export interface FollowOptions {
   readonly relay: string
   readonly client: RelayClient

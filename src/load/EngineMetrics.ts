@@ -42,6 +42,7 @@ import {
   sampleNumber
 } from "./internal/exposition.js"
 
+/** The engines whose load gauges are read (PROTOCOL §5 ◆3 "Engine load"). */
 export type EngineKind = "vllm" | "sglang"
 
 /** One rank's load as its engine reported it; a value the page did not give (or gave as NaN) is absent. */
@@ -220,6 +221,7 @@ export const loadForRank = (
 
 // --- Reading one URL -------------------------------------------------------------------------
 
+/** Why a metrics read gave no load, as `/v1/stats` and the reads counter name it. */
 export type EngineMetricsErrorReason =
   | "invalid-url"
   | "unreachable"
@@ -242,6 +244,7 @@ export const DEFAULT_READ_TIMEOUT: Duration.Duration = Duration.seconds(1)
 /** Pages larger than this are refused unread (a vLLM page is tens to hundreds of kB). */
 export const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
+/** Bounds of one metrics read: its timeout and the largest page accepted. */
 export interface ReadOptions {
   readonly timeout?: Duration.DurationInput | undefined
   readonly maxBodyBytes?: number | undefined
@@ -370,6 +373,7 @@ export interface RankRead {
   readonly load: RankLoad
 }
 
+/** What the poller knows of one source rank: when its URL was last read, its latest success and error. */
 export interface SourceReadState {
   readonly metricsUrl: string
   readonly dpRank: number
@@ -391,6 +395,7 @@ export const OBSERVED_FOR_MS = 3000
 export const isObserved = (read: RankRead | undefined, nowMs: number): read is RankRead =>
   read !== undefined && nowMs - read.atMs < OBSERVED_FOR_MS
 
+/** The poller's read bounds, interval and concurrency. */
 export interface EngineMetricsPollerOptions extends ReadOptions {
   /** Default 1 s (PROTOCOL §5). */
   readonly interval?: Duration.DurationInput | undefined
@@ -398,6 +403,7 @@ export interface EngineMetricsPollerOptions extends ReadOptions {
   readonly concurrency?: number | undefined
 }
 
+/** The running poller: every source's latest reads, read without waiting. */
 export interface EngineMetricsPoller {
   /** Every current source's state, by `sourceKey`. Never waits on a read. */
   readonly states: Effect.Effect<ReadonlyMap<string, SourceReadState>>
@@ -407,12 +413,15 @@ export interface EngineMetricsPoller {
   readonly latest: (source: EngineMetricsSource) => Effect.Effect<RankRead | undefined>
 }
 
+/** The metrics poller's tag. */
 export class EngineMetrics extends Context.Tag("kvrelay/EngineMetrics")<
   EngineMetrics,
   EngineMetricsPoller
 >() {}
 
+/** PROTOCOL §5: each source's metrics are read every second. */
 export const DEFAULT_POLL_INTERVAL: Duration.Duration = Duration.seconds(1)
+/** Metrics reads in flight at once, by default. */
 export const DEFAULT_READ_CONCURRENCY = 16
 
 const readsTotal = Metric.counter("kv_dc_relay_engine_metrics_reads_total", {

@@ -191,11 +191,13 @@ export type QueryPrompt =
     }
   | { readonly _tag: "LocalHashes"; readonly localBlockHashes: ReadonlyArray<bigint> }
 
+/** A decoded `POST /v1/query` body (PROTOCOL §5.1 ◆3). */
 export interface WorkerQueryRequest {
   readonly target: QueryTarget
   readonly prompt: QueryPrompt
 }
 
+/** The body forms of `/v1/query`, as error messages and the route's description name them. */
 export const WORKER_QUERY_FORMS =
   "{namespace, model, tokens, loraName?, cacheSalt?} or {namespace, model, localBlockHashes} (servingEndpoint in place of namespace and model)"
 
@@ -260,6 +262,7 @@ export const decodeWorkerQuery = (body: unknown): WorkerQueryRequest | string =>
 // ---------------------------------------------------------------------------------------------
 // Dynamo's standalone indexer routes
 
+/** A decoded `POST /query` or `POST /query_by_hash` body (PROTOCOL §5.1 ◆3). */
 export interface DynamoQueryRequest {
   readonly modelName: string
   /** The namespace; undefined when left out (one namespace must then serve the model). */
@@ -361,6 +364,7 @@ export const PoolWorkersJson = Schema.Struct({
 export const WorkerQueryResponseJson = Schema.Struct({ pools: Schema.Array(PoolWorkersJson) }).annotations({
   identifier: "WorkerQueryResponse"
 })
+/** `POST /v1/query`'s answer as a value. */
 export type WorkerQueryResponseDocument = typeof WorkerQueryResponseJson.Type
 
 /** Dynamo's per-instance tier summary (Mooncake RFC #1403), in tokens. */
@@ -426,6 +430,7 @@ const V1QueryBody = Schema.Unknown.annotations({
   description: `${WORKER_QUERY_FORMS}; localBlockHashes are u64 (decimal strings, or numbers up to 2^53)`
 })
 
+/** `POST /v1/query` (PROTOCOL §5.1 ◆3). */
 export const workerQueryEndpoint = HttpApiEndpoint.post("workerQuery", "/v1/query")
   .setPayload(V1QueryBody)
   .addSuccess(WorkerQueryResponseJson)
@@ -437,6 +442,7 @@ export const workerQueryEndpoint = HttpApiEndpoint.post("workerQuery", "/v1/quer
     "Which worker and dp rank holds how much of a prompt, per storage tier (PROTOCOL §5.1)"
   )
 
+/** `POST /query`, Dynamo's standalone indexer's query by tokens (PROTOCOL §5.1 ◆3). */
 export const dynamoQueryEndpoint = HttpApiEndpoint.post("dynamoQuery", "/query")
   .setPayload(
     Schema.Unknown.annotations({
@@ -448,6 +454,7 @@ export const dynamoQueryEndpoint = HttpApiEndpoint.post("dynamoQuery", "/query")
   .addError(DynamoErrorJson, { status: 404 })
   .annotate(OpenApi.Summary, "Dynamo standalone indexer's query by tokens")
 
+/** `POST /query_by_hash`, its query by local block hashes (PROTOCOL §5.1 ◆3). */
 export const dynamoQueryByHashEndpoint = HttpApiEndpoint.post("dynamoQueryByHash", "/query_by_hash")
   .setPayload(
     Schema.Unknown.annotations({
@@ -459,6 +466,7 @@ export const dynamoQueryByHashEndpoint = HttpApiEndpoint.post("dynamoQueryByHash
   .addError(DynamoErrorJson, { status: 404 })
   .annotate(OpenApi.Summary, "Dynamo standalone indexer's query by local block hashes")
 
+/** `GET /workers`, its worker list (PROTOCOL §5.1 ◆3). */
 export const dynamoWorkersEndpoint = HttpApiEndpoint.get("dynamoWorkers", "/workers")
   .setUrlParams(
     Schema.Struct({

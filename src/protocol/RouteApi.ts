@@ -14,6 +14,7 @@ import { ErrorBodyJson } from "./RelayApi.js"
 
 // --- Policy ------------------------------------------------------------------------------------
 
+/** A routing decision's knobs: per process by flags, per request by `policy` (PROTOCOL §7.1 ◆3). */
 export interface RoutePolicy {
   /** Tokens of prefill saved per matched token (finite, ≥ 0). */
   readonly overlapCredit: number
@@ -136,6 +137,7 @@ export const decodeRoutePolicy = (
 
 /** Why a candidate is not plainly eligible (PROTOCOL §7.1). */
 export const RouteReasonJson = Schema.Literal("NOT_READY", "OVERLOADED", "LOAD_UNKNOWN")
+/** Why a candidate is not plainly eligible, as a value. */
 export type RouteReason = typeof RouteReasonJson.Type
 
 /** A candidate's cost terms, in tokens; `queueTokens` only with known load. */
@@ -156,6 +158,7 @@ export const RouteLoadJson = Schema.Struct({
   ageMs: Schema.optionalWith(Schema.Number, { exact: true })
 })
 
+/** One candidate of a route answer: its eligibility, overlap, cost terms and load (PROTOCOL §7.1 ◆3). */
 export const RouteCandidateJson = Schema.Struct({
   relay: Schema.String,
   lane: U32,
@@ -171,6 +174,7 @@ export const RouteCandidateJson = Schema.Struct({
   load: RouteLoadJson
 })
 
+/** The lane a route answer picks (PROTOCOL §7.1 ◆3). */
 export const RouteDecisionJson = Schema.Struct({
   relay: Schema.String,
   lane: U32,
@@ -183,6 +187,7 @@ export const RouteAnswerJson = Schema.Struct({
   decision: Schema.NullOr(RouteDecisionJson),
   candidates: Schema.Array(RouteCandidateJson)
 })
+/** `POST /v1/route`'s answer as a value. */
 export type RouteAnswerDocument = typeof RouteAnswerJson.Type
 
 /** The 503 of `POST /v1/route` when no candidate is eligible. */
@@ -199,6 +204,7 @@ export const RoutePolicyFieldJson = Schema.Struct({
 
 /** `POST /v1/route/batch`: 1 to 256 route bodies, each decoded on its own. */
 export const MAX_ROUTE_BATCH = 256
+/** `POST /v1/route/batch`'s body as the API declares it: `{queries}`, 1 to `MAX_ROUTE_BATCH` route bodies. */
 export const RouteBatchJson = Schema.Struct({
   queries: Schema.Array(
     Schema.Unknown.annotations({ description: "a route body, as POST /v1/route takes it" })

@@ -33,6 +33,7 @@ export interface SourceMetricsStats {
   readonly error: { readonly reason: string; readonly message: string } | undefined
 }
 
+/** The relay's engine load: each pool's load-window values and each source's reads (PROTOCOL §5 ◆3). */
 export interface EngineLoad {
   /** The engine-load values of each of `pools` at `nowMs`, in the same order. Never waits on a read. */
   readonly additions: (
@@ -46,6 +47,7 @@ export interface EngineLoad {
   ) => Effect.Effect<SourceMetricsStats | undefined>
 }
 
+/** The metrics poller's read bounds, interval and concurrency. */
 export type EngineLoadOptions = EngineMetrics.EngineMetricsPollerOptions
 
 // The pools' engine load as of the latest window, for dashboards; an unknown value is NaN.

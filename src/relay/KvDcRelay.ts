@@ -77,6 +77,7 @@ export interface RelayHealth {
   readonly discovery: DiscoveryStatus
 }
 
+/** An endpoint's ownership aggregation in `/v1/stats` (PROTOCOL §5): members, blocks and event faults. */
 export interface EndpointAggregationStats {
   /** `blocks` is the device count; `hostBlocks`, `diskBlocks` the lower tiers' (PROTOCOL §5.1 ◆3). */
   readonly members: ReadonlyArray<{
@@ -226,6 +227,7 @@ export interface EndpointSourceRank {
   readonly transportEndpoint: string
 }
 
+/** One member's blocks per tier, as `/v1/stats` shows them (PROTOCOL §5.1 ◆3). */
 export type { MemberTierCount }
 
 /** The running relay: catalog, membership, load, pool streams, health, stats and shutdown. */

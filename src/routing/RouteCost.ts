@@ -47,6 +47,7 @@ export const parseRoutePolicyFlag = (
 
 // --- Relay penalties --------------------------------------------------------------------------
 
+/** One `--relay-penalty NAME=TOKENS` value: a relay's distance or egress, in tokens. */
 export interface RelayPenalty {
   readonly relay: string
   readonly tokens: number
@@ -120,7 +121,9 @@ export const relayPenalties = (
 
 // --- The cost model ---------------------------------------------------------------------------
 
+/** Why a candidate is not plainly eligible (PROTOCOL §7.1 ◆3). */
 export type { RouteReason }
+/** A pool's serving-topology state in a relay's readiness (PROTOCOL §5). */
 export type PoolReadinessState = "READY" | "UNAVAILABLE" | "UNKNOWN"
 
 /** A window is current while younger than this (PROTOCOL §7.1). */
@@ -139,6 +142,7 @@ export interface CandidateLoad {
   readonly ageMs: number
 }
 
+/** What the caller knows of one candidate lane: its readiness, overlap and load. */
 export interface RouteCandidateInput<P = unknown, E = string> {
   readonly relay: string
   readonly lane: number
@@ -158,12 +162,14 @@ export interface RouteCandidateInput<P = unknown, E = string> {
   readonly load?: CandidateLoad | undefined
 }
 
+/** A candidate's cost terms, in tokens; `queueTokens` only with known load. */
 export interface RouteTerms {
   readonly uncachedTokens: number
   readonly queueTokens?: number
   readonly penaltyTokens: number
 }
 
+/** The load a candidate was priced with, as the answer shows it. */
 export interface RouteLoad {
   readonly runningRequests?: number
   readonly waitingRequests?: number
@@ -173,6 +179,7 @@ export interface RouteLoad {
   readonly ageMs?: number
 }
 
+/** One priced candidate of a route answer (PROTOCOL §7.1 ◆3). */
 export interface RouteCandidate<P = unknown, E = string> {
   readonly relay: string
   readonly lane: number
@@ -188,6 +195,7 @@ export interface RouteCandidate<P = unknown, E = string> {
   readonly load: RouteLoad
 }
 
+/** The lane a route answer picks. */
 export interface RouteDecision<P = unknown, E = string> {
   readonly relay: string
   readonly lane: number
@@ -195,6 +203,7 @@ export interface RouteDecision<P = unknown, E = string> {
   readonly servingEndpoint: E
 }
 
+/** A routing decision and every candidate (PROTOCOL §7.1 ◆3). */
 export interface RouteAnswer<P = unknown, E = string> {
   /** Null when no candidate is eligible (the route answers 503 `NO_READY_LANE`). */
   readonly decision: RouteDecision<P, E> | null

@@ -12,6 +12,7 @@ import { createServer, type Server } from "node:http"
 import type { AddressInfo } from "node:net"
 import { Clock, Duration, Effect, type Scope } from "effect"
 
+/** The load a simulated engine reports. */
 export interface SimulatedLoad {
   readonly running: number
   readonly waiting: number
@@ -19,8 +20,10 @@ export interface SimulatedLoad {
   readonly kvUsage: number
 }
 
+/** Whose gauge names and labels the page uses. */
 export type MetricsFormat = "vllm" | "sglang"
 
+/** A running simulated metrics endpoint: its URL and the load it serves. */
 export interface EngineMetricsEndpoint {
   /** `http://HOST:PORT/metrics` with the bound port and the given host. */
   readonly url: string
@@ -119,6 +122,7 @@ export const serveEngineMetrics = (options: {
       })
   ).pipe(Effect.map(({ endpoint }) => endpoint))
 
+/** The wave `movingLoad` follows: its period, phase and crest, and the KV usage to report. */
 export interface MovingLoadOptions {
   /** Seconds per full wave (default 40). */
   readonly periodS?: number | undefined

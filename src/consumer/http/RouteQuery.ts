@@ -21,9 +21,12 @@ import type { GlobalRouteAnswer, GlobalRoutingService } from "../GlobalRoute.js"
 import type { OverlapRequest } from "../GlobalView.js"
 import { decodeOverlapRequest, errorReply, overlapErrorBody, type Reply } from "./OverlapQuery.js"
 
+/** The route of one routing decision (PROTOCOL §7.1 ◆3). */
 export const ROUTE_ROUTE = "/v1/route"
+/** The route of a batch of routing decisions (PROTOCOL §7.1 ◆3). */
 export const ROUTE_BATCH_ROUTE = "/v1/route/batch"
 
+/** A decoded route body: the overlap request and the policy it is decided under. */
 export interface RouteRequest {
   readonly request: OverlapRequest
   readonly policy: RoutePolicy
@@ -55,6 +58,7 @@ const parseJson = (text: string): { readonly value: unknown } | string => {
   }
 }
 
+/** A `POST /v1/route` body from its JSON text: the request, or a message naming what is wrong. */
 export const parseRouteRequest = (text: string, defaults: RoutePolicy): RouteRequest | string => {
   const parsed = parseJson(text)
   if (typeof parsed === "string") return parsed

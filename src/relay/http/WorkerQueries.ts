@@ -434,6 +434,7 @@ export const dynamoWorkers = (
 /** The tracer Effect runs with when none is installed: its spans go nowhere. */
 const defaultTracer = Effect.runSync(Effect.tracer)
 
+/** The query routes' `request` listener ahead of the router (`makeFastPath`). */
 export interface WorkerQueryFastPath {
   /** Takes a request (true) or leaves it, untouched, to the general path (false). */
   readonly handle: (request: IncomingMessage, response: ServerResponse) => boolean
