@@ -4,7 +4,7 @@
  * problem is reported by the name of the flag it concerns.
  */
 
-import { Either, Option, ParseResult, Schema } from "effect"
+import { Either, Option, ParseResult, Schema, type SchemaAST } from "effect"
 
 /** One flag of a command. */
 interface FlagSpec {
@@ -186,16 +186,24 @@ export const settingsFields = (schema: unknown): Schema.Struct.Fields | undefine
   return s.from === undefined ? undefined : settingsFields(s.from)
 }
 
-/** The issues of the schema's checks across settings, applied to the settings that decode. */
+/**
+ * The issues of the schema's checks across settings, applied to the settings that decode. A
+ * struct piped through several `Schema.filter`s is a chain of refinements: every one is run,
+ * innermost first, so that each check's problems are reported, not only the last one's.
+ */
 const crossSettingIssues = (
   schema: Schema.Schema.AnyNoContext,
   merged: Readonly<Record<string, unknown>>
 ): ReadonlyArray<ParseResult.ArrayFormatterIssue> => {
-  const ast = schema.ast
   const fields = settingsFields(schema)
-  if (ast._tag !== "Refinement" || fields === undefined) return []
-  const issue = ast.filter(validSettingValues(fields, merged), { errors: "all" }, ast)
-  return Option.isNone(issue) ? [] : ParseResult.ArrayFormatter.formatIssueSync(issue.value)
+  if (fields === undefined) return []
+  const valid = validSettingValues(fields, merged)
+  const checks: Array<SchemaAST.Refinement> = []
+  for (let ast = schema.ast; ast._tag === "Refinement"; ast = ast.from) checks.unshift(ast)
+  return checks.flatMap((check) => {
+    const issue = check.filter(valid, { errors: "all" }, check)
+    return Option.isNone(issue) ? [] : ParseResult.ArrayFormatter.formatIssueSync(issue.value)
+  })
 }
 
 /**
