@@ -180,19 +180,17 @@ const followWatch = (
       state.resubscribes += 1
       state.state = "failing"
       state.lastError = why
+      const retry = { ...annotations, error: why, retryInMs: Math.round(Duration.toMillis(delay)) }
+      yield* Effect.logDebug(`relay ${watch} watch ended; retrying`).pipe(Effect.annotateLogs(retry))
+      yield* Effect.sleep(delay)
       // A relay that is down is logged once by its catalog loop; a watch failing on a relay whose
-      // catalog still stands is this relay's own state change, logged once per failing spell.
+      // catalog still stands is this relay's own state change, logged once per failing spell. The
+      // catalog is asked after the retry delay: the watch and the catalog stream see the relay's
+      // sockets close at about the same moment, and the watch may see it first.
       if (!warned && options.relayConnected()) {
         warned = true
-        yield* Effect.logWarning(`relay ${watch} watch failing; retrying`).pipe(
-          Effect.annotateLogs({ ...annotations, error: why, retryInMs: Math.round(Duration.toMillis(delay)) })
-        )
-      } else {
-        yield* Effect.logDebug(`relay ${watch} watch ended; retrying`).pipe(
-          Effect.annotateLogs({ ...annotations, error: why, retryInMs: Math.round(Duration.toMillis(delay)) })
-        )
+        yield* Effect.logWarning(`relay ${watch} watch failing; retrying`).pipe(Effect.annotateLogs(retry))
       }
-      yield* Effect.sleep(delay)
     }
   }).pipe(Effect.withSpan("RelaySignals.follow", { attributes: { relay: options.relay, watch } }))
 

@@ -52,8 +52,6 @@ const decodeDomainLocal = decodeJson(DomainLocalOverlapJson, "contract")
 const QUERY_FORMS =
   "{namespace, model, tokens, loraName?} or {namespace, model, localBlockHashes} (poolDomain in place of namespace and model)"
 
-const BATCH_FORM = `{queries: [overlap body, …]} with 1 to ${MAX_OVERLAP_BATCH} bodies`
-
 const isPlainObject = (value: unknown): value is Record<string, unknown> =>
   typeof value === "object" && value !== null && !Array.isArray(value)
 
@@ -144,33 +142,45 @@ export const parseOverlapRequest = (text: string): OverlapRequest | string => {
   return typeof parsed === "string" ? parsed : decodeOverlapRequest(parsed.value)
 }
 
-/** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
-export const parseOverlapBatch = (text: string): ReadonlyArray<OverlapRequest> | string => {
+/**
+ * `{queries: [body…]}` of 1 to `max` bodies of `kind` (`overlap`, `route`): every body decoded by
+ * `decode`, or the first bad one named by its index. The batch routes of both kinds share it.
+ */
+export const parseQueryBatch = <R>(
+  text: string,
+  kind: string,
+  max: number,
+  decode: (body: unknown) => R | string
+): ReadonlyArray<R> | string => {
+  const form = `{queries: [${kind} body, …]} with 1 to ${max} bodies`
   const parsed = parseJson(text)
   if (typeof parsed === "string") return parsed
   const body = parsed.value
-  if (!isPlainObject(body)) return `expected a JSON object ${BATCH_FORM}, got ${describeValue(body)}`
+  if (!isPlainObject(body)) return `expected a JSON object ${form}, got ${describeValue(body)}`
   // Effect's decoder and its messages recurse: refuse absurd nesting before anything is decoded.
   if (nestedDeeperThan(body, MAX_JSON_DEPTH))
     return `the value is nested deeper than ${MAX_JSON_DEPTH} levels`
-  for (const key in body)
-    if (key !== "queries") return `unknown field ${quoted(key)}; the body is ${BATCH_FORM}`
-  if (!("queries" in body)) return `missing field "queries": the body is ${BATCH_FORM}`
+  for (const key in body) if (key !== "queries") return `unknown field ${quoted(key)}; the body is ${form}`
+  if (!("queries" in body)) return `missing field "queries": the body is ${form}`
   const queries = body.queries
   if (!Array.isArray(queries)) {
-    return `queries must be an array of 1 to ${MAX_OVERLAP_BATCH} overlap bodies, got ${describeValue(queries)}`
+    return `queries must be an array of 1 to ${max} ${kind} bodies, got ${describeValue(queries)}`
   }
-  if (queries.length < 1 || queries.length > MAX_OVERLAP_BATCH) {
-    return `queries must hold 1 to ${MAX_OVERLAP_BATCH} overlap bodies, got ${queries.length}`
+  if (queries.length < 1 || queries.length > max) {
+    return `queries must hold 1 to ${max} ${kind} bodies, got ${queries.length}`
   }
-  const requests: Array<OverlapRequest> = []
+  const requests: Array<R> = []
   for (let i = 0; i < queries.length; i++) {
-    const request = decodeOverlapRequest(queries[i])
+    const request = decode(queries[i])
     if (typeof request === "string") return `queries[${i}]: ${request}`
     requests.push(request)
   }
   return requests
 }
+
+/** `{queries: [overlap body…]}`: every body decoded, or the first bad one named by its index. */
+export const parseOverlapBatch = (text: string): ReadonlyArray<OverlapRequest> | string =>
+  parseQueryBatch(text, "overlap", MAX_OVERLAP_BATCH, decodeOverlapRequest)
 
 // ---------------------------------------------------------------------------------------------
 // Replies

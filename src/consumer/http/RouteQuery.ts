@@ -10,7 +10,7 @@
 
 import { Either } from "effect"
 import type { PoolId } from "../../ckf/identity.js"
-import { boundedMessage, describeValue, invalidJsonMessage, quoted } from "../../http/ErrorText.js"
+import { boundedMessage, invalidJsonMessage } from "../../http/ErrorText.js"
 import { PoolIdJson } from "../../protocol/Identity.js"
 import { encodeJson, MAX_JSON_DEPTH, nestedDeeperThan } from "../../protocol/Json.js"
 import { type EndpointId, EndpointIdJson } from "../../protocol/Model.js"
@@ -19,7 +19,13 @@ import type { RouteCandidate } from "../../routing/RouteCost.js"
 import type { OverlapError } from "../ConsumerErrors.js"
 import type { GlobalRouteAnswer, GlobalRoutingService } from "../GlobalRoute.js"
 import type { OverlapRequest } from "../GlobalView.js"
-import { decodeOverlapRequest, errorReply, overlapErrorBody, type Reply } from "./OverlapQuery.js"
+import {
+  decodeOverlapRequest,
+  errorReply,
+  overlapErrorBody,
+  parseQueryBatch,
+  type Reply
+} from "./OverlapQuery.js"
 
 /** The route of one routing decision (PROTOCOL §7.1 ◆3). */
 export const ROUTE_ROUTE = "/v1/route"
@@ -34,8 +40,6 @@ export interface RouteRequest {
 
 const isPlainObject = (value: unknown): value is Record<string, unknown> =>
   typeof value === "object" && value !== null && !Array.isArray(value)
-
-const BATCH_FORM = `{queries: [route body, …]} with 1 to ${MAX_ROUTE_BATCH} bodies`
 
 /** One route body, parsed from JSON: an overlap body, and a `policy` over the process's `defaults`. */
 export const decodeRouteRequest = (parsed: unknown, defaults: RoutePolicy): RouteRequest | string => {
@@ -69,35 +73,9 @@ export const parseRouteRequest = (text: string, defaults: RoutePolicy): RouteReq
   return decodeRouteRequest(value, defaults)
 }
 
-/** `{queries: [body…]}`: every body decoded, or the first bad one named by its index. */
-export const parseRouteBatch = (
-  text: string,
-  defaults: RoutePolicy
-): ReadonlyArray<RouteRequest> | string => {
-  const parsed = parseJson(text)
-  if (typeof parsed === "string") return parsed
-  const body = parsed.value
-  if (!isPlainObject(body)) return `expected a JSON object ${BATCH_FORM}, got ${describeValue(body)}`
-  if (nestedDeeperThan(body, MAX_JSON_DEPTH))
-    return `the value is nested deeper than ${MAX_JSON_DEPTH} levels`
-  for (const key in body)
-    if (key !== "queries") return `unknown field ${quoted(key)}; the body is ${BATCH_FORM}`
-  if (!("queries" in body)) return `missing field "queries": the body is ${BATCH_FORM}`
-  const queries = body.queries
-  if (!Array.isArray(queries)) {
-    return `queries must be an array of 1 to ${MAX_ROUTE_BATCH} route bodies, got ${describeValue(queries)}`
-  }
-  if (queries.length < 1 || queries.length > MAX_ROUTE_BATCH) {
-    return `queries must hold 1 to ${MAX_ROUTE_BATCH} route bodies, got ${queries.length}`
-  }
-  const requests: Array<RouteRequest> = []
-  for (let i = 0; i < queries.length; i++) {
-    const request = decodeRouteRequest(queries[i], defaults)
-    if (typeof request === "string") return `queries[${i}]: ${request}`
-    requests.push(request)
-  }
-  return requests
-}
+/** `{queries: [route body…]}`: every body decoded, or the first bad one named by its index. */
+export const parseRouteBatch = (text: string, defaults: RoutePolicy): ReadonlyArray<RouteRequest> | string =>
+  parseQueryBatch(text, "route", MAX_ROUTE_BATCH, (body) => decodeRouteRequest(body, defaults))
 
 // ---------------------------------------------------------------------------------------------
 // Answers as JSON text
