@@ -200,9 +200,10 @@ export class CacheNamespaces {
   removed(memberKey: string, blockHashes: Uint32Array): void {
     const table = this.table
     if (table.size === 0) return
+    const m = table.memberIndex(memberKey)
+    if (m < 0) return
     const n = blockHashes.length >>> 1
     for (let i = 0; i < n; i++) {
-      const m = table.memberIndex(memberKey)
       if (!table.get(m, blockHashes, 2 * i, this.found, 0)) continue
       const id = this.found[0]!
       if (id === AMBIGUOUS_ID) continue

@@ -565,6 +565,8 @@ const readEvents = (
   const n = r.array("events")
   let ignored = 0
   const f = fieldsScratch
+  // The rank's key in the namespace table, built once per batch rather than per event.
+  const member = options.namespaces === undefined ? "" : memberKey(workerId, dpRank)
   for (let i = 0; i < n; i++) {
     readEventFields(r, f)
     if (f.tag < 0) {
@@ -572,7 +574,7 @@ const readEvents = (
       continue
     }
     if (f.tag !== TAG_STORED && f.tag !== TAG_REMOVED) {
-      options.namespaces?.cleared(memberKey(workerId, dpRank))
+      options.namespaces?.cleared(member)
       out.push({ workerId, dpRank, eventId, storageTier: "device", data: { _tag: "Cleared" } })
       continue
     }
@@ -617,7 +619,7 @@ const readEvents = (
       })
       const namespaces = options.namespaces
       if (namespaces !== undefined) {
-        const effective = namespaces.stored(memberKey(workerId, dpRank), blockHashes, f.parentHash, namespace)
+        const effective = namespaces.stored(member, blockHashes, f.parentHash, namespace)
         if (effective === AMBIGUOUS_CACHE_NAMESPACE) {
           // Dynamo's normalizer drops such a batch too: its blocks cannot be hashed for certain.
           skipped.namespace++
@@ -636,7 +638,7 @@ const readEvents = (
         skipUnanchored: true
       }
     } else {
-      if (f.tier === "device") options.namespaces?.removed(memberKey(workerId, dpRank), f.blockHashes)
+      if (f.tier === "device") options.namespaces?.removed(member, f.blockHashes)
       data = { _tag: "Removed", blockHashes: f.blockHashes }
     }
     out.push({ workerId, dpRank, eventId, storageTier: f.tier, data })
