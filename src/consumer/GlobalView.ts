@@ -286,6 +286,17 @@ const unknownTarget = (
   return undefined
 }
 
+/** The domains a request names: its `poolDomain`, or every domain serving its model. */
+const matchingDomains = (
+  consumer: GlobalConsumerService,
+  request: OverlapRequest
+): ReadonlyArray<DomainStatus> => {
+  const all = consumer.domains()
+  return "poolDomain" in request
+    ? all.filter((domain) => domain.id.equals(request.poolDomain))
+    : all.filter((domain) => servesModel(domain, request.namespace, request.model))
+}
+
 /** Query the matching domains of `consumer` (no Effect: one synchronous pass). */
 const overlapOf = (
   consumer: GlobalConsumerService,
@@ -296,11 +307,7 @@ const overlapOf = (
     const unknown = unknownTarget(consumer, request, adapter)
     if (unknown !== undefined) return unknown
   }
-  const all = consumer.domains()
-  const matching =
-    "poolDomain" in request
-      ? all.filter((domain) => domain.id.equals(request.poolDomain))
-      : all.filter((domain) => servesModel(domain, request.namespace, request.model))
+  const matching = matchingDomains(consumer, request)
   const addresses = new QueryAddresses(request)
   const results: Array<OverlapResult> = []
   for (const domain of matching) {
@@ -358,11 +365,7 @@ export const probeLanesOf = (
   const adapter = adapterOf(request)
   const unknown = unknownTarget(consumer, request, adapter)
   if (unknown !== undefined) return unknown
-  const all = consumer.domains()
-  const matching =
-    "poolDomain" in request
-      ? all.filter((domain) => domain.id.equals(request.poolDomain))
-      : all.filter((domain) => servesModel(domain, request.namespace, request.model))
+  const matching = matchingDomains(consumer, request)
   const addresses = new QueryAddresses(request)
   const probes: Array<LaneProbe> = []
   for (const domain of matching) {

@@ -15,6 +15,7 @@ import { Duration, Effect, Either, Schema, Stream } from "effect"
 import { Cbi1Error, Cbi1SnapshotAssembler, decodeCbi1 } from "../ckf/cbi1.js"
 import type { ProducerIdentity } from "../ckf/identity.js"
 import { U64_MAX } from "../ckf/u64.js"
+import { causeChainText as causeText } from "../observability/CauseText.js"
 import { ProducerIdentityJson } from "../protocol/Identity.js"
 import { decodeJson, decodeJsonText, encodeJson } from "../protocol/Json.js"
 import type { CatalogSnapshot, RelayInfo } from "../protocol/Model.js"
@@ -370,19 +371,6 @@ const decodeErrorDocument = decodeJsonText(ErrorDocumentJson)
 const DEFAULT_REQUEST_TIMEOUT = Duration.seconds(10)
 const DEFAULT_STREAM_IDLE_TIMEOUT = Duration.seconds(30)
 const DEFAULT_MAX_JSON_BYTES = 64 * 1024 * 1024
-
-const causeText = (cause: unknown): string => {
-  if (
-    typeof cause === "object" &&
-    cause !== null &&
-    "message" in cause &&
-    typeof cause.message === "string"
-  ) {
-    const inner = "cause" in cause ? cause.cause : undefined
-    return inner === undefined ? cause.message : `${cause.message} (${causeText(inner)})`
-  }
-  return String(cause)
-}
 
 /** A client of the relay at `baseUrl` (e.g. `http://127.0.0.1:8080`). */
 export const make = (

@@ -33,6 +33,7 @@ import {
   Stream,
   SubscriptionRef
 } from "effect"
+import { causeChainText as causeText } from "../observability/CauseText.js"
 import { supervised } from "../observability/Supervised.js"
 import {
   ExpositionError,
@@ -248,19 +249,6 @@ export const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 export interface ReadOptions {
   readonly timeout?: Duration.DurationInput | undefined
   readonly maxBodyBytes?: number | undefined
-}
-
-const causeText = (cause: unknown): string => {
-  if (
-    typeof cause === "object" &&
-    cause !== null &&
-    "message" in cause &&
-    typeof cause.message === "string"
-  ) {
-    const inner = "cause" in cause ? cause.cause : undefined
-    return inner === undefined || inner === null ? cause.message : `${cause.message} (${causeText(inner)})`
-  }
-  return String(cause)
 }
 
 const urlProblem = (url: string): string | undefined => {
