@@ -249,8 +249,13 @@ describe("routing decisions end to end (PROTOCOL §7.1 ◆3)", () => {
     )
     try {
       const answer = await routeWhen(
-        "west decided under east's penalty",
-        (a) => a.decision?.relay === "west" && a.candidates.every((c) => c.load.observedRanks === 1),
+        "west decided under east's penalty, with east's lane ready beside it",
+        // Both candidates must be there: a fresh consumer decides for west before east's lane
+        // is ready, and east would then be missing from the candidates, not penalized among them.
+        (a) =>
+          a.decision?.relay === "west" &&
+          a.candidates.length === 2 &&
+          a.candidates.every((c) => c.eligible && c.load.observedRanks === 1),
         penalized.url
       )
       expect(byRelay(answer)["east"]!.terms).toEqual({
