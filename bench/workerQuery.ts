@@ -143,11 +143,11 @@ export class MapSetPool {
   query(canon: ReadonlyArray<bigint>): WorkerQueryResult {
     const n = canon.length
     const count = this.members.length
-    const device = new Uint32Array(count)
-    const host = new Uint32Array(count)
-    const disk = new Uint32Array(count)
-    const dynamoCpu = new Uint32Array(count)
-    const dynamoDisk = new Uint32Array(count)
+    const device = new Array<number>(count)
+    const host = new Array<number>(count)
+    const disk = new Array<number>(count)
+    const dynamoCpu = new Array<number>(count)
+    const dynamoDisk = new Array<number>(count)
     let deepest = 0
     for (let j = 0; j < count; j++) {
       const [d, h, k] = this.members[j]!
@@ -166,7 +166,7 @@ export class MapSetPool {
       while (q < n && k.has(canon[q]!)) q++
       dynamoDisk[j] = q
     }
-    const frequencies = new Uint32Array(deepest)
+    const frequencies = new Array<number>(deepest)
     for (let i = 0; i < deepest; i++) frequencies[i] = this.refcounts.get(canon[i]!) ?? 0
     return { queryBlocks: n, members: [], device, host, disk, dynamoCpu, dynamoDisk, frequencies }
   }

@@ -51,6 +51,19 @@ const mixEdge = (hi: number, lo: number, tag: number): number => {
   return (x ^ (x >>> 15)) >>> 0
 }
 
+// Edge-table slot: [hi, lo, tag, mask] with tag = group + 1 (0 = empty slot), where a member's
+// group is its index's high bits (`m >>> GROUP_SHIFT`) and `mask` has a bit per member of the
+// group owning the key (`1 << (m & GROUP_MASK)`); an entry whose mask empties is deleted.
+const GROUP_SHIFT = 5
+const GROUP_MASK = 31
+const EDGE_WIDTH = 4
+
+/** Member `m`'s group of 32 indices, whose owners of a key one bitmap holds. */
+export const memberGroup = (m: number): number => m >>> GROUP_SHIFT
+
+/** Member `m`'s bit in its group's bitmaps (`OwnershipTable.groupOwnersAt`). */
+export const memberBit = (m: number): number => 1 << (m & GROUP_MASK)
+
 /** Slots that hold `keys` at the maximum load. */
 const slotsFor = (keys: number): number =>
   Math.max(MIN_CAPACITY, Math.ceil((keys * MAX_LOAD_DEN) / MAX_LOAD_NUM))
@@ -66,36 +79,34 @@ const mustShift = (hole: number, j: number, h: number): boolean =>
   hole <= j ? h <= hole || h > j : h <= hole && h > j
 
 /**
- * Tombstone-free deletion of slot `i` from a linear-probing table of `[hi, lo, meta]` slots
- * (meta 0 = empty): later entries of the probe run move back into the hole. Both tables share
- * the layout and differ only in an entry's home: the owner table's is its key's high word, an
- * edge's is the mix of its key and member tag (`edgeHome`).
+ * Tombstone-free deletion of slot `i` from a linear-probing table (tag word 0 = empty): later
+ * entries of the probe run move back into the hole. Both tables share the scheme and differ in
+ * their slots and an entry's home: the owner table's slots are `[hi, lo, meta]` and an entry's
+ * home is its key's high word; the edge table's are `[hi, lo, tag, mask]` (`EDGE_WIDTH`) and the
+ * home is the mix of the key and the tag.
  */
-const deleteSlot = (
-  slots: Uint32Array,
-  cap: number,
-  scale: number,
-  slot: number,
-  edgeHome: boolean
-): void => {
+const deleteSlot = (slots: Uint32Array, cap: number, scale: number, slot: number, edges: boolean): void => {
+  const width = edges ? EDGE_WIDTH : 3
   let i = slot
   let j = slot
   for (;;) {
     j = j + 1 === cap ? 0 : j + 1
-    const meta = slots[3 * j + 2]!
+    const meta = slots[width * j + 2]!
     if (meta === 0) break
-    const u = slots[3 * j]!
-    const l = slots[3 * j + 1]!
-    if (mustShift(i, j, home(edgeHome ? mixEdge(u, l, meta) : u, scale, cap))) {
-      slots[3 * i] = u
-      slots[3 * i + 1] = l
-      slots[3 * i + 2] = meta
+    const u = slots[width * j]!
+    const l = slots[width * j + 1]!
+    if (mustShift(i, j, home(edges ? mixEdge(u, l, meta) : u, scale, cap))) {
+      slots[width * i] = u
+      slots[width * i + 1] = l
+      slots[width * i + 2] = meta
+      if (edges) slots[width * i + 3] = slots[width * j + 3]!
       i = j
     }
   }
-  slots[3 * i] = 0
-  slots[3 * i + 1] = 0
-  slots[3 * i + 2] = 0
+  slots[width * i] = 0
+  slots[width * i + 1] = 0
+  slots[width * i + 2] = 0
+  if (edges) slots[width * i + 3] = 0
 }
 
 // Owner-table slot: [hi, lo, meta] of the mixed key; meta = primary owner index + 1 in bits 8..31
@@ -338,23 +349,25 @@ export class OwnershipTable {
 
   /**
    * Narrows a worker query's live candidates to the owners of the key `keys[k], keys[k + 1]` at
-   * `slot` (or to none when `slot` is negative): `active[0, live)` are candidate positions, member
-   * `members[active[a]]`; the owners stay in `active` (in order) and their number is returned; each
-   * other one gets `depth[position] = i`. No more candidates are probed once the key's refcount
-   * of owners is found.
+   * `slot` (or to none when `slot` is negative). Candidates are kept a group of 32 member indices
+   * at a time: `groups[0, live)` are the groups with candidates left and `masks` their candidate
+   * bits (member `32·g + b`); the owners stay (in place) and the number of groups with candidates
+   * left is returned; each member dropped gets `depth[positionOf[m]] = i`. One probe per group,
+   * and none once the key's refcount of owners is found.
    */
   narrowAt(
     slot: number,
     keys: Uint32Array,
     k: number,
-    members: Int32Array,
-    active: Int32Array,
+    groups: Int32Array,
+    masks: Uint32Array,
     live: number,
-    depth: Uint32Array,
+    positionOf: Int32Array,
+    depth: Array<number>,
     i: number
   ): number {
     if (slot < 0) {
-      for (let a = 0; a < live; a++) depth[active[a]!] = i
+      settleGroups(groups, masks, live, positionOf, depth, i)
       return 0
     }
     const key = this.key
@@ -362,7 +375,33 @@ export class OwnershipTable {
     key[1] = keys[k + 1]!
     const primary = this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT
     const owning = this.countAt(slot)
-    return this.edges.narrow(primary, owning, primary === 0 || owning > 1, members, active, live, depth, i)
+    return this.edges.narrowGroups(
+      primary,
+      owning,
+      primary === 0 || owning > 1,
+      groups,
+      masks,
+      live,
+      positionOf,
+      depth,
+      i
+    )
+  }
+
+  /**
+   * The owners of the key `keys[k], keys[k + 1]` at `slot` among the members of `m`'s group of
+   * 32 indices, as `memberBit` bits (0 when `slot` is negative): one probe answers for every
+   * member of the group.
+   */
+  groupOwnersAt(slot: number, keys: Uint32Array, k: number, m: number): number {
+    if (slot < 0) return 0
+    const meta = this.slots[3 * slot + 2]!
+    const primary = meta >>> PRIMARY_SHIFT
+    const g = m >>> GROUP_SHIFT
+    let owners = primary !== 0 && (primary - 1) >>> GROUP_SHIFT === g ? memberBit(primary - 1) : 0
+    // One owner, the primary: no edges (a count of 255 or more is in the overflow map: > 1).
+    if (primary === 0 || (meta & COUNT_MASK) !== 1) owners |= this.edges.groupMaskAt(keys, k, g + 1)
+    return owners >>> 0
   }
 
   /**
@@ -619,14 +658,23 @@ export class OwnershipTable {
   }
 }
 
+/** The edge-table slot index in `slots` of an edge's 4-word entry. */
+const edgeHome = (hi: number, lo: number, tag: number, scale: number, cap: number): number =>
+  home(mixEdge(hi, lo, tag), scale, cap)
+
 /**
- * The owners of a key beyond its primary one: a set of (key, member) pairs. Slot `[hi, lo, tag]`
- * with tag = member index + 1 (0 = empty). Operations act on the owner table's `key`.
+ * The owners of a key beyond its primary one, as bitmaps: one entry per (key, group of 32 member
+ * indices) holding the group's owners of the key as a bitmask. Members registered together share
+ * a group, so a block held by many members of a pool costs a few entries rather than one per
+ * owner, and a worker query narrows its candidates a group at a time (`narrowGroups`): one probe
+ * per block for up to 32 candidates instead of one per candidate. Operations act on the owner
+ * table's `key`.
  */
 class EdgeTable {
-  private slots = new Uint32Array(MIN_CAPACITY * 3)
+  private slots = new Uint32Array(MIN_CAPACITY * EDGE_WIDTH)
   capacity = MIN_CAPACITY
   private scale = MIN_CAPACITY * INV_TWO_32
+  /** Entries (groups with at least one owner of their key), not edges. */
   size = 0
 
   constructor(private readonly key: Uint32Array) {}
@@ -637,50 +685,47 @@ class EdgeTable {
 
   /** Whether (the key `keys[k], keys[k + 1]`, member `m`) is an edge. */
   hasAt(keys: Uint32Array, k: number, m: number): boolean {
-    if (this.size === 0) return false
+    return (this.groupMaskAt(keys, k, (m >>> GROUP_SHIFT) + 1) & memberBit(m)) !== 0
+  }
+
+  /** The edges of the key `keys[k], keys[k + 1]` in the group of tag `tag` (group + 1), as bits. */
+  groupMaskAt(keys: Uint32Array, k: number, tag: number): number {
+    if (this.size === 0) return 0
     const slots = this.slots
     const cap = this.capacity
-    const tag = m + 1
     const hi = keys[k]!
     const lo = keys[k + 1]!
-    let i = home(mixEdge(hi, lo, tag), this.scale, cap)
+    let i = edgeHome(hi, lo, tag, this.scale, cap)
     for (;;) {
-      const t = slots[3 * i + 2]!
-      if (t === 0) return false
-      if (t === tag && slots[3 * i + 1] === lo && slots[3 * i] === hi) return true
+      const base = EDGE_WIDTH * i
+      const t = slots[base + 2]!
+      if (t === 0) return 0
+      if (t === tag && slots[base + 1] === lo && slots[base] === hi) return slots[base + 3]!
       i = i + 1 === cap ? 0 : i + 1
     }
   }
 
   has(m: number): boolean {
-    if (this.size === 0) return false
-    const slots = this.slots
-    const cap = this.capacity
-    const tag = m + 1
-    const hi = this.key[0]!
-    const lo = this.key[1]!
-    let i = home(mixEdge(hi, lo, tag), this.scale, cap)
-    for (;;) {
-      const t = slots[3 * i + 2]!
-      if (t === 0) return false
-      if (t === tag && slots[3 * i + 1] === lo && slots[3 * i] === hi) return true
-      i = i + 1 === cap ? 0 : i + 1
-    }
+    return this.hasAt(this.key, 0, m)
   }
 
   /**
-   * `OwnershipTable.narrowAt`'s loop over the key in `key`: candidate `active[a]` (member
-   * `members[active[a]]`) stays when it is the primary owner (`primary` = member index + 1) or
-   * an edge of the key; the key's part of the edge hash is computed once for all of them.
+   * `OwnershipTable.narrowAt`'s loop over the key in `key`, a group at a time: `groups[0, live)`
+   * are the groups with candidates left and `masks` their candidates; each keeps the members that
+   * own the key (the primary owner, `primary` = member index + 1, or an edge), in place, and the
+   * number of groups with candidates left is returned. A member dropped gets
+   * `depth[positionOf[m]] = i`. Once the key's `owning` owners are all found (counted over the
+   * groups' whole masks, candidates or not), the remaining groups are dropped without a probe.
    */
-  narrow(
+  narrowGroups(
     primary: number,
     owning: number,
     edges: boolean,
-    members: Int32Array,
-    active: Int32Array,
+    groups: Int32Array,
+    masks: Uint32Array,
     live: number,
-    depth: Uint32Array,
+    positionOf: Int32Array,
+    depth: Array<number>,
     i: number
   ): number {
     const slots = this.slots
@@ -690,28 +735,44 @@ class EdgeTable {
     const lo = this.key[1]!
     const base = lo ^ Math.imul(hi, 0x9e3779b1)
     const probe = edges && this.size > 0
+    const primaryGroup = primary === 0 ? -1 : (primary - 1) >>> GROUP_SHIFT
+    const primaryBit = primary === 0 ? 0 : 1 << ((primary - 1) & GROUP_MASK)
+    let found = 0
     let kept = 0
     for (let a = 0; a < live; a++) {
-      const j = active[a]!
-      const tag = members[j]! + 1
-      let owns = tag === primary
-      if (!owns && probe && kept < owning) {
+      const g = groups[a]!
+      const candidates = masks[a]!
+      let owners = g === primaryGroup ? primaryBit : 0
+      if (probe && found < owning) {
+        const tag = g + 1
         let x = base ^ Math.imul(tag, 0x27d4eb2f)
         x = Math.imul(x ^ (x >>> 15), 0x2c1b3c6d)
         x = Math.imul(x ^ (x >>> 12), 0x297a2d39)
         let s = home((x ^ (x >>> 15)) >>> 0, scale, cap)
         for (;;) {
-          const t = slots[3 * s + 2]!
+          const at = EDGE_WIDTH * s
+          const t = slots[at + 2]!
           if (t === 0) break
-          if (t === tag && slots[3 * s + 1] === lo && slots[3 * s] === hi) {
-            owns = true
+          if (t === tag && slots[at + 1] === lo && slots[at] === hi) {
+            owners |= slots[at + 3]!
             break
           }
           s = s + 1 === cap ? 0 : s + 1
         }
       }
-      if (owns && kept < owning) active[kept++] = j
-      else depth[j] = i
+      if (owners !== 0 && a + 1 < live) found += popcount(owners)
+      let dropped = (candidates & ~owners) >>> 0
+      while (dropped !== 0) {
+        const low = dropped & -dropped
+        depth[positionOf[(g << GROUP_SHIFT) | (31 - Math.clz32(low))]!] = i
+        dropped = (dropped ^ low) >>> 0
+      }
+      const keep = (candidates & owners) >>> 0
+      if (keep !== 0) {
+        groups[kept] = g
+        masks[kept] = keep
+        kept++
+      }
     }
     return kept
   }
@@ -727,46 +788,68 @@ class EdgeTable {
     return true
   }
 
-  // The probe set-up repeats `has` on purpose: both run per edge on the apply hot path and keep
-  // their keys in locals (a shared helper would return them boxed; see the header).
+  /** Adds member `m` (not an edge of the key yet): a bit of its group's entry, made when absent. */
   insertAbsent(m: number): void {
     const slots = this.slots
     const cap = this.capacity
-    const tag = m + 1
+    const tag = (m >>> GROUP_SHIFT) + 1
     const hi = this.key[0]!
     const lo = this.key[1]!
-    let i = home(mixEdge(hi, lo, tag), this.scale, cap)
-    while (slots[3 * i + 2] !== 0) i = i + 1 === cap ? 0 : i + 1
-    slots[3 * i] = hi
-    slots[3 * i + 1] = lo
-    slots[3 * i + 2] = tag
-    this.size++
+    let i = edgeHome(hi, lo, tag, this.scale, cap)
+    for (;;) {
+      const base = EDGE_WIDTH * i
+      const t = slots[base + 2]!
+      if (t === 0) {
+        slots[base] = hi
+        slots[base + 1] = lo
+        slots[base + 2] = tag
+        slots[base + 3] = 1 << (m & GROUP_MASK)
+        this.size++
+        return
+      }
+      if (t === tag && slots[base + 1] === lo && slots[base] === hi) {
+        slots[base + 3] = slots[base + 3]! | (1 << (m & GROUP_MASK))
+        return
+      }
+      i = i + 1 === cap ? 0 : i + 1
+    }
   }
 
   delete(m: number): boolean {
     const slots = this.slots
     const cap = this.capacity
     const scale = this.scale
-    const tag = m + 1
+    const tag = (m >>> GROUP_SHIFT) + 1
+    const bit = 1 << (m & GROUP_MASK)
     const hi = this.key[0]!
     const lo = this.key[1]!
-    let i = home(mixEdge(hi, lo, tag), scale, cap)
+    let i = edgeHome(hi, lo, tag, scale, cap)
     for (;;) {
-      const t = slots[3 * i + 2]!
+      const base = EDGE_WIDTH * i
+      const t = slots[base + 2]!
       if (t === 0) return false
-      if (t === tag && slots[3 * i + 1] === lo && slots[3 * i] === hi) break
+      if (t === tag && slots[base + 1] === lo && slots[base] === hi) {
+        const mask = slots[base + 3]!
+        if ((mask & bit) === 0) return false
+        const left = (mask & ~bit) >>> 0
+        if (left !== 0) {
+          slots[base + 3] = left
+          return true
+        }
+        deleteSlot(slots, cap, scale, i, true)
+        this.size--
+        return true
+      }
       i = i + 1 === cap ? 0 : i + 1
     }
-    deleteSlot(slots, cap, scale, i, true)
-    this.size--
-    return true
   }
 
   collect(m: number, out: Uint32Array, k: number): number {
     const slots = this.slots
-    const tag = m + 1
-    for (let s = 0; s < slots.length; s += 3) {
-      if (slots[s + 2] === tag) {
+    const tag = (m >>> GROUP_SHIFT) + 1
+    const bit = 1 << (m & GROUP_MASK)
+    for (let s = 0; s < slots.length; s += EDGE_WIDTH) {
+      if (slots[s + 2] === tag && (slots[s + 3]! & bit) !== 0) {
         out[k++] = slots[s]!
         out[k++] = slots[s + 1]!
       }
@@ -777,35 +860,68 @@ class EdgeTable {
   /** Appends every edge as [member, hi, lo] triples. */
   collectAll(out: Uint32Array, k: number): number {
     const slots = this.slots
-    for (let s = 0; s < slots.length; s += 3) {
+    for (let s = 0; s < slots.length; s += EDGE_WIDTH) {
       const t = slots[s + 2]!
-      if (t !== 0) {
-        out[k] = t - 1
+      if (t === 0) continue
+      const first = (t - 1) << GROUP_SHIFT
+      let mask = slots[s + 3]!
+      while (mask !== 0) {
+        const low = mask & -mask
+        out[k] = first | (31 - Math.clz32(low))
         out[k + 1] = slots[s]!
         out[k + 2] = slots[s + 1]!
         k += 3
+        mask = (mask ^ low) >>> 0
       }
     }
     return k
   }
 
   private rehash(capacity: number): void {
-    const next = new Uint32Array(capacity * 3)
+    const next = new Uint32Array(capacity * EDGE_WIDTH)
     const old = this.slots
     const scale = capacity * INV_TWO_32
-    for (let s = 0; s < old.length; s += 3) {
+    for (let s = 0; s < old.length; s += EDGE_WIDTH) {
       const t = old[s + 2]!
       if (t === 0) continue
       const u = old[s]!
       const l = old[s + 1]!
-      let i = home(mixEdge(u, l, t), scale, capacity)
-      while (next[3 * i + 2] !== 0) i = i + 1 === capacity ? 0 : i + 1
-      next[3 * i] = u
-      next[3 * i + 1] = l
-      next[3 * i + 2] = t
+      let i = edgeHome(u, l, t, scale, capacity)
+      while (next[EDGE_WIDTH * i + 2] !== 0) i = i + 1 === capacity ? 0 : i + 1
+      next.set(old.subarray(s, s + EDGE_WIDTH), EDGE_WIDTH * i)
     }
     this.slots = next
     this.capacity = capacity
     this.scale = scale
   }
+}
+
+/**
+ * Ends the narrowing of the candidates left (`narrowAt`'s groups): each gets
+ * `depth[positionOf[m]] = i`.
+ */
+export const settleGroups = (
+  groups: Int32Array,
+  masks: Uint32Array,
+  live: number,
+  positionOf: Int32Array,
+  depth: Array<number>,
+  i: number
+): void => {
+  for (let a = 0; a < live; a++) {
+    const first = groups[a]! << GROUP_SHIFT
+    let mask = masks[a]!
+    while (mask !== 0) {
+      const low = mask & -mask
+      depth[positionOf[first | (31 - Math.clz32(low))]!] = i
+      mask = (mask ^ low) >>> 0
+    }
+  }
+}
+
+/** Bits set in a u32. */
+const popcount = (x: number): number => {
+  let v = x - ((x >>> 1) & 0x5555_5555)
+  v = (v & 0x3333_3333) + ((v >>> 2) & 0x3333_3333)
+  return (Math.imul((v + (v >>> 4)) & 0x0f0f_0f0f, 0x0101_0101) >>> 24) & 0xff
 }

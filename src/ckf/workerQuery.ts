@@ -24,7 +24,7 @@
 
 import type { CkfMemberRef } from "./events.js"
 import { compareMembers } from "./events.js"
-import type { OwnershipTable } from "./ownership.js"
+import { memberBit, memberGroup, type OwnershipTable, settleGroups } from "./ownership.js"
 
 /** What a query reads of one member: its index in each tier's owner table (-1: it holds nothing there). */
 export interface QueryMember extends CkfMemberRef {
@@ -38,13 +38,13 @@ export interface WorkerQueryResult {
   /** Full blocks in the query. */
   readonly queryBlocks: number
   readonly members: ReadonlyArray<CkfMemberRef>
-  readonly device: Uint32Array
-  readonly host: Uint32Array
-  readonly disk: Uint32Array
-  readonly dynamoCpu: Uint32Array
-  readonly dynamoDisk: Uint32Array
+  readonly device: ReadonlyArray<number>
+  readonly host: ReadonlyArray<number>
+  readonly disk: ReadonlyArray<number>
+  readonly dynamoCpu: ReadonlyArray<number>
+  readonly dynamoDisk: ReadonlyArray<number>
   /** Members holding block i on the device, for i below the deepest device depth. */
-  readonly frequencies: Uint32Array
+  readonly frequencies: ReadonlyArray<number>
 }
 
 /**
@@ -60,26 +60,57 @@ export interface QueryPlan {
   readonly disks: Int32Array
   /** Whether any member holds something on a lower tier (else the tier pass is skipped). */
   readonly tiered: boolean
+  /**
+   * The device members as the narrowing keeps them (`OwnershipTable.narrowAt`): the groups of 32
+   * device indices holding any, and per group the bits of its members.
+   */
+  readonly groups: Int32Array
+  readonly groupMasks: Uint32Array
+  /** Per device index, the member's position in `refs` (-1: not listed). */
+  readonly positionOf: Int32Array
 }
 
 /** The plan of `members`, listed as `refs` (plain references in the same order) in the answer. */
 export const queryPlan = (
   members: ReadonlyArray<QueryMember>,
   refs: ReadonlyArray<CkfMemberRef> = members.map((m) => ({ workerId: m.workerId, dpRank: m.dpRank }))
-): QueryPlan => ({
-  refs,
-  devices: Int32Array.from(members, (m) => m.device),
-  hosts: Int32Array.from(members, (m) => m.host),
-  disks: Int32Array.from(members, (m) => m.disk),
-  tiered: members.some((m) => m.host >= 0 || m.disk >= 0)
-})
+): QueryPlan => {
+  let top = -1
+  for (const m of members) top = Math.max(top, m.device)
+  const positionOf = new Int32Array(top + 1).fill(-1)
+  const masks = new Map<number, number>()
+  members.forEach((m, j) => {
+    if (m.device < 0) return
+    positionOf[m.device] = j
+    const g = memberGroup(m.device)
+    masks.set(g, ((masks.get(g) ?? 0) | memberBit(m.device)) >>> 0)
+  })
+  const groups = [...masks.keys()].sort((a, b) => a - b)
+  return {
+    refs,
+    devices: Int32Array.from(members, (m) => m.device),
+    hosts: Int32Array.from(members, (m) => m.host),
+    disks: Int32Array.from(members, (m) => m.disk),
+    tiered: members.some((m) => m.host >= 0 || m.disk >= 0),
+    groups: Int32Array.from(groups),
+    groupMasks: Uint32Array.from(groups, (g) => masks.get(g)!),
+    positionOf
+  }
+}
 
 let slotScratch = new Int32Array(64)
 let hostSlotScratch = new Int32Array(64)
 let diskSlotScratch = new Int32Array(64)
-let activeScratch = new Int32Array(64)
+let hostGroupScratch = new Int32Array(64)
+let hostMaskScratch = new Uint32Array(64)
+let diskGroupScratch = new Int32Array(64)
+let diskMaskScratch = new Uint32Array(64)
+let groupScratch = new Int32Array(8)
+let maskScratch = new Uint32Array(8)
 /** Where the prefetching loads' values go, so that they are not optimised away. */
 const touchSink = { value: 0 }
+/** How many blocks ahead of its lookup a block's owner-table home is loaded. */
+const TOUCH_AHEAD = 8
 /** A block whose owner-table slot has not been looked up yet in this query. */
 const UNKNOWN_SLOT = -0x7fff_ffff
 
@@ -90,10 +121,11 @@ const UNKNOWN_SLOT = -0x7fff_ffff
  * lists `plan.refs` in their order.
  *
  * The device depths come from narrowing, never from enumerating the pool per block: the owners
- * of block 0 among the members (probing each member once, and no more once the block's refcount
- * of owners are found), then at each later block only the members still matching are probed,
- * again no more than the block's refcount. The work is the sum of the device depths plus one
- * probe per member. A member's lower-tier walks start where its device match ended: the block
+ * of block 0 among the members, then at each later block only the members still matching. The
+ * candidates are kept as bitmaps of 32 member indices, as the owner table keeps a block's owners
+ * beyond the first: each block costs one owner-table lookup and one probe per group of 32 with
+ * candidates left (none once the block's refcount of owners is found), whatever the number of
+ * members matching. A member's lower-tier walks start where its device match ended: the block
  * there is looked up once per query in each tier's owner table, so members whose block no member
  * holds on a lower tier cost nothing more, and the others probe only their own edges.
  */
@@ -107,66 +139,86 @@ export const runWorkerQuery = (
 ): WorkerQueryResult => {
   const devices = plan.devices
   const count = devices.length
-  const all = new Uint32Array(5 * count)
-  const device = all.subarray(0, count)
-  const host = all.subarray(count, 2 * count)
-  const disk = all.subarray(2 * count, 3 * count)
-  const dynamoCpu = all.subarray(3 * count, 4 * count)
-  const dynamoDisk = all.subarray(4 * count, 5 * count)
+  // Plain arrays: a query's answer is a few short arrays, and typed arrays cost several times
+  // more to allocate (their buffer lives off the heap).
+  const device = zeros(count)
   if (slotScratch.length < n) {
     const size = Math.max(n, 2 * slotScratch.length)
     slotScratch = new Int32Array(size)
     hostSlotScratch = new Int32Array(size)
     diskSlotScratch = new Int32Array(size)
+    hostGroupScratch = new Int32Array(size)
+    hostMaskScratch = new Uint32Array(size)
+    diskGroupScratch = new Int32Array(size)
+    diskMaskScratch = new Uint32Array(size)
   }
-  if (activeScratch.length < count) activeScratch = new Int32Array(Math.max(count, 2 * activeScratch.length))
+  const planGroups = plan.groups
+  if (groupScratch.length < planGroups.length) {
+    groupScratch = new Int32Array(planGroups.length)
+    maskScratch = new Uint32Array(planGroups.length)
+  }
   // slots[i]: block i's device owner-table slot (negative when no member holds it), known below
   // `known`.
   const slots = slotScratch
   let known = 0
 
-  // Device: the owners of block 0, then narrowing. The blocks' owner-table homes are loaded first:
-  // the loads are independent, so their cache misses overlap instead of one per block in turn.
-  const active = activeScratch
+  // Device: the owners of block 0, then narrowing. The blocks' owner-table homes are loaded
+  // `TOUCH_AHEAD` blocks ahead of their lookup: the loads are independent, so their cache misses
+  // overlap instead of one per block in turn, and few are wasted past where the matches end.
   let deepest = 0
   let touched = 0
-  for (let i = 0; i < n; i++) touched |= owners.touchAt(keys, 2 * i)
-  touchSink.value = touched
+  const ahead = Math.min(n, TOUCH_AHEAD)
+  for (let i = 0; i < ahead; i++) touched |= owners.touchAt(keys, 2 * i)
   if (n > 0) {
-    const first = owners.findAt(keys, 0)
-    slots[0] = first
-    known = 1
     // Every member holding anything on the device is a candidate for block 0.
-    let live = 0
-    if (first >= 0) for (let j = 0; j < count; j++) if (devices[j]! >= 0) active[live++] = j
-    live = owners.narrowAt(first, keys, 0, devices, active, live, device, 0)
-    let i = 1
+    const groups = groupScratch
+    const masks = maskScratch
+    groups.set(planGroups)
+    masks.set(plan.groupMasks)
+    let live = planGroups.length
+    const positionOf = plan.positionOf
+    let i = 0
     for (; i < n && live > 0; i++) {
+      if (i + TOUCH_AHEAD < n) touched |= owners.touchAt(keys, 2 * (i + TOUCH_AHEAD))
       const slot = owners.findAt(keys, 2 * i)
       slots[i] = slot
       known = i + 1
-      live = owners.narrowAt(slot, keys, 2 * i, devices, active, live, device, i)
+      live = owners.narrowAt(slot, keys, 2 * i, groups, masks, live, positionOf, device, i)
     }
-    for (let a = 0; a < live; a++) device[active[a]!] = i
+    settleGroups(groups, masks, live, positionOf, device, i)
     for (let j = 0; j < count; j++) if (device[j]! > deepest) deepest = device[j]!
   }
-  const frequencies = new Uint32Array(deepest)
+  touchSink.value = touched
+  const frequencies = new Array<number>(deepest)
   for (let i = 0; i < deepest; i++) frequencies[i] = owners.countAt(slots[i]!)
 
-  if (!plan.tiered) {
-    host.set(device)
-    disk.set(device)
-    dynamoCpu.set(device)
-    dynamoDisk.set(device)
-    return { queryBlocks: n, members: plan.refs, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
-  }
+  // Nothing below the device: every walk ends where the device's did (one array, read only).
+  if (!plan.tiered)
+    return {
+      queryBlocks: n,
+      members: plan.refs,
+      device,
+      host: device,
+      disk: device,
+      dynamoCpu: device,
+      dynamoDisk: device,
+      frequencies
+    }
+  // Every member's entry is written below.
+  const host = new Array<number>(count)
+  const disk = new Array<number>(count)
+  const dynamoCpu = new Array<number>(count)
+  const dynamoDisk = new Array<number>(count)
 
   // Lower tiers, per member, from where its device match ended. The block there is looked up
-  // once per query in each tier's owner table; most members hold it on no lower tier and stop.
+  // once per query in each tier's owner table, and its owners once per group of 32 members (most
+  // members end at the same few blocks); most members hold it on no lower tier and stop.
   const hostSlots = hostSlotScratch
   const diskSlots = diskSlotScratch
   hostSlots.fill(UNKNOWN_SLOT, 0, n)
   diskSlots.fill(UNKNOWN_SLOT, 0, n)
+  hostGroupScratch.fill(-1, 0, n)
+  diskGroupScratch.fill(-1, 0, n)
   const hosts = plan.hosts
   const disks = plan.disks
   let walk: TierWalk | undefined
@@ -177,22 +229,10 @@ export const runWorkerQuery = (
     let hostAtD = false
     let diskAtD = false
     if (d < n) {
-      if (hm >= 0) {
-        let slot = hostSlots[d]!
-        if (slot === UNKNOWN_SLOT) {
-          slot = hostOwners.findAt(keys, 2 * d)
-          hostSlots[d] = slot
-        }
-        hostAtD = hostOwners.ownsKeyAt(slot, keys, 2 * d, hm)
-      }
-      if (!hostAtD && km >= 0) {
-        let slot = diskSlots[d]!
-        if (slot === UNKNOWN_SLOT) {
-          slot = diskOwners.findAt(keys, 2 * d)
-          diskSlots[d] = slot
-        }
-        diskAtD = diskOwners.ownsKeyAt(slot, keys, 2 * d, km)
-      }
+      if (hm >= 0)
+        hostAtD = tierHoldsAt(hostOwners, hostSlots, hostGroupScratch, hostMaskScratch, keys, d, hm)
+      if (!hostAtD && km >= 0)
+        diskAtD = tierHoldsAt(diskOwners, diskSlots, diskGroupScratch, diskMaskScratch, keys, d, km)
     }
     if (!hostAtD && !diskAtD) {
       // Block d is on no lower tier of this member (or d = n): every walk ends where the device's did.
@@ -224,6 +264,40 @@ export const runWorkerQuery = (
     dynamoDisk[j] = walk.dynamoDisk
   }
   return { queryBlocks: n, members: plan.refs, device, host, disk, dynamoCpu, dynamoDisk, frequencies }
+}
+
+const zeros = (count: number): Array<number> => new Array<number>(count).fill(0)
+
+/**
+ * Whether member `m` (index in `owners`, a lower tier's table) holds block `d`: the block's slot
+ * is cached in `slots[d]` and the owners of one group of 32 members in `groups[d]` (the group) and
+ * `masks[d]` (its owner bits), so that the members of a group ending at the same block cost one
+ * probe together.
+ */
+const tierHoldsAt = (
+  owners: OwnershipTable,
+  slots: Int32Array,
+  groups: Int32Array,
+  masks: Uint32Array,
+  keys: Uint32Array,
+  d: number,
+  m: number
+): boolean => {
+  let slot = slots[d]!
+  if (slot === UNKNOWN_SLOT) {
+    slot = owners.findAt(keys, 2 * d)
+    slots[d] = slot
+  }
+  if (slot < 0) return false
+  const g = memberGroup(m)
+  let mask: number
+  if (groups[d] === g) mask = masks[d]!
+  else {
+    mask = owners.groupOwnersAt(slot, keys, 2 * d, m)
+    groups[d] = g
+    masks[d] = mask
+  }
+  return (mask & memberBit(m)) !== 0
 }
 
 /** The tables and per-query slot caches of `walkLowerTiers`, and its answers for one member. */
@@ -281,13 +355,6 @@ const walkLowerTiers = (
   hostAtD: boolean
 ): void => {
   const n = w.n
-  // This member's blocks from d on are looked up in both tiers: load their homes first.
-  let touched = 0
-  for (let p = d; p < n; p++) {
-    if (hm >= 0) touched |= w.hostOwners.touchAt(w.keys, 2 * p)
-    if (km >= 0) touched |= w.diskOwners.touchAt(w.keys, 2 * p)
-  }
-  touchSink.value = touched
   const onHost = (p: number): boolean => walkOnTier(w, w.hostOwners, w.hostSlots, p, hm)
   const onDisk = (p: number): boolean => walkOnTier(w, w.diskOwners, w.diskSlots, p, km)
   // Cumulative: block d is not on the device, later blocks may be.

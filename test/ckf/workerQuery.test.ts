@@ -4,6 +4,7 @@
  * scenario.
  */
 
+import fc from "fast-check"
 import { describe, expect, it } from "vitest"
 import { CanonicalCkfState } from "../../src/ckf/canonical.js"
 import { ckfConfig } from "../../src/ckf/config.js"
@@ -193,12 +194,12 @@ describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
         { workerId: "7", dpRank: 0 },
         { workerId: "7", dpRank: 1 }
       ],
-      device: Uint32Array.of(2, 1),
-      host: Uint32Array.of(3, 1),
-      disk: Uint32Array.of(5, 2),
-      dynamoCpu: Uint32Array.of(3, 1),
-      dynamoDisk: Uint32Array.of(5, 2),
-      frequencies: Uint32Array.of(2, 1)
+      device: [2, 1],
+      host: [3, 1],
+      disk: [5, 2],
+      dynamoCpu: [3, 1],
+      dynamoDisk: [5, 2],
+      frequencies: [2, 1]
     }
     expect(dynamoScoreResponse(result, 16).instances).toEqual({
       "7": { longest_matched: 80, gpu: 32, dp: { "0": 32, "1": 16 }, cpu: 48, disk: 80 }
@@ -234,5 +235,76 @@ describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
     const none = scenario().queryWorkers(new Uint32Array(0))
     expect(dynamoScoreResponse(none, BLOCK)).toEqual({ scores: {}, frequencies: [], instances: {} })
     expect(poolWorkersAnswer(none).workers.every((w) => w.disk === 0)).toBe(true)
+  })
+})
+
+describe("worker queries over pools of many members", () => {
+  /** Prompts of 8 blocks in three families that share their first blocks (system prompts). */
+  const PROMPT_BLOCKS = 8
+  const familyTokens = [0, 1, 2].map((f) =>
+    Array.from({ length: PROMPT_BLOCKS * BLOCK }, (_, i) => (i < (2 + f) * BLOCK ? 5 + i : 100_000 * f + i))
+  )
+  const canonOf = familyTokens.map((t) => sequenceHashes(localBlockHashes(t, BLOCK)))
+  const localOf = familyTokens.map((t) => localBlockHashes(t, BLOCK))
+  /** Member m's external hash of canonical pair i of `canon` (engines hash with their own seeds). */
+  const externalOf = (canon: Uint32Array, from: number, to: number, m: number): Uint32Array => {
+    const out = canon.slice(2 * from, 2 * to)
+    for (let i = 0; i < out.length; i += 2) out[i + 1] = (out[i + 1]! ^ Math.imul(m + 1, 0x9e3779b1)) >>> 0
+    return out
+  }
+  const member = (m: number) => ({ workerId: String(100 + (m >> 1)), dpRank: m & 1 })
+
+  it("agrees with a Set per member when the holders' indices span several groups of 32", () => {
+    const holding = fc.record({
+      family: fc.nat({ max: 2 }),
+      blocks: fc.integer({ min: 1, max: PROMPT_BLOCKS }),
+      // Blocks evicted from the middle of the held prefix (a hole ends the member's match).
+      holes: fc.array(fc.nat({ max: PROMPT_BLOCKS - 1 }), { maxLength: 2 })
+    })
+    fc.assert(
+      fc.property(
+        fc.array(fc.option(holding, { freq: 4 }), { minLength: 33, maxLength: 110 }),
+        fc.nat({ max: 2 }),
+        (members, queried) => {
+          const state = new CanonicalCkfState(ckfConfig(4096))
+          const held = members.map(() => new Set<bigint>())
+          members.forEach((h, m) => {
+            if (h === null) return
+            const { workerId, dpRank } = member(m)
+            const event = (data: CkfEvent["data"]): void => {
+              expect(state.applyEvent({ workerId, dpRank, storageTier: "device", data }).firstError).toBe(
+                undefined
+              )
+            }
+            const canon = canonOf[h.family]!
+            event({
+              _tag: "Stored",
+              blockHashes: externalOf(canon, 0, h.blocks, m),
+              tokensHashes: localOf[h.family]!.slice(0, 2 * h.blocks)
+            })
+            for (const c of hashPairsToBigInts(canon.slice(0, 2 * h.blocks))) held[m]!.add(c)
+            for (const hole of h.holes) {
+              if (hole >= h.blocks) continue
+              event({ _tag: "Removed", blockHashes: externalOf(canon, hole, hole + 1, m) })
+              held[m]!.delete(hashPairsToBigInts(canon.slice(2 * hole, 2 * hole + 2))[0]!)
+            }
+          })
+          const query = hashPairsToBigInts(canonOf[queried]!)
+          const listed = members.map((_, m) => member(m))
+          const result = state.queryWorkers(canonOf[queried]!, PROMPT_BLOCKS, { members: listed })
+          const depths = held.map((set) => {
+            let d = 0
+            while (d < query.length && set.has(query[d]!)) d++
+            return d
+          })
+          expect(Array.from(result.device)).toEqual(depths)
+          const deepest = Math.max(0, ...depths)
+          expect(Array.from(result.frequencies)).toEqual(
+            query.slice(0, deepest).map((c) => held.filter((set) => set.has(c)).length)
+          )
+        }
+      ),
+      { numRuns: 60 }
+    )
   })
 })

@@ -490,7 +490,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       lastMembers = members
       if (state instanceof CanonicalCkfState)
         return state.queryWorkers(query.hashes, query.count, { members })
-      const zeros = new Uint32Array(members.length)
+      const zeros = new Array<number>(members.length).fill(0)
       return {
         queryBlocks: query.count,
         members,
@@ -499,7 +499,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         disk: zeros,
         dynamoCpu: zeros,
         dynamoDisk: zeros,
-        frequencies: new Uint32Array(0)
+        frequencies: []
       }
     }
 
