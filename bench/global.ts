@@ -125,6 +125,7 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
       dcId,
       identity: relayIdentity,
       catalogRef: registry.catalogRef,
+      catalogNow: registry.catalogNow,
       membershipRef: yield* SubscriptionRef.make(emptyMembershipView),
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
@@ -146,6 +147,7 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
       }),
       diagnosticSnapshot: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
       queryWorkers: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      queryWorkersNow: () => undefined,
       sourceRanks: () => Effect.succeed([]),
       flush: Effect.void,
       shutdown: Effect.zipRight(source.shutdown, registry.shutdown)

@@ -99,6 +99,7 @@ const scriptedActor = (producer: ProducerIdentity, queue: Queue.Queue<DcCkfDelta
       stateStats: unused,
       memberCounts: unused,
       queryWorkers: () => unused,
+      queryWorkersNow: () => undefined,
       shutdown: unused,
       fence: unused,
       faults: yield* Queue.bounded<ActorFault>(1),

@@ -61,6 +61,7 @@ const startRelay = Effect.gen(function* () {
     dcId,
     identity: relayIdentity,
     catalogRef: registry.catalogRef,
+    catalogNow: registry.catalogNow,
     membershipRef: yield* SubscriptionRef.make(emptyMembershipView),
     loadRef: registry.loadRef,
     subscribePool: source.subscribePool,
@@ -75,6 +76,11 @@ const startRelay = Effect.gen(function* () {
             attachment.actor.queryWorkers({ hashes, count: hashes.length >>> 1, expected }),
             (result) => ({ servingEndpoint: endpoint, result })
           ),
+    queryWorkersNow: (endpoint, hashes) => {
+      if (endpoint.toString() !== SERVING.toString()) return undefined
+      const result = attachment.actor.queryWorkersNow({ hashes, count: hashes.length >>> 1, expected })
+      return result === undefined ? undefined : { servingEndpoint: endpoint, result }
+    },
     sourceRanks: () => Effect.succeed([]),
     flush: Effect.void,
     shutdown: Effect.zipRight(source.shutdown, registry.shutdown)

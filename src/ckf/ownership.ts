@@ -4,8 +4,10 @@
  *
  * The reference keeps a hash set per member plus a refcount map, which stores every key twice.
  * Here each hash is stored once, in the owner table, together with its refcount and one "primary"
- * owner; only the owners beyond the primary (shared prefix blocks) go to a second table keyed by
- * (hash, member). The (member, hash) relation and the refcounts are exactly the reference's; a
+ * owner; only the owners beyond the primary (shared prefix blocks) go to a second table, as one
+ * bitmap per (hash, group of 32 member indices): members registered together share groups, so a
+ * block shared by many members costs a few entries, and a worker query tests a group's owners
+ * with one probe. The (member, hash) relation and the refcounts are exactly the reference's; a
  * member's hashes are enumerated by a scan (clears and rank replacements only), member block
  * counts are kept as counters. One table probe per block instead of two halves the cache misses
  * of the apply path and the bytes per ownership edge.

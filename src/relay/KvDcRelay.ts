@@ -237,6 +237,8 @@ export interface KvDcRelayService {
   readonly identity: DcRelayIdentity
   /** The pool catalog; revisions only grow within one relay incarnation. */
   readonly catalogRef: SubscriptionRef.SubscriptionRef<DcPoolCatalog>
+  /** What `catalogRef` holds, read on the caller's turn (no fiber). */
+  readonly catalogNow: () => DcPoolCatalog
   /** Serving-endpoint memberships (the topology projection's input). */
   readonly membershipRef: SubscriptionRef.SubscriptionRef<DcMembershipView>
   /** Per-pool load, sorted by PoolId; windows are cut from it once per second. */
@@ -267,6 +269,12 @@ export interface KvDcRelayService {
     endpoint: EndpointId,
     hashes: Uint32Array
   ) => Effect.Effect<EndpointWorkerQuery, KvDcRelayError>
+  /**
+   * `queryWorkers` answered on the caller's turn when that gives the same answer (the pool's actor
+   * at rest, `PoolActor.queryWorkersNow`), else undefined: the caller then asks `queryWorkers`,
+   * which also reports an endpoint without a pool.
+   */
+  readonly queryWorkersNow: (endpoint: EndpointId, hashes: Uint32Array) => EndpointWorkerQuery | undefined
   /** The endpoint's expected source ranks and their transport endpoints (`GET /workers`). */
   readonly sourceRanks: (endpoint: EndpointId) => Effect.Effect<ReadonlyArray<EndpointSourceRank>>
   /** Completes once every materialized endpoint has published its pending tail. */

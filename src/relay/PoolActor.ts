@@ -208,6 +208,13 @@ export interface PoolActor {
    * the actor, so the answer reflects one point of its state, between two applied events.
    */
   readonly queryWorkers: (query: ActorWorkerQuery) => Effect.Effect<WorkerQueryResult, KvDcRelayError>
+  /**
+   * `queryWorkers` answered on the caller's turn, when the actor is at rest: its consumer waits
+   * for commands, none is queued and none is under way, so the query would be the next command
+   * and see the same state. Otherwise undefined: ask `queryWorkers`, which queues behind the
+   * commands admitted before it.
+   */
+  readonly queryWorkersNow: (query: ActorWorkerQuery) => WorkerQueryResult | undefined
   /** Snapshot after barrier for a new lease plus a receiver that starts exactly after it. */
   readonly subscribe: (lease: LaneLease) => Effect.Effect<ActorSubscription, KvDcRelayError>
   /** Drops the publication lease (idle hub eviction); later batches are covered by the next snapshot. */

@@ -311,6 +311,8 @@ export interface PoolRegistry {
   /** The latest catalog. */
   readonly catalog: Effect.Effect<DcPoolCatalog>
   readonly catalogRef: SubscriptionRef.SubscriptionRef<DcPoolCatalog>
+  /** What `catalogRef` holds, read on the caller's turn (no fiber): the worker queries' fast path. */
+  readonly catalogNow: () => DcPoolCatalog
   /** The current catalog, then every later revision (watchers may see coalesced revisions). */
   readonly catalogChanges: Stream.Stream<DcPoolCatalog>
   /** Load of every active serving generation, ordered by PoolId. */

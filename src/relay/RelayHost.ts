@@ -22,7 +22,6 @@
  */
 
 import {
-  Clock,
   Deferred,
   Duration,
   Effect,
@@ -62,14 +61,13 @@ import type { KvEventTransport } from "../recovery/EventTransport.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
 import * as EndpointSlot from "./EndpointSlot.js"
 import * as EngineLoad from "./EngineLoad.js"
+import * as HostWorkerQueries from "./internal/HostWorkerQueries.js"
 import * as PoolRegistryLive from "./internal/PoolRegistryLive.js"
 import type { ExpectedSourceState } from "./KvDcRelay.js"
 import {
   type DiagnosticSnapshot,
   type EndpointAggregationStats,
-  type EndpointSourceRank,
   type EndpointStats,
-  type EndpointWorkerQuery,
   KvDcRelay,
   type KvDcRelayService,
   type RelayHealth,
@@ -641,58 +639,9 @@ export const make = (
         Effect.withSpan("KvDcRelay.diagnosticSnapshot", { attributes: { endpoint: endpoint.toString() } })
       )
 
-    /**
-     * The endpoint's expected source ranks, in (worker id, rank) order. Read from the subscriber's
-     * health, which walks every source, so worker queries reuse one read for up to a second: a
-     * rank advertised meanwhile is listed that much later (what it holds is counted at once).
-     */
-    const rankCache = new WeakMap<
-      EndpointSlot.EndpointSlotStatus,
-      { readonly at: number; readonly subscriber: unknown; readonly ranks: ReadonlyArray<EndpointSourceRank> }
-    >()
-    const expectedRanks = (
-      status: EndpointSlot.EndpointSlotStatus
-    ): Effect.Effect<ReadonlyArray<EndpointSourceRank>> =>
-      Effect.gen(function* () {
-        const subscriber = status.subscriber
-        if (subscriber === undefined) return []
-        const now = yield* Clock.currentTimeMillis
-        const cached = rankCache.get(status)
-        if (cached !== undefined && cached.subscriber === subscriber && now - cached.at < 1000)
-          return cached.ranks
-        const seen = new Set<string>()
-        const ranks: Array<EndpointSourceRank> = []
-        for (const source of (yield* subscriber.health).expected) {
-          const key = memberKey(source.workerId, source.dpRank)
-          if (seen.has(key)) continue
-          seen.add(key)
-          ranks.push({
-            workerId: source.workerId,
-            dpRank: source.dpRank,
-            transportEndpoint: source.transportEndpoint
-          })
-        }
-        ranks.sort(compareMembers)
-        rankCache.set(status, { at: now, subscriber, ranks })
-        return ranks
-      })
-
-    const queryWorkers = (
-      endpoint: EndpointId,
-      hashes: Uint32Array
-    ): Effect.Effect<EndpointWorkerQuery, KvDcRelayError> =>
-      Effect.gen(function* () {
-        const { status, attachment } = yield* statusOf(endpoint)
-        const expected = yield* expectedRanks(status)
-        const result = yield* attachment.actor.queryWorkers({ hashes, count: hashes.length >>> 1, expected })
-        return { servingEndpoint: endpoint, result }
-      })
-
-    const sourceRanks = (endpoint: EndpointId): Effect.Effect<ReadonlyArray<EndpointSourceRank>> =>
-      Effect.suspend(() => {
-        const slot = slots.get(endpoint.toString())
-        return slot === undefined ? Effect.succeed([]) : expectedRanks(slot.status)
-      })
+    const { queryWorkers, queryWorkersNow, sourceRanks } = yield* HostWorkerQueries.make(
+      (endpoint) => slots.get(endpoint.toString())?.status
+    )
 
     const flush: Effect.Effect<void, KvDcRelayError> = Effect.suspend(() => {
       // As in the seed, a relay without materialized endpoints (shut down included) has nothing to publish.
@@ -721,6 +670,7 @@ export const make = (
       dcId,
       identity,
       catalogRef: registry.catalogRef,
+      catalogNow: registry.catalogNow,
       membershipRef,
       loadRef: registry.loadRef,
       engineLoad,
@@ -739,6 +689,7 @@ export const make = (
       stats,
       diagnosticSnapshot,
       queryWorkers,
+      queryWorkersNow,
       sourceRanks,
       flush,
       shutdown

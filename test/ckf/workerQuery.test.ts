@@ -17,6 +17,7 @@ import {
   poolWorkersAnswer,
   type WorkerQueryResult
 } from "../../src/ckf/workerQuery.js"
+import { JsonBytes, poolWorkersJson } from "../../src/relay/http/internal/WorkerQueryJson.js"
 
 const BLOCK = 16
 const tokens = Array.from({ length: 6 * BLOCK + 5 }, (_, i) => 1000 + i)
@@ -305,6 +306,49 @@ describe("worker queries over pools of many members", () => {
         }
       ),
       { numRuns: 60 }
+    )
+  })
+})
+
+describe("poolWorkersJson", () => {
+  it("writes the bytes JSON.stringify writes for poolWorkersAnswer, whatever the members' order and ids", () => {
+    const out = new JsonBytes()
+    const id = fc.oneof(
+      fc.constantFrom("7", "12", "120", "18446744073709551615"),
+      fc.string({ maxLength: 6 })
+    )
+    fc.assert(
+      fc.property(
+        fc.uniqueArray(fc.record({ workerId: id, dpRank: fc.nat({ max: 3 }) }), {
+          selector: (m) => `${m.workerId}/${m.dpRank}`,
+          maxLength: 40
+        }),
+        // Blocks past the deepest depth: few, or so many that the sort keys do not fit a double.
+        fc.oneof(fc.nat({ max: 3 }), fc.constant(5_000_000)),
+        fc.array(fc.nat({ max: 6 }), { maxLength: 7 }),
+        fc.infiniteStream(fc.nat({ max: 3 })),
+        (members, beyond, frequencies, steps) => {
+          // Depths that tie often (the order falls to worker id and rank), device ≤ host ≤ disk.
+          const device = members.map(() => steps.next().value)
+          const host = device.map((d) => d + steps.next().value)
+          const disk = host.map((h) => h + steps.next().value)
+          const queryBlocks = Math.max(0, ...disk) + beyond
+          const result: WorkerQueryResult = {
+            queryBlocks,
+            members,
+            device,
+            host,
+            disk,
+            dynamoCpu: host,
+            dynamoDisk: disk,
+            frequencies
+          }
+          const bytes = poolWorkersJson(out, result)
+          expect(bytes.toString("utf8")).toBe(JSON.stringify(poolWorkersAnswer(result)))
+          // Again from the cached openings and order of the same members array.
+          expect(poolWorkersJson(out, result)).toEqual(bytes)
+        }
+      )
     )
   })
 })

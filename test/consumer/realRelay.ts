@@ -124,6 +124,7 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       dcId,
       identity: relayIdentity,
       catalogRef: registry.catalogRef,
+      catalogNow: registry.catalogNow,
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
@@ -135,6 +136,7 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       }),
       diagnosticSnapshot: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
       queryWorkers: (endpoint) => Effect.fail(new UnknownEndpoint({ endpoint: endpoint.toString() })),
+      queryWorkersNow: () => undefined,
       sourceRanks: () => Effect.succeed([]),
       flush: Effect.void,
       shutdown: Effect.zipRight(source.shutdown, registry.shutdown)

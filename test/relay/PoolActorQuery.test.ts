@@ -105,4 +105,32 @@ describe("PoolActor worker queries", () => {
       expect(Array.from((yield* query).device)).toEqual([BLOCKS, BLOCKS, 0])
     })
   )
+
+  it.scoped("answers on the caller's turn only at rest, and then as the queued query would", () =>
+    Effect.gen(function* () {
+      const actor = yield* make(new CanonicalCkfState(ckfConfig(1024)), streamScope)
+      const ask = { hashes: addresses, count: BLOCKS }
+      for (let i = 1; i <= 6; i++) {
+        expect(actor.admitEventsNow(0, eventsOf(i))).toBe(true)
+        // Events queued: the query must wait behind them.
+        expect(actor.queryWorkersNow(ask)).toBeUndefined()
+        const queued = yield* actor.queryWorkers(ask)
+        // Drained: the actor waits with nothing queued, and both ways agree.
+        yield* actor.flush
+        const now = actor.queryWorkersNow(ask)
+        expect(now).toBeDefined()
+        expect(Array.from(now!.device)).toEqual([i, i])
+        expect(now).toEqual(queued)
+      }
+      // A command under way (a pause) is not rest either.
+      const release = yield* actor.pause
+      expect(actor.queryWorkersNow(ask)).toBeUndefined()
+      yield* release
+      yield* actor.flush
+      expect(actor.queryWorkersNow(ask)).toBeDefined()
+      // Nor is a stopped actor: the mailbox says why.
+      yield* actor.shutdown
+      expect(actor.queryWorkersNow(ask)).toBeUndefined()
+    })
+  )
 })

@@ -82,6 +82,7 @@ const scriptedActor = Effect.gen(function* () {
     stateStats: unused,
     memberCounts: unused,
     queryWorkers: () => unused,
+    queryWorkersNow: () => undefined,
     shutdown: unused,
     fence: unused,
     faults: yield* Queue.bounded<ActorFault>(1),

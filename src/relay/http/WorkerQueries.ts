@@ -24,8 +24,7 @@ import {
   type DynamoScoreResponse,
   type DynamoWorkerEndpoint,
   dynamoScoreResponse,
-  dynamoWorkersJson,
-  poolWorkersAnswer
+  dynamoWorkersJson
 } from "../../ckf/workerQuery.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
 import { bodyTooLargeMessage } from "../../http/ErrorText.js"
@@ -51,6 +50,7 @@ import {
   type ServerContext,
   utf8
 } from "./internal/ServerContext.js"
+import { JsonBytes, writePoolWorkers } from "./internal/WorkerQueryJson.js"
 
 // ---------------------------------------------------------------------------------------------
 // Pools of a model, and the prompt's addresses in each
@@ -96,22 +96,41 @@ const addressesIn = (pool: DcPoolDescriptor, prompt: QueryPrompt): Uint32Array =
   return sequenceHashes(local)
 }
 
+/** A pool's answer to a query. */
+interface PoolAnswer {
+  readonly pool: DcPoolDescriptor
+  readonly answer: EndpointWorkerQuery
+}
+
 /**
  * Each pool's answer, in catalog order; a pool that retired between the catalog read and its
  * query (its endpoint no longer active) is left out.
  */
-const queryPools = (
-  relay: KvDcRelayService,
-  pools: ReadonlyArray<DcPoolDescriptor>,
-  prompt: QueryPrompt
-): Effect.Effect<Array<{ pool: DcPoolDescriptor; answer: EndpointWorkerQuery }>, HttpFailure> =>
-  Effect.forEach(pools, (pool) =>
-    relay.queryWorkers(pool.servingEndpoint, addressesIn(pool, prompt)).pipe(
+const queryPools = (relay: KvDcRelayService, plan: Plan): Effect.Effect<Array<PoolAnswer>, HttpFailure> =>
+  Effect.forEach(addressesOf(plan), (hashes, k) => {
+    const pool = plan.pools[k]!
+    return relay.queryWorkers(pool.servingEndpoint, hashes).pipe(
       Effect.map((answer) => [{ pool, answer }]),
       Effect.catchTag("UnknownEndpoint", () => Effect.succeed([])),
       Effect.mapError(relayFailure)
     )
-  ).pipe(Effect.map((lists) => lists.flat()))
+  }).pipe(Effect.map((lists) => lists.flat()))
+
+/**
+ * Each pool's answer on the caller's turn (`KvDcRelayService.queryWorkersNow`: every pool's actor
+ * at rest), or undefined when one of them must be asked through its mailbox.
+ */
+const queryPoolsNow = (relay: KvDcRelayService, plan: Plan): Array<PoolAnswer> | undefined => {
+  const addresses = addressesOf(plan)
+  const answers: Array<PoolAnswer> = []
+  for (let k = 0; k < addresses.length; k++) {
+    const pool = plan.pools[k]!
+    const answer = relay.queryWorkersNow(pool.servingEndpoint, addresses[k]!)
+    if (answer === undefined) return undefined
+    answers.push({ pool, answer })
+  }
+  return answers
+}
 
 const catalogPools = (relay: KvDcRelayService): Effect.Effect<ReadonlyArray<DcPoolDescriptor>> =>
   Effect.map(relay.catalogRef.get, (catalog) => catalog.pools)
@@ -123,6 +142,11 @@ const catalogPools = (relay: KvDcRelayService): Effect.Effect<ReadonlyArray<DcPo
 interface Reply {
   readonly status: number
   readonly body: string
+  /**
+   * The body holds its UTF-8 bytes one per character (`JsonBytes.latin1`): its length is its
+   * byte length, and it is written with the latin1 encoding.
+   */
+  readonly latin1?: boolean
   readonly headers?: Readonly<Record<string, string>> | undefined
 }
 
@@ -147,7 +171,13 @@ const dynamoErrorReply = (
 interface Plan {
   readonly pools: ReadonlyArray<DcPoolDescriptor>
   readonly prompt: QueryPrompt
+  /** The prompt's addresses in each pool, once computed (`addressesOf`). */
+  addresses?: ReadonlyArray<Uint32Array>
 }
+
+/** The prompt's canonical sequence hashes in each of the plan's pools, hashed once per plan. */
+const addressesOf = (plan: Plan): ReadonlyArray<Uint32Array> =>
+  (plan.addresses ??= plan.pools.map((pool) => addressesIn(pool, plan.prompt)))
 
 /**
  * The body's JSON; `exact` keeps integers beyond 2^53 exact (Dynamo's i64 `block_hashes`).
@@ -229,23 +259,40 @@ const planWorkerQuery = (pools: ReadonlyArray<DcPoolDescriptor>, text: string): 
   return { pools: found, prompt: decoded.prompt }
 }
 
-const runWorkerQuery = (relay: KvDcRelayService, plan: Plan): Effect.Effect<Reply> =>
-  queryPools(relay, plan.pools, plan.prompt).pipe(
-    Effect.map(
-      (answers): Reply => ({
-        status: 200,
-        body: JSON.stringify({
-          pools: answers.map(({ pool, answer }) => ({
-            servingEndpoint: pool.servingEndpoint.toString(),
-            poolId: encodePoolId(pool),
-            kvBlockSize: pool.querySemantics.kvBlockSize,
-            ...poolWorkersAnswer(answer.result)
-          }))
-        })
-      })
-    ),
-    Effect.catchAll((failure) => Effect.succeed(errorReply(failure)))
-  )
+/** A pool's `servingEndpoint`, `poolId` and `kvBlockSize` members, encoded once per descriptor. */
+const poolOpenings = new WeakMap<DcPoolDescriptor, Uint8Array>()
+const poolOpening = (pool: DcPoolDescriptor): Uint8Array => {
+  let opening = poolOpenings.get(pool)
+  if (opening === undefined) {
+    opening = new TextEncoder().encode(
+      `{"servingEndpoint":${JSON.stringify(pool.servingEndpoint.toString())},"poolId":${JSON.stringify(encodePoolId(pool))},"kvBlockSize":${pool.querySemantics.kvBlockSize},`
+    )
+    poolOpenings.set(pool, opening)
+  }
+  return opening
+}
+
+const POOLS_OPEN = new TextEncoder().encode('{"pools":[')
+const answerBytes = new JsonBytes()
+
+/**
+ * `/v1/query`'s answer: `{"pools": [{servingEndpoint, poolId, kvBlockSize, queryBlocks,
+ * frequencies, workers}]}`, written as bytes (`WorkerQueryJson`).
+ */
+const workerQueryReply = (answers: ReadonlyArray<PoolAnswer>): Reply => {
+  const out = answerBytes.reset()
+  out.bytes(POOLS_OPEN)
+  for (let k = 0; k < answers.length; k++) {
+    const { pool, answer } = answers[k]!
+    if (k > 0) out.byte(0x2c)
+    out.bytes(poolOpening(pool))
+    writePoolWorkers(out, answer.result)
+    out.byte(0x7d)
+  }
+  out.byte(0x5d)
+  out.byte(0x7d)
+  return { status: 200, body: out.latin1(), latin1: true }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Dynamo's standalone indexer routes
@@ -325,50 +372,52 @@ const planDynamo =
     return { pools: found as ReadonlyArray<DcPoolDescriptor>, prompt: decoded.prompt }
   }
 
-const runDynamoQuery = (relay: KvDcRelayService, plan: Plan): Effect.Effect<Reply> =>
-  queryPools(relay, plan.pools, plan.prompt).pipe(
-    Effect.map(
-      (answers): Reply => ({
-        status: 200,
-        body: JSON.stringify(
-          joinScores(
-            answers.map(({ pool, answer }) =>
-              dynamoScoreResponse(answer.result, pool.querySemantics.kvBlockSize)
-            )
-          )
-        )
-      })
-    ),
-    Effect.catchAll((failure) =>
-      Effect.succeed(dynamoErrorReply(failure.status, failure.message, failure.headers))
+const dynamoQueryReply = (answers: ReadonlyArray<PoolAnswer>): Reply => ({
+  status: 200,
+  body: JSON.stringify(
+    joinScores(
+      answers.map(({ pool, answer }) => dynamoScoreResponse(answer.result, pool.querySemantics.kvBlockSize))
     )
   )
+})
 
-/** The three query routes: how a body is planned and run, and how an error is worded. */
+/** A failure in the words of Dynamo's indexer: a `{error}` body. */
+const dynamoFailureReply = (failure: HttpFailure): Reply =>
+  dynamoErrorReply(failure.status, failure.message, failure.headers)
+
+/** The three query routes: how a body is planned, how answers and failures are worded. */
 const QUERY_ROUTES = {
-  "/v1/query": { name: "workerQuery", plan: planWorkerQuery, run: runWorkerQuery, dynamo: false },
-  "/query": { name: "dynamoQuery", plan: planDynamo(decodeDynamoQuery), run: runDynamoQuery, dynamo: true },
+  "/v1/query": { name: "workerQuery", plan: planWorkerQuery, reply: workerQueryReply, failure: errorReply },
+  "/query": {
+    name: "dynamoQuery",
+    plan: planDynamo(decodeDynamoQuery),
+    reply: dynamoQueryReply,
+    failure: dynamoFailureReply
+  },
   "/query_by_hash": {
     name: "dynamoQueryByHash",
     plan: planDynamo(decodeDynamoQueryByHash),
-    run: runDynamoQuery,
-    dynamo: true
+    reply: dynamoQueryReply,
+    failure: dynamoFailureReply
   }
 } as const
 type QueryRoute = (typeof QUERY_ROUTES)[keyof typeof QUERY_ROUTES]
 
 const isPlan = (value: Plan | Reply): value is Plan => "pools" in value
 
-/** A route's answer to a complete body (both paths). */
+/** A planned query's answer through the pools' mailboxes. */
+const runQuery = (relay: KvDcRelayService, route: QueryRoute, plan: Plan): Effect.Effect<Reply> =>
+  queryPools(relay, plan).pipe(
+    Effect.map(route.reply),
+    Effect.catchAll((failure) => Effect.succeed(route.failure(failure)))
+  )
+
+/** A route's answer to a complete body (the general path, and the fast path when an actor is busy). */
 const answerBody = (relay: KvDcRelayService, route: QueryRoute, text: string): Effect.Effect<Reply> =>
   Effect.flatMap(catalogPools(relay), (pools) => {
     const plan = route.plan(pools, text)
-    return isPlan(plan) ? route.run(relay, plan) : Effect.succeed(plan)
+    return isPlan(plan) ? runQuery(relay, route, plan) : Effect.succeed(plan)
   })
-
-/** The reply to a body that could not be read (over the limit, not UTF-8), in the route's words. */
-const unreadReply = (route: QueryRoute, failure: HttpFailure): Reply =>
-  route.dynamo ? dynamoErrorReply(failure.status, failure.message, failure.headers) : errorReply(failure)
 
 // ---------------------------------------------------------------------------------------------
 // The general path (the server's router)
@@ -381,16 +430,15 @@ const handlerOf =
   ): Effect.Effect<HttpServerResponse.HttpServerResponse, HttpFailure, Scope.Scope> =>
     readBody(request, ctx.limits.maxRequestBodyBytes).pipe(
       Effect.matchEffect({
-        onFailure: (failure) => Effect.succeed(unreadReply(route, failure)),
+        onFailure: (failure) => Effect.succeed(route.failure(failure)),
         onSuccess: (text) => answerBody(ctx.relay, route, text)
       }),
-      Effect.map((reply) =>
-        HttpServerResponse.text(reply.body, {
-          status: reply.status,
-          contentType: JSON_CONTENT_TYPE,
-          headers: reply.headers ?? {}
-        })
-      ),
+      Effect.map((reply) => {
+        const options = { status: reply.status, contentType: JSON_CONTENT_TYPE, headers: reply.headers ?? {} }
+        return reply.latin1 === true
+          ? HttpServerResponse.uint8Array(Buffer.from(reply.body, "latin1"), options)
+          : HttpServerResponse.text(reply.body, options)
+      }),
       Effect.withSpan(`RelayHttp.${route.name}`)
     )
 
@@ -430,6 +478,8 @@ export const dynamoWorkers = (
 
 // ---------------------------------------------------------------------------------------------
 // The fast path
+
+const INTERNAL = new HttpFailure({ status: 500, reason: "INTERNAL", message: "internal error" })
 
 /** The tracer Effect runs with when none is installed: its spans go nowhere. */
 const defaultTracer = Effect.runSync(Effect.tracer)
@@ -477,14 +527,14 @@ export const makeFastPath = (
       response.writeHead(reply.status, {
         ...reply.headers,
         "content-type": JSON_CONTENT_TYPE,
-        "content-length": Buffer.byteLength(reply.body)
+        "content-length": reply.latin1 === true ? reply.body.length : Buffer.byteLength(reply.body)
       })
-      response.end(reply.body)
+      // Status line, headers and body go out as one string in one write.
+      response.end(reply.body, reply.latin1 === true ? "latin1" : "utf8")
     }
 
     const tooLarge = (route: QueryRoute): Reply =>
-      unreadReply(
-        route,
+      route.failure(
         new HttpFailure({
           status: 413,
           reason: "BODY_TOO_LARGE",
@@ -492,6 +542,38 @@ export const makeFastPath = (
           headers: { connection: "close" }
         })
       )
+
+    /**
+     * Answers a complete body: on this turn when every pool's actor is at rest (as in the bench
+     * and whenever ingest leaves a gap), else through the mailboxes, from the same plan.
+     */
+    const answer = (route: QueryRoute, text: string, response: ServerResponse): void => {
+      let reply: Reply | undefined
+      let plan: Plan | undefined
+      try {
+        const planned = route.plan(relay.catalogNow().pools, text)
+        if (isPlan(planned)) {
+          plan = planned
+          const answers = queryPoolsNow(relay, planned)
+          if (answers !== undefined) reply = route.reply(answers)
+        } else reply = planned
+      } catch (cause) {
+        // A defect: logged and answered as the general path answers one, never thrown into the
+        // request event.
+        runFork(
+          Effect.logError("KV DC Relay worker query failed").pipe(
+            Effect.annotateLogs({ route: route.name, cause: String(cause) })
+          )
+        )
+        reply = route.failure(INTERNAL)
+      }
+      if (reply !== undefined || plan === undefined) {
+        send(response, reply ?? route.failure(INTERNAL))
+        return
+      }
+      const fiber = runFork(runQuery(relay, route, plan))
+      fiber.addObserver((exit) => send(response, Exit.isSuccess(exit) ? exit.value : route.failure(INTERNAL)))
+    }
 
     const handle = (request: IncomingMessage, response: ServerResponse): boolean => {
       const route = QUERY_ROUTES[request.url as keyof typeof QUERY_ROUTES] as QueryRoute | undefined
@@ -519,7 +601,7 @@ export const makeFastPath = (
       request.on("error", () => {
         if (done) return
         done = true
-        send(response, unreadReply(route, invalidRequest("request body could not be read")))
+        send(response, route.failure(invalidRequest("request body could not be read")))
       })
       request.on("end", () => {
         if (done) return
@@ -528,21 +610,10 @@ export const makeFastPath = (
         try {
           text = utf8.decode(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
         } catch {
-          send(response, unreadReply(route, invalidRequest("request body is not valid UTF-8")))
+          send(response, route.failure(invalidRequest("request body is not valid UTF-8")))
           return
         }
-        const fiber = runFork(answerBody(relay, route, text))
-        fiber.addObserver((exit) =>
-          send(
-            response,
-            Exit.isSuccess(exit)
-              ? exit.value
-              : unreadReply(
-                  route,
-                  new HttpFailure({ status: 500, reason: "INTERNAL", message: "internal error" })
-                )
-          )
-        )
+        answer(route, text, response)
       })
       return true
     }

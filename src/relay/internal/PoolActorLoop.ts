@@ -139,7 +139,9 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     }
 
     // -----------------------------------------------------------------------------------------
-    // Consumer fiber: the only code that touches `state`, `publisher` and `sourceEpochs`.
+    // Consumer fiber: the only code that touches `state`, `publisher` and `sourceEpochs` (a
+    // worker query may read `state` on its caller's turn while every command admitted is
+    // finished: `queryWorkersNow`).
 
     // The discovery epoch each (worker, rank) was last admitted, reset or replaced under. Slots
     // are mutated in place, so the last one looked up can be reused without building its key.
@@ -224,7 +226,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       const now = clock.unsafeCurrentTimeMillis()
       if (target > now) return Effect.sleep(target - now)
       sleeperTarget = undefined
-      if (timerArmed && timerDeadline <= now) mailbox.unsafeOffer(TICK)
+      if (timerArmed && timerDeadline <= now && mailbox.unsafeOffer(TICK)) offered++
       return Effect.void
     })
     const armSleeper = (deadline: number): void => {
@@ -587,6 +589,11 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
 
     // Commands taken from the mailbox but not processed yet (the rest of the current batch).
     let inFlight = 0
+    // Commands accepted by the mailbox, and commands the consumer has finished: equal when it has
+    // finished every command admitted (`state` is at rest). Both change on the turn of the event
+    // itself (an offer, a command's end), never in a fiber's resumption later.
+    let offered = 0
+    let processed = 0
 
     const consume = Effect.gen(function* () {
       let commandsThisTurn = 0
@@ -642,6 +649,7 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
             discardTail = fenced
             return
           }
+          processed++
           if (
             (command._tag === "Apply" || command._tag === "ReplaceRanks") &&
             command.permitsReturned !== true
@@ -721,7 +729,10 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
     const enqueueNow = (command: Command, weight: number): Effect.Effect<void, RelayShuttingDown> => {
       if (!accepting) return failShuttingDown
       if (weight === 0 || permits.tryAcquire(weight)) {
-        if (mailbox.unsafeOffer(command)) return Exit.void
+        if (mailbox.unsafeOffer(command)) {
+          offered++
+          return Exit.void
+        }
         return Effect.uninterruptibleMask((restore) => offerSlow(command, weight, restore))
       }
       return Effect.uninterruptibleMask((restore) =>
@@ -745,7 +756,11 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
       return Effect.suspend(() => (accepting ? restore(mailbox.offer(command)) : Effect.succeed(false))).pipe(
         Effect.onInterrupt(() => returnPermits),
         Effect.flatMap((accepted) =>
-          accepted ? Effect.void : Effect.zipRight(returnPermits, failShuttingDown)
+          accepted
+            ? Effect.sync(() => {
+                offered++
+              })
+            : Effect.zipRight(returnPermits, failShuttingDown)
         )
       )
     }
@@ -787,10 +802,11 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         permits.release(total)
         return false
       }
+      offered++
       for (let i = 1; i < n; i++) {
         event = events[i]!
         weight = weightOf(eventPayloadWeight(event))
-        mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight, admittedAt })
+        if (mailbox.unsafeOffer({ _tag: "Apply", sourceEpoch, event, weight, admittedAt })) offered++
       }
       return true
     }
@@ -848,6 +864,14 @@ export const make: MakePoolActor = (state, streamScope, options = {}) =>
         "memberCounts",
         submit<ReadonlyArray<MemberCount>>((reply) => ({ _tag: "Members", reply }))
       ),
+      queryWorkersNow: (query) => {
+        // At rest, the query would be the next command and find `state` as it is now: answering on
+        // the caller's turn gives the same answer without the two fiber hand-offs. Anything
+        // queued, taken but not finished (a command under way, a pause) or a stopping actor goes
+        // through the mailbox, behind it.
+        if (offered !== processed || !accepting || fenced) return undefined
+        return queryWorkers(query)
+      },
       // Queries come at HTTP rates: their span skips the stack trace the others capture.
       queryWorkers: (query) =>
         Effect.withSpan(

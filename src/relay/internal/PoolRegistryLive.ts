@@ -130,6 +130,8 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
       loads: [] as ReadonlyArray<PoolLoadSnapshot>
     }
     const catalogRef = yield* SubscriptionRef.make(state.catalog)
+    // What `catalogRef` holds, for readers on their own turn (`catalogNow`).
+    let publishedCatalog = state.catalog
     const loadRef = yield* SubscriptionRef.make(state.loads)
     const ckfPermits = yield* Effect.makeSemaphore(DEFAULT_CKF_ALLOCATION_CONCURRENCY)
     // Serializes publication so the refs always end at the latest state, whatever the interleaving.
@@ -180,7 +182,9 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
     const publish: Effect.Effect<void> = publishLock.withPermits(1)(
       Effect.gen(function* () {
         if ((yield* SubscriptionRef.get(catalogRef)) !== state.catalog) {
-          yield* SubscriptionRef.set(catalogRef, state.catalog)
+          const catalog = state.catalog
+          yield* SubscriptionRef.set(catalogRef, catalog)
+          publishedCatalog = catalog
         }
         if ((yield* SubscriptionRef.get(loadRef)) !== state.loads) {
           yield* SubscriptionRef.set(loadRef, state.loads)
@@ -800,6 +804,7 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
       subscribePool,
       catalog: Effect.sync(() => state.catalog),
       catalogRef,
+      catalogNow: () => publishedCatalog,
       catalogChanges: catalogRef.changes,
       loadSnapshots: Effect.sync(() => state.loads),
       loadRef,

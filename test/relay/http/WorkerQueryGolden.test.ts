@@ -17,7 +17,7 @@
 
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Logger, LogLevel, type Scope } from "effect"
-import type { StorageTier } from "../../../src/ckf/events.js"
+import { compareMembers, type StorageTier } from "../../../src/ckf/events.js"
 import { localBlockHashes } from "../../../src/ckf/tokens.js"
 import { hashPairsToBigInts } from "../../../src/ckf/u64.js"
 import { removedEvent, storedEvent } from "../../../src/protocol/Events.js"
@@ -257,6 +257,36 @@ describe("/query and /query_by_hash against Dynamo's build_score_response", () =
         { workerId: "7", dpRank: 1, device: 1, host: 1, disk: 2 },
         { workerId: "9", dpRank: 0, device: 0, host: 2, disk: 2 }
       ])
+    })
+  )
+
+  live("writes worker ids beyond ASCII byte for byte on both paths", () =>
+    Effect.gen(function* () {
+      const test = yield* makeTestRelay({ expectedUniqueBlocks: 256 })
+      const attachment = yield* test.attach(1, "prod.backend.generate")
+      // Worker ids come from discovery as strings: any UTF-8 text, quotes included.
+      const ids = ["wörker-β", 'w"7', "w\\8", "ワーカー"]
+      for (const [k, id] of ids.entries())
+        yield* attachment.actor.admitEvent(
+          0,
+          storedEvent(id, 0, 1, [ext(k + 1, 0, 0), ext(k + 1, 0, 1)], {
+            tokensHashes: local.slice(0, 2)
+          })
+        )
+      yield* attachment.actor.flush
+      const server = yield* RelayHttpServer.serve(test.relay, { host: "127.0.0.1", port: 0 })
+      const body = { namespace: "prod", model: "llama", tokens }
+      const fast = yield* postJson(server.url, "/v1/query", body)
+      const routed = yield* postJson(server.url, "/v1/query?via=router", body)
+      expect(fast.status).toBe(200)
+      expect(routed.text).toBe(fast.text)
+      const pool = (fast.json as { pools: Array<{ workers: Array<{ workerId: string; device: number }> }> })
+        .pools[0]!
+      expect(pool.workers.map((w) => [w.workerId, w.device])).toEqual(
+        [...ids]
+          .sort((a, b) => compareMembers({ workerId: a, dpRank: 0 }, { workerId: b, dpRank: 0 }))
+          .map((id) => [id, 2])
+      )
     })
   )
 })

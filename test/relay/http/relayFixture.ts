@@ -122,6 +122,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
       dcId: new DcId(3n),
       identity: registry.relayIdentity,
       catalogRef: registry.catalogRef,
+      catalogNow: registry.catalogNow,
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
@@ -149,6 +150,10 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
           const result = yield* attachment.actor.queryWorkers({ hashes, count: hashes.length >>> 1 })
           return { servingEndpoint: endpoint, result }
         }),
+      queryWorkersNow: (endpoint, hashes) => {
+        const result = attachmentOf(endpoint)?.actor.queryWorkersNow({ hashes, count: hashes.length >>> 1 })
+        return result === undefined ? undefined : { servingEndpoint: endpoint, result }
+      },
       sourceRanks: () => Effect.succeed([]),
       diagnosticSnapshot: (endpoint) =>
         Effect.gen(function* () {
