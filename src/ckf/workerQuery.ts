@@ -111,6 +111,8 @@ let maskScratch = new Uint32Array(8)
 const touchSink = { value: 0 }
 /** How many blocks ahead of its lookup a block's owner-table home is loaded. */
 const TOUCH_AHEAD = 8
+/** Owner tables up to this many slots (3 MiB of 12-byte slots) are taken to sit in cache. */
+const TOUCH_MIN_SLOTS = 1 << 18
 /** A block whose owner-table slot has not been looked up yet in this query. */
 const UNKNOWN_SLOT = -0x7fff_ffff
 
@@ -162,12 +164,14 @@ export const runWorkerQuery = (
   const slots = slotScratch
   let known = 0
 
-  // Device: the owners of block 0, then narrowing. The blocks' owner-table homes are loaded
-  // `TOUCH_AHEAD` blocks ahead of their lookup: the loads are independent, so their cache misses
-  // overlap instead of one per block in turn, and few are wasted past where the matches end.
+  // Device: the owners of block 0, then narrowing. In a table too large for the caches, the
+  // blocks' owner-table homes are loaded `TOUCH_AHEAD` blocks ahead of their lookup: the loads
+  // are independent, so their misses overlap instead of one per block in turn, and few are
+  // wasted past where the matches end. A table that fits in cache only pays for the loads.
   let deepest = 0
   let touched = 0
-  const ahead = Math.min(n, TOUCH_AHEAD)
+  const touching = owners.slotCapacity > TOUCH_MIN_SLOTS
+  const ahead = touching ? Math.min(n, TOUCH_AHEAD) : 0
   for (let i = 0; i < ahead; i++) touched |= owners.touchAt(keys, 2 * i)
   if (n > 0) {
     // Every member holding anything on the device is a candidate for block 0.
@@ -179,7 +183,7 @@ export const runWorkerQuery = (
     const positionOf = plan.positionOf
     let i = 0
     for (; i < n && live > 0; i++) {
-      if (i + TOUCH_AHEAD < n) touched |= owners.touchAt(keys, 2 * (i + TOUCH_AHEAD))
+      if (touching && i + TOUCH_AHEAD < n) touched |= owners.touchAt(keys, 2 * (i + TOUCH_AHEAD))
       const slot = owners.findAt(keys, 2 * i)
       slots[i] = slot
       known = i + 1
