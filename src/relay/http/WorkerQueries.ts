@@ -11,7 +11,8 @@
  * `build_score_response` does (`ckf/workerQuery.ts`, `dynamoScoreResponse`); their errors are its
  * `{error}` bodies. The routes are served twice, with the same bytes: through the server's router
  * (the general path) and, while no tracer is installed, straight from the `node:http` request
- * event (`makeFastPath`).
+ * event (`makeFastPath`), which asks each pool on the request's own turn while its actor is at
+ * rest (`KvDcRelayService.queryWorkersNow`: the answer the queued query would get).
  */
 
 import type { IncomingMessage, ServerResponse } from "node:http"
@@ -264,7 +265,7 @@ const poolOpenings = new WeakMap<DcPoolDescriptor, Uint8Array>()
 const poolOpening = (pool: DcPoolDescriptor): Uint8Array => {
   let opening = poolOpenings.get(pool)
   if (opening === undefined) {
-    opening = new TextEncoder().encode(
+    opening = encoder.encode(
       `{"servingEndpoint":${JSON.stringify(pool.servingEndpoint.toString())},"poolId":${JSON.stringify(encodePoolId(pool))},"kvBlockSize":${pool.querySemantics.kvBlockSize},`
     )
     poolOpenings.set(pool, opening)
@@ -272,7 +273,8 @@ const poolOpening = (pool: DcPoolDescriptor): Uint8Array => {
   return opening
 }
 
-const POOLS_OPEN = new TextEncoder().encode('{"pools":[')
+const encoder = new TextEncoder()
+const POOLS_OPEN = encoder.encode('{"pools":[')
 const answerBytes = new JsonBytes()
 
 /**
