@@ -191,6 +191,13 @@ describe("global consumer diagnostics against real relays", () => {
       yield* eventually("the lane is ready", converged(consumer, "east", pool))
 
       const empty = yield* call(url, "/v1/stats")
+      // Every query route is listed before its first query (the status page's table too).
+      expect(decodedStats(empty.json).queries.map((q) => q.route)).toEqual([
+        "/v1/overlap",
+        "/v1/overlap/batch",
+        "/v1/route",
+        "/v1/route/batch"
+      ])
       const idle = decodedStats(empty.json).queries.find((q) => q.route === "/v1/overlap")!
       expect(idle).toEqual({
         route: "/v1/overlap",

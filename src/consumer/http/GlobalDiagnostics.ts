@@ -86,7 +86,7 @@ interface RouteStatsSnapshot {
   }
 }
 
-/** Counts and latencies of the overlap routes, also exposed on the registry it is given. */
+/** Counts and latencies of the query routes, also exposed on the registry it is given. */
 export class QueryStats {
   private readonly routes = new Map<string, RouteStats>()
   private readonly histogram: Histogram<"route">
@@ -96,7 +96,7 @@ export class QueryStats {
     const stats = this
     new Counter({
       name: "kvrelay_global_queries_total",
-      help: "overlap queries answered over HTTP, by route and outcome",
+      help: "overlap and route queries answered over HTTP, by route and outcome",
       labelNames: ["route", "outcome"],
       registers: [registry],
       collect(this: Counter<"route" | "outcome">) {
@@ -109,7 +109,7 @@ export class QueryStats {
     })
     this.histogram = new Histogram({
       name: "kvrelay_global_query_duration_seconds",
-      help: "overlap query latency over HTTP (request read to response built), by route",
+      help: "overlap and route query latency over HTTP (request read to response built), by route",
       labelNames: ["route"],
       buckets: LATENCY_BUCKETS,
       registers: [registry]
@@ -150,7 +150,13 @@ export class QueryStats {
 // ---------------------------------------------------------------------------------------------
 // The service
 
-const QUERY_ROUTES: ReadonlyArray<string> = ["/v1/overlap", "/v1/overlap/batch"]
+/** The query routes, listed (with zero counts) before their first query. */
+const QUERY_ROUTES: ReadonlyArray<string> = [
+  "/v1/overlap",
+  "/v1/overlap/batch",
+  "/v1/route",
+  "/v1/route/batch"
+]
 
 interface GlobalDiagnosticsService {
   readonly exposition: Prometheus.PrometheusExposition
