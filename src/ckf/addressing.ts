@@ -39,6 +39,7 @@ export class CkfAddressing {
   private readonly hasher: Xxh3Seeded
   /** The seed's 8-byte-input bitflip. */
   private readonly bitflip: Uint32Array
+  private readonly unmixScratch = new Uint32Array(2)
   /** `mixed` of the last `prepareHalves` as [hi, lo]. */
   readonly mixedOut = new Uint32Array(2)
   /** delta(fp) for every fingerprint; entry 0 is unused. */
@@ -113,6 +114,19 @@ export class CkfAddressing {
   /** The block hash of a `mixed` value, in place on `v = [hi, lo]` (XXH3 of 8 bytes is a bijection). */
   unmix(v: Uint32Array): void {
     xxh3U64Invert(this.bitflip, v)
+  }
+
+  /** `unmix` of every `[hi, lo]` pair of `pairs`, in place; returns `pairs`. */
+  unmixPairs(pairs: Uint32Array): Uint32Array {
+    const v = this.unmixScratch
+    for (let i = 0; i < pairs.length; i += 2) {
+      v[0] = pairs[i]!
+      v[1] = pairs[i + 1]!
+      xxh3U64Invert(this.bitflip, v)
+      pairs[i] = v[0]!
+      pairs[i + 1] = v[1]!
+    }
+    return pairs
   }
 
   /** The other candidate bucket of a fingerprint stored in `bucket`. */

@@ -611,16 +611,9 @@ export class CanonicalCkfState extends DcCkfState {
    * disk tier for `disk` and `external`), as hash pairs in no particular order.
    */
   memberTierHashes(workerId: string, dpRank: number, tier: "host_pinned" | "disk" | "external"): Uint32Array {
-    const pairs = this.tiers.memberKeys(lowerTierOf(tier) as LowerTierIndex, memberKey(workerId, dpRank))
-    const v = this.scratch
-    for (let i = 0; i < pairs.length; i += 2) {
-      v[0] = pairs[i]!
-      v[1] = pairs[i + 1]!
-      this.addressing.unmix(v)
-      pairs[i] = v[0]!
-      pairs[i + 1] = v[1]!
-    }
-    return pairs
+    return this.addressing.unmixPairs(
+      this.tiers.memberKeys(lowerTierOf(tier) as LowerTierIndex, memberKey(workerId, dpRank))
+    )
   }
 
   /**

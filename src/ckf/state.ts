@@ -1048,16 +1048,7 @@ export class DcCkfState {
   memberHashes(workerId: string, dpRank: number): Uint32Array {
     const m = this.owners.memberIndex(memberKey(workerId, dpRank))
     if (m < 0) return new Uint32Array(0)
-    const pairs = this.owners.hashesOf(m)
-    const v = this.single
-    for (let i = 0; i < pairs.length; i += 2) {
-      v[0] = pairs[i]!
-      v[1] = pairs[i + 1]!
-      this.addressing.unmix(v)
-      pairs[i] = v[0]!
-      pairs[i + 1] = v[1]!
-    }
-    return pairs
+    return this.addressing.unmixPairs(this.owners.hashesOf(m))
   }
 
   /** Block counts per member, sorted by (worker id, dp rank). */
