@@ -25,6 +25,7 @@ import {
   invalidJsonMessage,
   quoted
 } from "../../http/ErrorText.js"
+import { collectBody, readFailureMessage } from "../../http/RequestBody.js"
 import {
   DomainLocalOverlapJson,
   DomainTokensOverlapJson,
@@ -52,7 +53,8 @@ const decodeDomainLocal = decodeJson(DomainLocalOverlapJson, "contract")
 const QUERY_FORMS =
   "{namespace, model, tokens, loraName?} or {namespace, model, localBlockHashes} (poolDomain in place of namespace and model)"
 
-const isPlainObject = (value: unknown): value is Record<string, unknown> =>
+/** A JSON object (not null, not an array). */
+export const isPlainObject = (value: unknown): value is Record<string, unknown> =>
   typeof value === "object" && value !== null && !Array.isArray(value)
 
 const FIELDS = {
@@ -128,7 +130,7 @@ export const decodeOverlapRequest = (parsed: unknown): OverlapRequest | string =
 }
 
 /** A body's JSON, or why it is none (never quoting the body). */
-const parseJson = (text: string): { readonly value: unknown } | string => {
+export const parseJson = (text: string): { readonly value: unknown } | string => {
   try {
     return { value: JSON.parse(text) }
   } catch (cause) {
@@ -488,40 +490,26 @@ export const makeFastPath = (
         send(response, route, tooLarge(maxBodyBytes), started, spans)
         return true
       }
-      const chunks: Array<Buffer> = []
-      let bytes = 0
-      let done = false
-      request.on("data", (chunk: Buffer) => {
-        if (done) return
-        bytes += chunk.length
-        if (bytes > maxBodyBytes) {
-          done = true
-          // The rest of the body is not read (Node discards it): the connection is not reused.
+      collectBody(request, maxBodyBytes, (outcome) => {
+        if (outcome._tag === "TooLarge") {
+          // The rest of the body is not kept (Node discards it): the connection is not reused.
           response.shouldKeepAlive = false
           send(response, route, tooLarge(maxBodyBytes), started, spans)
           return
         }
-        chunks.push(chunk)
-      })
-      request.on("error", (error) => {
-        if (done) return
-        done = true
-        send(
-          response,
-          route,
-          errorReply(400, "INVALID_REQUEST", `request body could not be read: ${error.message}`),
-          started,
-          spans
-        )
-      })
-      request.on("end", () => {
-        if (done) return
-        done = true
+        if (outcome._tag === "Failed") {
+          send(
+            response,
+            route,
+            errorReply(400, "INVALID_REQUEST", readFailureMessage(outcome.cause)),
+            started,
+            spans
+          )
+          return
+        }
         let reply: Reply
         try {
-          const text =
-            chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks, bytes).toString("utf8")
-          reply = answer(route, text, span)
+          reply = answer(route, outcome.bytes.toString("utf8"), span)
         } catch (cause) {
           // A defect must cost this request only, never the process or its listener.
           runFork(Effect.logError("overlap query failed", cause).pipe(Effect.annotateLogs({ route })))

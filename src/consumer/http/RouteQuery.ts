@@ -10,7 +10,7 @@
 
 import { Either } from "effect"
 import type { PoolId } from "../../ckf/identity.js"
-import { boundedMessage, invalidJsonMessage } from "../../http/ErrorText.js"
+import { boundedMessage } from "../../http/ErrorText.js"
 import { PoolIdJson } from "../../protocol/Identity.js"
 import { encodeJson, MAX_JSON_DEPTH, nestedDeeperThan } from "../../protocol/Json.js"
 import { type EndpointId, EndpointIdJson } from "../../protocol/Model.js"
@@ -22,7 +22,9 @@ import type { OverlapRequest } from "../GlobalView.js"
 import {
   decodeOverlapRequest,
   errorReply,
+  isPlainObject,
   overlapErrorBody,
+  parseJson,
   parseQueryBatch,
   type Reply
 } from "./OverlapQuery.js"
@@ -38,9 +40,6 @@ export interface RouteRequest {
   readonly policy: RoutePolicy
 }
 
-const isPlainObject = (value: unknown): value is Record<string, unknown> =>
-  typeof value === "object" && value !== null && !Array.isArray(value)
-
 /** One route body, parsed from JSON: an overlap body, and a `policy` over the process's `defaults`. */
 export const decodeRouteRequest = (parsed: unknown, defaults: RoutePolicy): RouteRequest | string => {
   if (!isPlainObject(parsed) || !("policy" in parsed)) {
@@ -52,14 +51,6 @@ export const decodeRouteRequest = (parsed: unknown, defaults: RoutePolicy): Rout
   if (typeof request === "string") return request
   const policy = decodeRoutePolicy(policyInput, defaults)
   return Either.isLeft(policy) ? policy.left : { request, policy: policy.right }
-}
-
-const parseJson = (text: string): { readonly value: unknown } | string => {
-  try {
-    return { value: JSON.parse(text) }
-  } catch (cause) {
-    return invalidJsonMessage(cause)
-  }
 }
 
 /** A `POST /v1/route` body from its JSON text: the request, or a message naming what is wrong. */

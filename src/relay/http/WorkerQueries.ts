@@ -28,7 +28,7 @@ import {
   dynamoWorkersJson
 } from "../../ckf/workerQuery.js"
 import * as BearerAuth from "../../http/BearerAuth.js"
-import { bodyTooLargeMessage } from "../../http/ErrorText.js"
+import { collectBody, readFailureMessage } from "../../http/RequestBody.js"
 import { PoolIdJson } from "../../protocol/Identity.js"
 import { type DcPoolDescriptor, EndpointId } from "../../protocol/Model.js"
 import {
@@ -42,8 +42,10 @@ import {
 } from "../../protocol/RelayQueryApi.js"
 import type { EndpointWorkerQuery, KvDcRelayService } from "../KvDcRelay.js"
 import {
+  bodyTooLarge,
   errorBodyText,
   HttpFailure,
+  internal,
   invalidRequest,
   JSON_CONTENT_TYPE,
   readBody,
@@ -197,17 +199,6 @@ const parsedBody = (text: string, exact: boolean): { readonly value: unknown } |
 // POST /v1/query
 
 const encodePoolIdDocument = Schema.encodeSync(PoolIdJson)
-/** A pool's id document, encoded once per pool generation's descriptor rather than per query. */
-const poolIdDocuments = new WeakMap<DcPoolDescriptor, unknown>()
-const encodePoolId = (pool: DcPoolDescriptor): unknown => {
-  let document = poolIdDocuments.get(pool)
-  if (document === undefined) {
-    document = encodePoolIdDocument(pool.producer.poolId)
-    poolIdDocuments.set(pool, document)
-  }
-  return document
-}
-
 const notFound = (reason: "MODEL_NOT_FOUND" | "ADAPTER_NOT_FOUND" | "POOL_NOT_FOUND", message: string) =>
   new HttpFailure({ status: 404, reason, message })
 
@@ -266,7 +257,7 @@ const poolOpening = (pool: DcPoolDescriptor): Uint8Array => {
   let opening = poolOpenings.get(pool)
   if (opening === undefined) {
     opening = encoder.encode(
-      `{"servingEndpoint":${JSON.stringify(pool.servingEndpoint.toString())},"poolId":${JSON.stringify(encodePoolId(pool))},"kvBlockSize":${pool.querySemantics.kvBlockSize},`
+      `{"servingEndpoint":${JSON.stringify(pool.servingEndpoint.toString())},"poolId":${JSON.stringify(encodePoolIdDocument(pool.producer.poolId))},"kvBlockSize":${pool.querySemantics.kvBlockSize},`
     )
     poolOpenings.set(pool, opening)
   }
@@ -481,7 +472,7 @@ export const dynamoWorkers = (
 // ---------------------------------------------------------------------------------------------
 // The fast path
 
-const INTERNAL = new HttpFailure({ status: 500, reason: "INTERNAL", message: "internal error" })
+const INTERNAL = internal("internal error")
 
 /** The tracer Effect runs with when none is installed: its spans go nowhere. */
 const defaultTracer = Effect.runSync(Effect.tracer)
@@ -535,15 +526,7 @@ export const makeFastPath = (
       response.end(reply.body, reply.latin1 === true ? "latin1" : "utf8")
     }
 
-    const tooLarge = (route: QueryRoute): Reply =>
-      route.failure(
-        new HttpFailure({
-          status: 413,
-          reason: "BODY_TOO_LARGE",
-          message: bodyTooLargeMessage(limit),
-          headers: { connection: "close" }
-        })
-      )
+    const tooLarge = (route: QueryRoute): Reply => route.failure(bodyTooLarge(limit))
 
     /**
      * Answers a complete body: on this turn when every pool's actor is at rest (as in the bench
@@ -587,30 +570,13 @@ export const makeFastPath = (
         send(response, tooLarge(route))
         return true
       }
-      const chunks: Array<Buffer> = []
-      let size = 0
-      let done = false
-      request.on("data", (chunk: Buffer) => {
-        if (done) return
-        size += chunk.length
-        if (size <= limit) {
-          chunks.push(chunk)
-          return
-        }
-        done = true
-        send(response, tooLarge(route))
-      })
-      request.on("error", () => {
-        if (done) return
-        done = true
-        send(response, route.failure(invalidRequest("request body could not be read")))
-      })
-      request.on("end", () => {
-        if (done) return
-        done = true
+      collectBody(request, limit, (outcome) => {
+        if (outcome._tag === "TooLarge") return send(response, tooLarge(route))
+        if (outcome._tag === "Failed")
+          return send(response, route.failure(invalidRequest(readFailureMessage(outcome.cause))))
         let text: string
         try {
-          text = utf8.decode(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
+          text = utf8.decode(outcome.bytes)
         } catch {
           send(response, route.failure(invalidRequest("request body is not valid UTF-8")))
           return

@@ -8,6 +8,7 @@ import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
 import { Data, type Deferred, type Duration, Effect, Either, type Schema, type Scope } from "effect"
 import { bodyTooLargeMessage, boundedMessage, invalidJsonMessage } from "../../../http/ErrorText.js"
+import { collectBody, readFailureMessage } from "../../../http/RequestBody.js"
 import type * as Prometheus from "../../../observability/Prometheus.js"
 import * as RelayMetrics from "../../../observability/RelayMetrics.js"
 import { decodeJson, encodeJsonText } from "../../../protocol/Json.js"
@@ -33,6 +34,15 @@ export const invalidRequest = (message: string) =>
   new HttpFailure({ status: 400, reason: "INVALID_REQUEST", message })
 
 export const internal = (message: string) => new HttpFailure({ status: 500, reason: "INTERNAL", message })
+
+/** 413 for a body over `limit` (naming the flag, and the route when given); the connection closes. */
+export const bodyTooLarge = (limit: number, route?: string) =>
+  new HttpFailure({
+    status: 413,
+    reason: "BODY_TOO_LARGE",
+    message: bodyTooLargeMessage(limit, route),
+    headers: { connection: "close" }
+  })
 
 export const JSON_CONTENT_TYPE = "application/json"
 
@@ -81,46 +91,21 @@ export const readBody = (
   route?: string
 ): Effect.Effect<string, HttpFailure> =>
   Effect.suspend(() => {
-    const tooLarge = new HttpFailure({
-      status: 413,
-      reason: "BODY_TOO_LARGE",
-      message: bodyTooLargeMessage(limit, route),
-      headers: { connection: "close" }
-    })
+    const tooLarge = bodyTooLarge(limit, route)
     const declared = request.headers["content-length"]
     if (declared !== undefined && Number(declared) > limit) return Effect.fail(tooLarge)
     const incoming = NodeHttpServerRequest.toIncomingMessage(request)
     return Effect.async<Uint8Array, HttpFailure>((resume) => {
-      const chunks: Array<Buffer> = []
-      let size = 0
-      const cleanup = () => {
-        incoming.off("data", onData)
-        incoming.off("end", onEnd)
-        incoming.off("error", onError)
-      }
-      const onData = (chunk: Buffer) => {
-        size += chunk.length
-        if (size <= limit) {
-          chunks.push(chunk)
-          return
-        }
-        cleanup()
-        // Flowing without listeners discards the rest instead of destroying the socket.
-        incoming.resume()
-        resume(Effect.fail(tooLarge))
-      }
-      const onEnd = () => {
-        cleanup()
-        resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
-      }
-      const onError = (cause: Error) => {
-        cleanup()
-        resume(Effect.fail(invalidRequest(`request body could not be read: ${cause.message}`)))
-      }
-      incoming.on("data", onData)
-      incoming.on("end", onEnd)
-      incoming.on("error", onError)
-      return Effect.sync(cleanup)
+      const stop = collectBody(incoming, limit, (outcome) =>
+        resume(
+          outcome._tag === "Read"
+            ? Effect.succeed(outcome.bytes)
+            : Effect.fail(
+                outcome._tag === "TooLarge" ? tooLarge : invalidRequest(readFailureMessage(outcome.cause))
+              )
+        )
+      )
+      return Effect.sync(stop)
     }).pipe(
       Effect.flatMap((bytes) =>
         Effect.try({
