@@ -763,12 +763,7 @@ class EdgeTable {
         }
       }
       if (owners !== 0 && a + 1 < live) found += popcount(owners)
-      let dropped = (candidates & ~owners) >>> 0
-      while (dropped !== 0) {
-        const low = dropped & -dropped
-        depth[positionOf[(g << GROUP_SHIFT) | (31 - Math.clz32(low))]!] = i
-        dropped = (dropped ^ low) >>> 0
-      }
+      settleMask(g << GROUP_SHIFT, (candidates & ~owners) >>> 0, positionOf, depth, i)
       const keep = (candidates & owners) >>> 0
       if (keep !== 0) {
         groups[kept] = g
@@ -910,15 +905,19 @@ export const settleGroups = (
   depth: Array<number>,
   i: number
 ): void => {
-  for (let a = 0; a < live; a++) {
-    const first = groups[a]! << GROUP_SHIFT
-    let mask = masks[a]!
-    while (mask !== 0) {
-      const low = mask & -mask
-      depth[positionOf[first | (31 - Math.clz32(low))]!] = i
-      mask = (mask ^ low) >>> 0
-    }
-  }
+  for (let a = 0; a < live; a++) settleMask(groups[a]! << GROUP_SHIFT, masks[a]!, positionOf, depth, i)
+}
+
+/** `depth[positionOf[first + b]] = i` for each bit b of `mask` (one group's members). */
+const settleMask = (
+  first: number,
+  mask: number,
+  positionOf: Int32Array,
+  depth: Array<number>,
+  i: number
+): void => {
+  for (let m = mask; m !== 0; m = (m ^ (m & -m)) >>> 0)
+    depth[positionOf[first | (31 - Math.clz32(m & -m))]!] = i
 }
 
 /** Bits set in a u32. */

@@ -81,6 +81,9 @@ export const queryPlan = (
   const masks = new Map<number, number>()
   members.forEach((m, j) => {
     if (m.device < 0) return
+    // One position per member: a member listed twice would leave one of its entries unanswered.
+    if (positionOf[m.device] !== -1)
+      throw new RangeError(`worker query lists ${m.workerId}/${m.dpRank} more than once`)
     positionOf[m.device] = j
     const g = memberGroup(m.device)
     masks.set(g, ((masks.get(g) ?? 0) | memberBit(m.device)) >>> 0)

@@ -17,7 +17,7 @@ import {
   poolWorkersAnswer,
   type WorkerQueryResult
 } from "../../src/ckf/workerQuery.js"
-import { JsonBytes, poolWorkersJson } from "../../src/relay/http/internal/WorkerQueryJson.js"
+import { JsonBytes, writePoolWorkers } from "../../src/relay/http/internal/WorkerQueryJson.js"
 
 const BLOCK = 16
 const tokens = Array.from({ length: 6 * BLOCK + 5 }, (_, i) => 1000 + i)
@@ -230,6 +230,16 @@ describe("worker query answers (PROTOCOL §5.1 ◆3)", () => {
     expect(() => dynamoWorkersJson([{ workerId: "07", dpRank: 0, endpoint: "x" }])).toThrow(RangeError)
   })
 
+  it("a member listed twice is refused, naming it", () => {
+    const twice = [
+      { workerId: "7", dpRank: 0 },
+      { workerId: "7", dpRank: 0 }
+    ]
+    expect(() => scenario().queryWorkers(queryHashes(), 6, { members: twice })).toThrow(
+      new RangeError("worker query lists 7/0 more than once")
+    )
+  })
+
   it("an empty query and an empty pool answer nothing", () => {
     const empty = new CanonicalCkfState(ckfConfig(4096)).queryWorkers(queryHashes())
     expect(poolWorkersAnswer(empty)).toEqual({ queryBlocks: 6, frequencies: [], workers: [] })
@@ -310,7 +320,7 @@ describe("worker queries over pools of many members", () => {
   })
 })
 
-describe("poolWorkersJson", () => {
+describe("writePoolWorkers", () => {
   it("writes the bytes JSON.stringify writes for poolWorkersAnswer, whatever the members' order and ids", () => {
     const out = new JsonBytes()
     const id = fc.oneof(
@@ -343,10 +353,17 @@ describe("poolWorkersJson", () => {
             dynamoDisk: disk,
             frequencies
           }
-          const bytes = poolWorkersJson(out, result)
+          // The object's members, between braces, as the bytes a latin1 write sends.
+          const written = (): Buffer => {
+            out.reset().byte(0x7b)
+            writePoolWorkers(out, result)
+            out.byte(0x7d)
+            return Buffer.from(out.latin1(), "latin1")
+          }
+          const bytes = written()
           expect(bytes.toString("utf8")).toBe(JSON.stringify(poolWorkersAnswer(result)))
           // Again from the cached openings and order of the same members array.
-          expect(poolWorkersJson(out, result)).toEqual(bytes)
+          expect(written()).toEqual(bytes)
         }
       )
     )

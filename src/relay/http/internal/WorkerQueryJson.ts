@@ -16,7 +16,6 @@ const encoder = new TextEncoder()
 const ascii = (text: string): Uint8Array => encoder.encode(text)
 
 const COMMA = 0x2c
-const OPEN_BRACE = 0x7b
 const CLOSE_BRACE = 0x7d
 const CLOSE_BRACKET = 0x5d
 const QUERY_BLOCKS = ascii('"queryBlocks":')
@@ -57,11 +56,6 @@ export class JsonBytes {
   byte(value: number): void {
     this.room(1)
     this.buffer[this.length++] = value
-  }
-
-  /** The text written since `reset`, copied out. */
-  take(): Buffer {
-    return Buffer.from(this.buffer.subarray(0, this.length))
   }
 
   /**
@@ -205,12 +199,4 @@ export const writePoolWorkers = (out: JsonBytes, result: WorkerQueryResult): voi
   }
   buffer[at++] = CLOSE_BRACKET
   out.length = at
-}
-
-/** `poolWorkersAnswer(result)` as JSON bytes (the object, braces included). */
-export const poolWorkersJson = (out: JsonBytes, result: WorkerQueryResult): Buffer => {
-  out.reset().byte(OPEN_BRACE)
-  writePoolWorkers(out, result)
-  out.byte(CLOSE_BRACE)
-  return out.take()
 }
