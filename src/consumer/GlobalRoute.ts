@@ -12,7 +12,7 @@ import { Context, Effect, Layer } from "effect"
 import type { PoolId } from "../ckf/identity.js"
 import { fullBlockCount } from "../ckf/tokens.js"
 import type { DcPoolDescriptor, EndpointId } from "../protocol/Model.js"
-import type { ReadinessDocument } from "../protocol/RelayApi.js"
+
 import { DEFAULT_ROUTE_POLICY, type RoutePolicy } from "../protocol/RouteApi.js"
 import {
   type CandidateLoad,
@@ -24,7 +24,7 @@ import {
 import type { OverlapError } from "./ConsumerErrors.js"
 import { GlobalConsumer, type GlobalConsumerService, type LaneStatus } from "./GlobalConsumer.js"
 import { type LaneProbe, type OverlapRequest, probeLanesOf } from "./GlobalView.js"
-import type { RelaySignalsView } from "./RelaySignals.js"
+import type { ReceivedReadiness, RelaySignalsView } from "./RelaySignals.js"
 
 /** A route answer over the consumer's pool ids and serving endpoints (PROTOCOL §7.1 ◆3). */
 export type GlobalRouteAnswer = RouteAnswer<PoolId, EndpointId>
@@ -58,13 +58,9 @@ const canonicalModels = (lane: LaneStatus, request: OverlapRequest): ReadonlySet
 }
 
 const resolveModels = (lane: LaneStatus, model: string): ReadonlySet<string> => {
-  const request = { model }
   const models = new Set<string>()
   for (const registration of lane.descriptor.registrations) {
-    if (
-      registration.model === request.model ||
-      registration.aliases.some((alias) => alias === request.model)
-    ) {
+    if (registration.model === model || registration.aliases.some((alias) => alias === model)) {
       models.add(registration.target._tag === "Lora" ? registration.target.baseModel : registration.model)
     }
   }
@@ -77,19 +73,18 @@ const resolveModels = (lane: LaneStatus, model: string): ReadonlySet<string> => 
  * Undefined when the relay's readiness is unknown or no entry lists the pool.
  */
 export const readinessOfLane = (
-  document: ReadinessDocument | undefined,
+  received: ReceivedReadiness | undefined,
   lane: LaneStatus,
   request: OverlapRequest
 ): PoolReadinessState | undefined => {
-  if (document === undefined) return undefined
-  const poolKey = lane.descriptor.producer.poolId.key
+  const entries = received?.byPool.get(lane.descriptor.producer.poolId.key)
+  if (entries === undefined) return undefined
   const namespace = lane.descriptor.servingEndpoint.namespace
   const models = canonicalModels(lane, request)
   let found: PoolReadinessState | undefined
-  for (const entry of document.entries) {
+  for (const entry of entries) {
     if (entry.namespace !== namespace) continue
     if (models !== undefined && !models.has(entry.canonicalModelId)) continue
-    if (!entry.members.some((member) => member.poolId?.key === poolKey)) continue
     if (entry.state === "READY") return "READY"
     found ??= entry.state
   }
@@ -129,7 +124,7 @@ const candidateOf = (
     poolId: lane.descriptor.producer.poolId,
     servingEndpoint: lane.descriptor.servingEndpoint,
     ready: lane.ready && prefixDepth !== undefined,
-    readiness: readinessOfLane(signals.readiness(lane.relay)?.document, lane, request),
+    readiness: readinessOfLane(signals.readiness(lane.relay), lane, request),
     prefixDepth: depth,
     matchedTokens: depth * kvBlockSize,
     promptTokens: queryBlocks * kvBlockSize,

@@ -22,15 +22,37 @@ export type LoadPoolEntry = LoadWindowDocument["pools"][number]
 export interface ReceivedLoad {
   /** Consumer clock (ms) when the window arrived. */
   readonly receivedAtMs: number
-  readonly windowSequence: bigint
   /** By `ProducerIdentity.key`. */
   readonly pools: ReadonlyMap<string, LoadPoolEntry>
 }
+
+/** One entry (a model in a namespace) of a relay's readiness document. */
+export type ReadinessEntry = ReadinessDocument["entries"][number]
 
 /** A relay's latest readiness document as the consumer received it. */
 export interface ReceivedReadiness {
   readonly receivedAtMs: number
   readonly document: ReadinessDocument
+  /** The entries that list each pool as a member, by `PoolId.key`, in document order. */
+  readonly byPool: ReadonlyMap<string, ReadonlyArray<ReadinessEntry>>
+}
+
+/**
+ * A readiness document as routing reads it: indexed by pool once when it arrives, so that a route
+ * request looks up its candidates' entries instead of scanning every entry's members.
+ */
+export const receivedReadiness = (document: ReadinessDocument, receivedAtMs: number): ReceivedReadiness => {
+  const byPool = new Map<string, Array<ReadinessEntry>>()
+  for (const entry of document.entries) {
+    const pools = new Set<string>()
+    for (const member of entry.members) if (member.poolId !== undefined) pools.add(member.poolId.key)
+    for (const key of pools) {
+      const entries = byPool.get(key)
+      if (entries === undefined) byPool.set(key, [entry])
+      else entries.push(entry)
+    }
+  }
+  return { receivedAtMs, document, byPool }
 }
 
 /** A watch's state: `starting` (nothing received yet), `up` (delivering), `failing` (retrying). */
@@ -92,12 +114,12 @@ export class RelaySignals implements RelaySignalsView {
   setLoad(relay: string, window: LoadWindowDocument, receivedAtMs: number): void {
     const pools = new Map<string, LoadPoolEntry>()
     for (const pool of window.pools) pools.set(pool.producer.key, pool)
-    this.loads.set(relay, { receivedAtMs, windowSequence: window.windowSequence, pools })
+    this.loads.set(relay, { receivedAtMs, pools })
   }
 
   /** @internal */
   setReadiness(relay: string, document: ReadinessDocument, receivedAtMs: number): void {
-    this.readinesses.set(relay, { receivedAtMs, document })
+    this.readinesses.set(relay, receivedReadiness(document, receivedAtMs))
   }
 
   /** @internal */

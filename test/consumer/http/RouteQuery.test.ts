@@ -18,6 +18,7 @@ import {
   routeBatchReply,
   routeReply
 } from "../../../src/consumer/http/RouteQuery.js"
+import { receivedReadiness } from "../../../src/consumer/RelaySignals.js"
 import { EndpointId } from "../../../src/protocol/Model.js"
 import type { ReadinessDocument } from "../../../src/protocol/RelayApi.js"
 import {
@@ -197,19 +198,21 @@ describe("a lane's readiness", () => {
       ]
     }) as unknown as ReadinessDocument
 
+  const received = (...args: Parameters<typeof document>) => receivedReadiness(document(...args), 0)
+
   it("is the state of the requested model's entry that lists the pool", () => {
-    expect(readinessOfLane(document("READY"), lane, { namespace: "prod", model: "chat", tokens: [] })).toBe(
+    expect(readinessOfLane(received("READY"), lane, { namespace: "prod", model: "chat", tokens: [] })).toBe(
       "READY"
     )
     expect(
-      readinessOfLane(document("UNAVAILABLE"), lane, { namespace: "prod", model: "llama", tokens: [] })
+      readinessOfLane(received("UNAVAILABLE"), lane, { namespace: "prod", model: "llama", tokens: [] })
     ).toBe("UNAVAILABLE")
   })
 
   it("is unknown without a document, for another model's entry or another pool's", () => {
     const request = { namespace: "prod", model: "llama", tokens: [] }
     expect(readinessOfLane(undefined, lane, request)).toBeUndefined()
-    expect(readinessOfLane(document("READY", "mistral"), lane, request)).toBeUndefined()
-    expect(readinessOfLane(document("READY", "llama", pool(9)), lane, request)).toBeUndefined()
+    expect(readinessOfLane(received("READY", "mistral"), lane, request)).toBeUndefined()
+    expect(readinessOfLane(received("READY", "llama", pool(9)), lane, request)).toBeUndefined()
   })
 })
