@@ -8,7 +8,7 @@
  * lookups, and the HTTP fast path serves it from the request event.
  */
 
-import { Context, Effect, Layer } from "effect"
+import { Effect } from "effect"
 import type { PoolId } from "../ckf/identity.js"
 import { fullBlockCount } from "../ckf/tokens.js"
 import type { DcPoolDescriptor, EndpointId } from "../protocol/Model.js"
@@ -22,7 +22,7 @@ import {
   routeDecision
 } from "../routing/RouteCost.js"
 import type { OverlapError } from "./ConsumerErrors.js"
-import { GlobalConsumer, type GlobalConsumerService, type LaneStatus } from "./GlobalConsumer.js"
+import type { GlobalConsumerService, LaneStatus } from "./GlobalConsumer.js"
 import { type LaneProbe, type OverlapRequest, probeLanesOf } from "./GlobalView.js"
 import type { ReceivedReadiness, RelaySignalsView } from "./RelaySignals.js"
 
@@ -211,12 +211,6 @@ export interface GlobalRoutingService {
   readonly routeNow: (request: OverlapRequest, policy?: RoutePolicy) => GlobalRouteAnswer | OverlapError
 }
 
-/** The routing service's tag. */
-export class GlobalRouting extends Context.Tag("kvrelay/GlobalRouting")<
-  GlobalRouting,
-  GlobalRoutingService
->() {}
-
 /** The routing service over `consumer`, ageing load windows by the Effect clock. */
 export const make = (consumer: GlobalConsumerService, settings: RoutingSettings = DEFAULT_ROUTING) =>
   Effect.map(
@@ -232,13 +226,4 @@ export const make = (consumer: GlobalConsumerService, settings: RoutingSettings 
           clock.unsafeCurrentTimeMillis()
         )
     })
-  )
-
-/** The routing service as a layer over the `GlobalConsumer`. */
-export const layer = (
-  settings: RoutingSettings = DEFAULT_ROUTING
-): Layer.Layer<GlobalRouting, never, GlobalConsumer> =>
-  Layer.effect(
-    GlobalRouting,
-    Effect.flatMap(GlobalConsumer, (consumer) => make(consumer, settings))
   )

@@ -214,13 +214,8 @@ const overlapBatch = (maxBodyBytes: number) =>
   }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
 
 /** `POST /v1/route` and `/v1/route/batch` (PROTOCOL §7.1 ◆3). */
-const routeHandler = (
-  maxBodyBytes: number,
-  settings: GlobalRoute.RoutingSettings | undefined,
-  route: string
-) =>
+const routeHandler = (maxBodyBytes: number, routing: GlobalRoute.GlobalRoutingService, route: string) =>
   Effect.gen(function* () {
-    const routing = yield* GlobalRoute.make(yield* GlobalConsumer, settings)
     const text = yield* readBody(maxBodyBytes)
     return replyResponse(RouteQuery.answerRoute(routing, route, text))
   }).pipe(Effect.catchTag("RequestRejected", (error) => Effect.succeed(rejected(error))))
@@ -253,7 +248,7 @@ const openApi = Effect.sync(() => {
 })
 
 /** The API as a router, one route per endpoint `GlobalHttpApi` declares; needs the consumer and its view. */
-const makeRouter = (options: GlobalHttpServerOptions = {}) => {
+const makeRouter = (options: GlobalHttpServerOptions, routing: GlobalRoute.GlobalRoutingService) => {
   const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES
   type Handler = Effect.Effect<
     HttpServerResponse.HttpServerResponse,
@@ -267,8 +262,8 @@ const makeRouter = (options: GlobalHttpServerOptions = {}) => {
     domains,
     overlap: overlap(maxBodyBytes),
     overlapBatch: overlapBatch(maxBodyBytes),
-    route: routeHandler(maxBodyBytes, options.routing, RouteQuery.ROUTE_ROUTE),
-    routeBatch: routeHandler(maxBodyBytes, options.routing, RouteQuery.ROUTE_BATCH_ROUTE),
+    route: routeHandler(maxBodyBytes, routing, RouteQuery.ROUTE_ROUTE),
+    routeBatch: routeHandler(maxBodyBytes, routing, RouteQuery.ROUTE_BATCH_ROUTE),
     health: GlobalDiagnostics.health,
     stats: GlobalDiagnostics.stats,
     openApi
@@ -317,7 +312,11 @@ export const layer = (
         host: options.host ?? DEFAULT_GLOBAL_HTTP_HOST,
         port: options.port ?? DEFAULT_GLOBAL_HTTP_PORT
       })
-      const general = yield* NodeHttpServer.makeHandler(BearerAuth.guard(options.auth)(makeRouter(options)))
+      // One routing service for both paths, over the process's routing settings.
+      const routing = yield* GlobalRoute.make(yield* GlobalConsumer, options.routing)
+      const general = yield* NodeHttpServer.makeHandler(
+        BearerAuth.guard(options.auth)(makeRouter(options, routing))
+      )
       const fast =
         options.fastPath === false
           ? undefined
@@ -326,7 +325,7 @@ export const layer = (
               queries: (yield* GlobalDiagnostics.GlobalDiagnostics).queries,
               maxBodyBytes: options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
               auth: options.auth,
-              extraRoutes: yield* routeFastPaths(options.routing)
+              extraRoutes: routeFastPaths(routing)
             })
       const listener =
         fast === undefined
@@ -340,18 +339,15 @@ export const layer = (
     })
   ).pipe(Layer.provideMerge(NodeHttpServer.layerContext), Layer.provide(GlobalDiagnostics.layer))
 
-/** The routing routes as fast-path handlers over the consumer. */
-const routeFastPaths = (settings: GlobalRoute.RoutingSettings | undefined) =>
-  Effect.gen(function* () {
-    const routing = yield* GlobalRoute.make(yield* GlobalConsumer, settings)
-    return new Map<string, (text: string) => OverlapQuery.Reply>([
-      [RouteQuery.ROUTE_ROUTE, (text) => RouteQuery.answerRoute(routing, RouteQuery.ROUTE_ROUTE, text)],
-      [
-        RouteQuery.ROUTE_BATCH_ROUTE,
-        (text) => RouteQuery.answerRoute(routing, RouteQuery.ROUTE_BATCH_ROUTE, text)
-      ]
-    ])
-  })
+/** The routing routes as fast-path handlers. */
+const routeFastPaths = (routing: GlobalRoute.GlobalRoutingService) =>
+  new Map<string, (text: string) => OverlapQuery.Reply>([
+    [RouteQuery.ROUTE_ROUTE, (text) => RouteQuery.answerRoute(routing, RouteQuery.ROUTE_ROUTE, text)],
+    [
+      RouteQuery.ROUTE_BATCH_ROUTE,
+      (text) => RouteQuery.answerRoute(routing, RouteQuery.ROUTE_BATCH_ROUTE, text)
+    ]
+  ])
 
 /** `http://host:port` of the bound server (`serverUrlOf(true)`: `https://`). */
 export const serverUrl: Effect.Effect<string, never, HttpServer.HttpServer> = Effect.suspend(() =>
