@@ -22,12 +22,10 @@ import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
 import {
   Chunk,
   Clock,
-  Context,
   Data,
   Duration,
   Effect,
   Either,
-  Layer,
   Metric,
   type Scope,
   Stream,
@@ -401,12 +399,6 @@ export interface EngineMetricsPoller {
   readonly latest: (source: EngineMetricsSource) => Effect.Effect<RankRead | undefined>
 }
 
-/** The metrics poller's tag. */
-export class EngineMetrics extends Context.Tag("kvrelay/EngineMetrics")<
-  EngineMetrics,
-  EngineMetricsPoller
->() {}
-
 /** PROTOCOL §5: each source's metrics are read every second. */
 export const DEFAULT_POLL_INTERVAL: Duration.Duration = Duration.seconds(1)
 /** Metrics reads in flight at once, by default. */
@@ -547,10 +539,3 @@ export const make = (
         Effect.map(SubscriptionRef.get(stateRef), (states) => states.get(sourceKey(source))?.lastSuccess)
     }
   })
-
-/** The poller as a service; the sources are read at each tick. */
-export const layer = (
-  sources: Effect.Effect<ReadonlyArray<EngineMetricsSource>>,
-  options: EngineMetricsPollerOptions = {}
-): Layer.Layer<EngineMetrics, never, HttpClient.HttpClient> =>
-  Layer.scoped(EngineMetrics, make(sources, options))

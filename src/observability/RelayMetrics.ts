@@ -3,10 +3,9 @@
  * (`Prometheus.make`) reads at scrape time, plus per-endpoint ingest counters and actor gauges
  * that `registerEndpointMetrics` reads from the relay's stats through collect callbacks.
  *
- * Metrics other modules already update keep the exact key (name, description, counter options)
- * those modules use, so both refer to one series: `PublicationHub` counts pool-stream lag and the
- * per-pool / initialized-hub limit rejections, `PoolRegistry` counts terminal publication
- * failures. Effect registers a series on its first update; `initializeRelayMetrics` touches
+ * Families other modules update are declared here once and imported there: `PublicationHub`
+ * counts pool-stream lag and the per-pool / initialized-hub limit rejections, `PoolRegistry`
+ * counts terminal publication failures. Effect registers a series on its first update; `initializeRelayMetrics` touches
  * every family once so a scrape shows all of them from the start.
  */
 
@@ -36,12 +35,14 @@ type TopologyStateLabel = "ready" | "unavailable" | "unknown"
 
 const subscribers = gaugeFamily("kv_dc_relay_subscribers", "current subscribers per stream type")
 
-const subscriberLagged = counterFamily(
+/** Streams terminated for lag, by `stream` (the pool streams' hub counts its own). */
+export const subscriberLagged = counterFamily(
   "kv_dc_relay_subscriber_lagged_total",
   "streams terminated for bounded-queue lag"
 )
 
-const subscriberLimitRejected = counterFamily(
+/** Subscriptions rejected at a limit, by `stream` and `scope`. */
+export const subscriberLimitRejected = counterFamily(
   "kv_dc_relay_subscriber_limit_rejected_total",
   "subscriptions rejected at a limit"
 )
@@ -71,7 +72,8 @@ const readyHubs = gaugeFamily(
 )
 const idleHubs = gaugeFamily("kv_dc_relay_idle_publication_hub_count", "ready hubs with no subscribers")
 
-const terminalPublicationFailures = counterFamily(
+/** Generations fenced after a terminal publication failure (counted by the pool registry). */
+export const terminalPublicationFailures = counterFamily(
   "kv_dc_relay_terminal_publication_failures_total",
   "generations fenced after terminal publication failure"
 )

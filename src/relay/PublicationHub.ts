@@ -32,7 +32,7 @@ import {
 import { CBI1_MAX_DELTA_IMAGES, Cbi1Error, type Cbi1Expected, encodeCbi1Delta } from "../ckf/cbi1.js"
 import { LaneLease, type ProducerIdentity } from "../ckf/identity.js"
 import type { DcCkfDelta } from "../ckf/publisher.js"
-import { counterFamily } from "../observability/MetricFamilies.js"
+import * as RelayMetrics from "../observability/RelayMetrics.js"
 import { InjectedLoopFault, LoopFaults, supervised } from "../observability/Supervised.js"
 import type { DeltaReceiver } from "./DeltaBroadcast.js"
 import { type EncodingPermits, makeEncodingPermits } from "./internal/sync.js"
@@ -74,15 +74,9 @@ export const generationRetired = (): PublicationUnavailable =>
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const subscriberLagged = counterFamily(
-  "kv_dc_relay_subscriber_lagged_total",
-  "streams terminated for bounded-queue lag"
-).pipe(Metric.tagged("stream", "pool"))
+const subscriberLagged = RelayMetrics.subscriberLagged.pipe(Metric.tagged("stream", "pool"))
 
-const subscriberLimitRejected = counterFamily(
-  "kv_dc_relay_subscriber_limit_rejected_total",
-  "subscriptions rejected at a limit"
-).pipe(Metric.tagged("stream", "pool"))
+const subscriberLimitRejected = RelayMetrics.subscriberLimitRejected.pipe(Metric.tagged("stream", "pool"))
 
 /** Counted inside synchronous state transitions, where no effect may run. */
 export const countLimitRejection = (scope: "per_pool" | "initialized_hub"): void =>

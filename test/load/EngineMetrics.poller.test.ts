@@ -8,24 +8,11 @@
 
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
-import {
-  Context,
-  Effect,
-  HashMap,
-  Layer,
-  Logger,
-  LogLevel,
-  Option,
-  Stream,
-  SubscriptionRef,
-  TestClock
-} from "effect"
+import { Effect, HashMap, Logger, LogLevel, Option, Stream, SubscriptionRef, TestClock } from "effect"
 import { engineLoadAdditions } from "../../src/load/EngineLoadWindow.js"
 import {
-  EngineMetrics,
   type EngineMetricsSource,
   isObserved,
-  layer,
   make,
   type SourceReadState,
   sourceKey
@@ -242,7 +229,7 @@ describe("EngineMetrics poller", () => {
       const b = { metricsUrl: second.url, dpRank: 2 }
       const sources = yield* SubscriptionRef.make<ReadonlyArray<EngineMetricsSource>>([a])
       // As the relay would have it: the service from its layer, built in the test's scope.
-      const poller = Context.get(yield* Layer.build(layer(SubscriptionRef.get(sources))), EngineMetrics)
+      const poller = yield* make(SubscriptionRef.get(sources))
       yield* until(poller.changes, (s) => s.get(sourceKey(a))?.lastSuccess !== undefined)
 
       yield* SubscriptionRef.set(sources, [b])

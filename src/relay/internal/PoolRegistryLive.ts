@@ -24,7 +24,7 @@ import { type CkfConfig, ckfConfig } from "../../ckf/config.js"
 import type { PoolId, ProducerIdentity } from "../../ckf/identity.js"
 import type { DcCkfState } from "../../ckf/state.js"
 import { U64_MAX } from "../../ckf/u64.js"
-import { counterFamily } from "../../observability/MetricFamilies.js"
+import * as RelayMetrics from "../../observability/RelayMetrics.js"
 import type { RuntimeConfig } from "../../protocol/Discovery.js"
 import type { WorkerId } from "../../protocol/Events.js"
 import {
@@ -80,11 +80,6 @@ import {
 import { make as makePoolActor } from "./PoolActorLoop.js"
 import { type EvictionCandidate, HubCoordinator, type HubStartContext, PoolHubSlot } from "./PoolHubSlot.js"
 import { type GenerationSignal, GenerationToken } from "./sync.js"
-
-const terminalPublicationFailures = counterFamily(
-  "kv_dc_relay_terminal_publication_failures_total",
-  "generations fenced after terminal publication failure"
-)
 
 const descriptorOf = (entry: PoolEntry): DcPoolDescriptor => ({
   producer: entry.identity,
@@ -309,7 +304,7 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
           yield* publish
           yield* withdrawn.slot.retire()
           if (withdrawn.wasActive) {
-            yield* Metric.increment(terminalPublicationFailures)
+            yield* Metric.increment(RelayMetrics.terminalPublicationFailures)
             yield* Effect.logError("Fencing KV DC Relay pool after terminal publication failure").pipe(
               Effect.annotateLogs("reason", reason)
             )
