@@ -23,7 +23,7 @@ import {
 } from "../routing/RouteCost.js"
 import type { OverlapError } from "./ConsumerErrors.js"
 import type { GlobalConsumerService, LaneStatus } from "./GlobalConsumer.js"
-import { type LaneProbe, type OverlapRequest, probeLanesOf } from "./GlobalView.js"
+import { hashCount, type LaneProbe, type OverlapRequest, probeLanesOf, registersModel } from "./GlobalView.js"
 import type { ReceivedReadiness, RelaySignalsView } from "./RelaySignals.js"
 
 /** A route answer over the consumer's pool ids and serving endpoints (PROTOCOL §7.1 ◆3). */
@@ -135,11 +135,7 @@ const candidateOf = (
 
 const poolServes = (pool: DcPoolDescriptor, request: OverlapRequest): boolean => {
   if ("poolDomain" in request) return pool.producer.poolId.indexerDomain.equals(request.poolDomain)
-  if (pool.servingEndpoint.namespace !== request.namespace) return false
-  return pool.registrations.some(
-    (registration) =>
-      registration.model === request.model || registration.aliases.some((alias) => alias === request.model)
-  )
+  return pool.servingEndpoint.namespace === request.namespace && registersModel(pool, request.model)
 }
 
 /** Full blocks of the query in a pool's semantics, without hashing it. */
@@ -148,8 +144,7 @@ const queryBlocksOf = (pool: DcPoolDescriptor, request: OverlapRequest): number 
     const semantics = pool.querySemantics
     return fullBlockCount(request.tokens.length, semantics.kvBlockSize, semantics.hashFormat)
   }
-  const hashes = "localBlockHashes" in request ? request.localBlockHashes : request.sequenceHashes
-  return hashes instanceof Uint32Array ? hashes.length / 2 : hashes.length
+  return hashCount("localBlockHashes" in request ? request.localBlockHashes : request.sequenceHashes)
 }
 
 /**

@@ -21,7 +21,7 @@ import {
   sequenceHashesInto
 } from "../ckf/tokens.js"
 import { hashPairs } from "../ckf/u64.js"
-import type { EndpointId, KvQuerySemantics } from "../protocol/Model.js"
+import type { DcPoolDescriptor, EndpointId, KvQuerySemantics } from "../protocol/Model.js"
 import {
   AdapterNotFound,
   ModelNotFound,
@@ -119,14 +119,19 @@ export class GlobalView extends Context.Tag("kvrelay/GlobalView")<GlobalView, Gl
 // ---------------------------------------------------------------------------------------------
 // Matching and querying
 
+/** Whether one of the pool's registrations names `model` (as its model or an alias). */
+export const registersModel = (descriptor: DcPoolDescriptor, model: string): boolean => {
+  for (const registration of descriptor.registrations) {
+    if (registration.model === model) return true
+    for (const alias of registration.aliases) if (alias === model) return true
+  }
+  return false
+}
+
 const servesModel = (domain: DomainStatus, namespace: string, model: string): boolean => {
   for (const lane of domain.lanes.values()) {
     const descriptor = lane.descriptor
-    if (descriptor.servingEndpoint.namespace !== namespace) continue
-    for (const registration of descriptor.registrations) {
-      if (registration.model === model) return true
-      for (const alias of registration.aliases) if (alias === model) return true
-    }
+    if (descriptor.servingEndpoint.namespace === namespace && registersModel(descriptor, model)) return true
   }
   return false
 }
@@ -205,7 +210,8 @@ const keysOf = (keys: OverlapKeys): "tokens" | "localBlockHashes" | "sequenceHas
 const hashesOf = (keys: Exclude<OverlapKeys, { readonly tokens: ArrayLike<number> }>): BlockHashes =>
   "localBlockHashes" in keys ? keys.localBlockHashes : keys.sequenceHashes
 
-const hashCount = (hashes: BlockHashes): number =>
+/** Blocks in a query given by hashes (`[hi, lo]` pairs or one value per block). */
+export const hashCount = (hashes: BlockHashes): number =>
   hashes instanceof Uint32Array ? hashes.length / 2 : hashes.length
 
 /**
