@@ -146,14 +146,32 @@ const stats = async (relay: Relay): Promise<StatsJson> => {
 const blocksOf = (s: StatsJson): Array<number> =>
   [0, 1].map((rank) => s.aggregation?.members.find((m) => m.dpRank === rank)?.blocks ?? 0)
 
-/** Waits until the relay holds `blocks[rank]` blocks per rank and has skipped `unanchored` in all. */
-const awaitCounts = (relay: Relay, what: string, blocks: ReadonlyArray<number>, unanchored: number) =>
+/**
+ * Waits until the relay holds `blocks[rank]` blocks per rank, has skipped `unanchored` in all and,
+ * when `removals` is given, has counted that many removals it could not apply. Removals of blocks
+ * the relay never indexed change neither count, so without the last bound a wait could end before
+ * the removal events are read.
+ */
+const awaitCounts = (
+  relay: Relay,
+  what: string,
+  blocks: ReadonlyArray<number>,
+  unanchored: number,
+  removals?: number
+) =>
   eventually(
     what,
     async () => {
       const s = await stats(relay)
       const held = blocksOf(s)
-      return held[0] === blocks[0] && held[1] === blocks[1] && s.ingest.unanchored === unanchored && s
+      const unapplied = (s.aggregation?.unknownRemovals ?? 0) + (s.aggregation?.unanchoredRemovals ?? 0)
+      return (
+        held[0] === blocks[0] &&
+        held[1] === blocks[1] &&
+        s.ingest.unanchored === unanchored &&
+        (removals === undefined || unapplied === removals) &&
+        s
+      )
     },
     30_000
   )
@@ -231,7 +249,13 @@ describe("a relay that joins late or restarts under running engines (PROTOCOL §
     const n2 = await Promise.all(ranks.map((e, r) => e.store(1, n[r])))
     // The removal of a block stored before the join is expected, not an unknown removal.
     for (const [r, e] of ranks.entries()) await e.remove(a[r]!, 0)
-    const joined = await awaitCounts(first, "the new prompts indexed, the children of A skipped", [12, 12], 6)
+    const joined = await awaitCounts(
+      first,
+      "the new prompts indexed, the children of A skipped, both removals read",
+      [12, 12],
+      6,
+      2
+    )
     expect(joined.aggregation).toMatchObject({ unknownRemovals: 0, unanchoredRemovals: 2, parentNotFound: 0 })
     const addresses = (groups: ReadonlyArray<ReadonlyArray<Blocks | undefined>>) =>
       groups.flatMap((group) => group.flatMap((b) => b?.canonical ?? []))
