@@ -126,6 +126,7 @@ export const startRelay = (name: string, expectedUniqueBlocks: number) =>
       identity: relayIdentity,
       catalogRef: registry.catalogRef,
       catalogNow: registry.catalogNow,
+      publicationHubCounts: registry.publicationHubCounts,
       membershipRef: yield* SubscriptionRef.make(emptyMembershipView),
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,

@@ -62,6 +62,7 @@ const startRelay = Effect.gen(function* () {
     identity: relayIdentity,
     catalogRef: registry.catalogRef,
     catalogNow: registry.catalogNow,
+    publicationHubCounts: registry.publicationHubCounts,
     membershipRef: yield* SubscriptionRef.make(emptyMembershipView),
     loadRef: registry.loadRef,
     subscribePool: source.subscribePool,

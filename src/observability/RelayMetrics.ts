@@ -146,6 +146,23 @@ export const loadWindowEmitted: Effect.Effect<void> = Metric.increment(loadUpdat
 export const setCatalog = (poolCount: number, revision: bigint): Effect.Effect<void> =>
   Effect.zipRight(Metric.set(catalogPoolCount, poolCount), Metric.set(catalogRevision, Number(revision)))
 
+/** Sets the publication hub gauges (the relay's `PublicationHubCounts`). */
+export const setPublicationHubCounts = (counts: {
+  readonly requested: number
+  readonly initialized: number
+  readonly ready: number
+  readonly idle: number
+}): Effect.Effect<void> =>
+  Effect.all(
+    [
+      Metric.set(requestedHubs, counts.requested),
+      Metric.set(initializedHubs, counts.initialized),
+      Metric.set(readyHubs, counts.ready),
+      Metric.set(idleHubs, counts.idle)
+    ],
+    { discard: true }
+  )
+
 /** Sets the readiness entries by state. */
 export const setServingTopologyCounts = (
   counts: Readonly<Record<TopologyStateLabel, number>>

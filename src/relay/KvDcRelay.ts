@@ -20,6 +20,7 @@ import type { SourceStateEntry } from "../recovery/SourceSupervisor.js"
 import type { EngineLoad, SourceMetricsStats } from "./EngineLoad.js"
 import type { DcPoolCatalog } from "./PoolCatalog.js"
 import type { PoolLoadSnapshot } from "./PoolLoad.js"
+import type { PublicationHubCounts } from "./PublicationHub.js"
 import type { PublicationSource } from "./PublicationSource.js"
 import type { KvDcRelayError } from "./RelayErrors.js"
 
@@ -239,6 +240,8 @@ export interface KvDcRelayService {
   readonly catalogRef: SubscriptionRef.SubscriptionRef<DcPoolCatalog>
   /** What `catalogRef` holds, read on the caller's turn (no fiber). */
   readonly catalogNow: () => DcPoolCatalog
+  /** The publication hubs now (`kv_dc_relay_*_publication_hub_count`), read on the caller's turn. */
+  readonly publicationHubCounts: () => PublicationHubCounts
   /** Serving-endpoint memberships (the topology projection's input). */
   readonly membershipRef: SubscriptionRef.SubscriptionRef<DcMembershipView>
   /** Per-pool load, sorted by PoolId; windows are cut from it once per second. */

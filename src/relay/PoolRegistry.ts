@@ -52,7 +52,7 @@ import type { GenerationSignal, GenerationToken } from "./internal/sync.js"
 import type { ActorFault, MakePoolActor, PoolActor, PoolActorOptions } from "./PoolActor.js"
 import type { DcPoolCatalog } from "./PoolCatalog.js"
 import type { ActiveLoad, LoadCapacityError, PoolLoadSnapshot, PoolLoadState } from "./PoolLoad.js"
-import type { HubSubscription, PublicationHubConfig } from "./PublicationHub.js"
+import type { HubSubscription, PublicationHubConfig, PublicationHubCounts } from "./PublicationHub.js"
 import type {
   CkfBuildFailed,
   KvDcRelayError,
@@ -315,6 +315,8 @@ export interface PoolRegistry {
   readonly catalogNow: () => DcPoolCatalog
   /** The current catalog, then every later revision (watchers may see coalesced revisions). */
   readonly catalogChanges: Stream.Stream<DcPoolCatalog>
+  /** The publication hubs of every entry, counted on the caller's turn. */
+  readonly publicationHubCounts: () => PublicationHubCounts
   /** Load of every active serving generation, ordered by PoolId. */
   readonly loadSnapshots: Effect.Effect<ReadonlyArray<PoolLoadSnapshot>>
   readonly loadRef: SubscriptionRef.SubscriptionRef<ReadonlyArray<PoolLoadSnapshot>>

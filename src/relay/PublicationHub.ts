@@ -353,6 +353,19 @@ class HubSubscriber implements HubSubscription {
 // ---------------------------------------------------------------------------------------------
 // The hub
 
+/**
+ * The relay's publication hubs at one moment (the `kv_dc_relay_*_publication_hub_count` gauges):
+ * pools whose hub a subscriber asked for (still starting, serving, being evicted or failed), hubs
+ * holding a mirror (serving or being evicted), hubs serving a contiguous mirror, and serving hubs
+ * nobody subscribes to (the ones reclaimed first under the initialized-hub limit).
+ */
+export interface PublicationHubCounts {
+  readonly requested: number
+  readonly initialized: number
+  readonly ready: number
+  readonly idle: number
+}
+
 interface PublicationHubStats {
   readonly ready: boolean
   readonly lastError: string | undefined

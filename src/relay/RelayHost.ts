@@ -671,6 +671,7 @@ export const make = (
       identity,
       catalogRef: registry.catalogRef,
       catalogNow: registry.catalogNow,
+      publicationHubCounts: registry.publicationHubCounts,
       membershipRef,
       loadRef: registry.loadRef,
       engineLoad,

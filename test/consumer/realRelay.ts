@@ -125,6 +125,7 @@ export const startDcRelay = (dcName: string, options: DcRelayOptions = {}) =>
       identity: relayIdentity,
       catalogRef: registry.catalogRef,
       catalogNow: registry.catalogNow,
+      publicationHubCounts: registry.publicationHubCounts,
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,

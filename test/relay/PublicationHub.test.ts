@@ -342,6 +342,7 @@ describe("PublicationHub", () => {
           yield* registry.attach(request(pool(seed * 2), `pool-${seed}.router.generate`, "llama"))
         )
       }
+      expect(registry.publicationHubCounts()).toEqual({ requested: 0, initialized: 0, ready: 0, idle: 0 })
       const scopes: Array<Scope.CloseableScope> = []
       for (const attachment of attachments.slice(0, DEFAULT_MAX_INITIALIZED_POOL_HUBS)) {
         const scope = yield* Scope.make()
@@ -359,13 +360,19 @@ describe("PublicationHub", () => {
         })
       }
 
+      // The refused pool's slot went back to vacant: it holds no hub and is not counted.
+      const full = { requested: 64, initialized: 64, ready: 64, idle: 0 }
+      expect(registry.publicationHubCounts()).toEqual(full)
+
       // Subscribers and pending admissions protect hubs; once one is idle it is reclaimed.
       yield* drop(scopes[10]!)
+      expect(registry.publicationHubCounts()).toEqual({ ...full, idle: 1 })
       const scope = yield* Scope.make()
       yield* registry.subscribePool(last.identity).pipe(Scope.extend(scope))
       expect(registry.hubSlot(attachments[10]!.poolId)!.phaseName).toBe("vacant")
       expect(registry.hubSlot(last.poolId)!.phaseName).toBe("ready")
       expect(registry.availableHubCapacity()).toBe(0)
+      expect(registry.publicationHubCounts()).toEqual(full)
       expect(publicationLease(last.identity).assignmentEpoch).toBe(last.layoutGeneration)
     })
   )

@@ -506,6 +506,7 @@ const refreshGauges = (ctx: ServerContext): Effect.Effect<void> =>
     yield* RelayMetrics.initializeRelayMetrics
     const catalogNow = yield* SubscriptionRef.get(ctx.relay.catalogRef)
     yield* RelayMetrics.setCatalog(catalogNow.size, catalogNow.revision)
+    yield* RelayMetrics.setPublicationHubCounts(ctx.relay.publicationHubCounts())
     const topology = yield* ctx.topology.current
     const counts = { ready: 0, unavailable: 0, unknown: 0 }
     for (const entry of topology.entries) {

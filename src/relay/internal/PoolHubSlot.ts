@@ -5,7 +5,7 @@
  * transition is a synchronous block; waits re-check a version, so none is lost.
  */
 
-import { Effect, Either, Exit, Option, type Scope } from "effect"
+import { Effect, Either, Exit, Option, type Scope, type Types } from "effect"
 import type { ProducerIdentity } from "../../ckf/identity.js"
 import type { PoolActor } from "../PoolActor.js"
 import {
@@ -13,6 +13,7 @@ import {
   generationRetired,
   type PublicationHub,
   type PublicationHubConfig,
+  type PublicationHubCounts,
   publicationLease,
   startPublicationHub
 } from "../PublicationHub.js"
@@ -86,6 +87,19 @@ export class PoolHubSlot {
   /** The initialized hub, if any (diagnostics). */
   get hub(): PublicationHub | undefined {
     return this.phase._tag === "Ready" ? this.phase.hub : undefined
+  }
+
+  /** Adds this slot to the relay's publication hub gauges. */
+  countInto(counts: Types.Mutable<PublicationHubCounts>): void {
+    const phase = this.phase
+    if (phase._tag === "Vacant" || phase._tag === "Retired") return
+    counts.requested++
+    if (phase._tag !== "Ready" && phase._tag !== "Evicting") return
+    // An evicting hub still holds its mirror and its capacity permit until the eviction ends.
+    counts.initialized++
+    if (phase._tag !== "Ready" || !phase.hub.isReady) return
+    counts.ready++
+    if (phase.hub.stats.subscribers === 0) counts.idle++
   }
 
   beginAdmission(): Either.Either<HubAdmission, PublicationUnavailable> {

@@ -801,6 +801,11 @@ export const make = (options: PoolRegistryOptions): Effect.Effect<PoolRegistry, 
       catalogRef,
       catalogNow: () => publishedCatalog,
       catalogChanges: catalogRef.changes,
+      publicationHubCounts: () => {
+        const counts = { requested: 0, initialized: 0, ready: 0, idle: 0 }
+        for (const entry of state.pools.values()) entry.hub.countInto(counts)
+        return counts
+      },
       loadSnapshots: Effect.sync(() => state.loads),
       loadRef,
       shutdown,

@@ -737,6 +737,47 @@ describe("RelayHttpServer: stream slots, lag and shutdown", () => {
     20_000
   )
 
+  live("the publication hub gauges follow the pool's hub: requested, serving, then idle", () =>
+    Effect.gen(function* () {
+      const { base, attachment } = yield* setup()
+      const hubs = (text: string) =>
+        Object.fromEntries(
+          (["requested", "initialized", "ready", "idle"] as const).map((kind) => [
+            kind,
+            metricValue(text, `kv_dc_relay_${kind}_publication_hub_count`)
+          ])
+        )
+      // The hub is lazy: a pool nobody subscribed to has none.
+      expect(hubs((yield* get(base, "/metrics")).text)).toEqual({
+        requested: 0,
+        initialized: 0,
+        ready: 0,
+        idle: 0
+      })
+      const opened = yield* subscribePool(base, {
+        subscriberId: "watcher",
+        expectedProducer: producerJson(attachment)
+      })
+      if (!("stream" in opened)) return yield* Effect.dieMessage(opened.error.text)
+      expect((yield* opened.stream.next())!.kind).toBe(FRAME_SNAPSHOT_CHUNK)
+      expect(hubs((yield* get(base, "/metrics")).text)).toEqual({
+        requested: 1,
+        initialized: 1,
+        ready: 1,
+        idle: 0
+      })
+      // The last subscriber gone, the hub keeps its mirror (reclaimable under the hub limit).
+      yield* opened.stream.abort()
+      yield* eventually(
+        "the hub counted idle",
+        Effect.map(get(base, "/metrics"), (reply) => hubs(reply.text)),
+        (counts) => counts.idle === 1
+      ).pipe(
+        Effect.map((counts) => expect(counts).toEqual({ requested: 1, initialized: 1, ready: 1, idle: 1 }))
+      )
+    })
+  )
+
   live("a client that stops reading while deltas pile up gets SUBSCRIBER_LAGGED when it reads again", () =>
     Effect.gen(function* () {
       const { base, attachment, registry } = yield* setup({}, { expectedUniqueBlocks: BIG_FILTER })

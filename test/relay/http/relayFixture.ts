@@ -123,6 +123,7 @@ export const makeTestRelay = (options: TestRelayOptions = {}) =>
       identity: registry.relayIdentity,
       catalogRef: registry.catalogRef,
       catalogNow: registry.catalogNow,
+      publicationHubCounts: registry.publicationHubCounts,
       membershipRef,
       loadRef: registry.loadRef,
       subscribePool: source.subscribePool,
