@@ -5,8 +5,9 @@ export default defineConfig({
     include: ["test/**/*.test.ts"],
     // The end-to-end tests run the compiled CLI: build dist/ once per run when it is stale.
     globalSetup: ["test/e2e/build.globalSetup.ts"],
-    testTimeout: 30_000,
-    hookTimeout: 30_000,
+    // Bounds for a busy machine: a passing run takes a fraction of them.
+    testTimeout: 60_000,
+    hookTimeout: 60_000,
     pool: "forks",
     sequence: { concurrent: false }
   }

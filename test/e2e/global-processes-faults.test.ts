@@ -68,7 +68,7 @@ const poolStreams = async (relay: KvrelayProcess) =>
 const burstBlock = (n: bigint): bigint => 0x9000_0000_0000_0000n + 0x9e37_79b9n * n
 
 /** Waits until the consumer answers `expected` (depth per relay, deepest first) for `hashes`. */
-const converge = (what: string, hashes: ReadonlyArray<bigint>, expected: Depths, timeoutMs = 10_000) =>
+const converge = (what: string, hashes: ReadonlyArray<bigint>, expected: Depths, timeoutMs = 20_000) =>
   eventually(
     `${what}: ${JSON.stringify(expected)}`,
     () => depths(global.url, hashes),
@@ -104,7 +104,7 @@ beforeAll(async () => {
   await converge("P1", P1, { "dc-a": 16, "dc-b": 10 })
   await converge("P2", P2, { "dc-a": 6, "dc-b": 0 })
   await converge("P3", P3, { "dc-b": 8, "dc-a": 0 })
-}, 60_000)
+}, 120_000)
 
 afterAll(async () => {
   await stopAll()

@@ -88,7 +88,7 @@ beforeAll(async () => {
     "both lanes ready",
     (lanes) => lanes["dc-a"]?.ready === true && lanes["dc-b"]?.ready === true
   )
-}, 60_000)
+}, 120_000)
 
 afterAll(async () => {
   await stopAll()

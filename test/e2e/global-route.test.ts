@@ -150,12 +150,15 @@ describe("routing decisions end to end (PROTOCOL §7.1 ◆3)", () => {
   it("with equal loads the DC that holds the prompt wins, and every candidate shows its terms and load", async () => {
     setLoad(eastEngine, IDLE)
     setLoad(westEngine, IDLE)
+    // With nothing cached both DCs cost the same and the first lane wins the tie, so east's
+    // decision alone does not show the prompt arrived: wait for its depth too.
     const answer = await routeWhen(
-      "east decided with both loads known",
+      "east decided on the prompt it holds, with both loads known",
       (a, status) =>
         status === 200 &&
         a.decision?.relay === "east" &&
         a.candidates.length === 2 &&
+        a.candidates.some((c) => c.relay === "east" && c.prefixDepth === 8) &&
         a.candidates.every((c) => c.load.observedRanks === 1 && c.reason === undefined)
     )
     const candidates = byRelay(answer)

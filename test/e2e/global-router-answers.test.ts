@@ -21,6 +21,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
   ALIAS,
   closeScope,
+  depths,
   discoveryOf,
   domains,
   dynamoWorker,
@@ -71,8 +72,15 @@ beforeAll(async () => {
   await worker.store(P1)
   for (const consumer of [global, small]) {
     await lanesWhen(consumer.url, "the dc-a lane ready", (lanes) => lanes["dc-a"]?.ready === true, 20_000)
+    // A lane can be ready before P1 reaches it; the answers below expect P1 held.
+    await eventually(
+      "P1 held in dc-a",
+      () => depths(consumer.url, P1),
+      (d) => d["dc-a"] === 8,
+      20_000
+    )
   }
-}, 60_000)
+}, 90_000)
 
 afterAll(async () => {
   await stopAll()

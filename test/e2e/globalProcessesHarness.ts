@@ -406,7 +406,8 @@ export const request = async (
   const response = await fetch(url, {
     method: init.method ?? "GET",
     ...(init.body === undefined ? {} : { body: init.body, headers: { "content-type": "application/json" } }),
-    signal: AbortSignal.timeout(5_000)
+    // Generous: a relay churning large deltas on a busy machine may take seconds to answer.
+    signal: AbortSignal.timeout(15_000)
   })
   const text = await response.text()
   let body: unknown
@@ -509,7 +510,7 @@ export const eventually = async <A>(
   what: string,
   probe: () => Promise<A>,
   accept: (value: A) => boolean,
-  timeoutMs = 10_000,
+  timeoutMs = 20_000,
   intervalMs = 25
 ): Promise<A> => {
   const deadline = Date.now() + timeoutMs
@@ -540,7 +541,7 @@ export const lanesWhen = (
   globalUrl: string,
   what: string,
   accept: (lanes: Record<string, DomainLane>) => boolean,
-  timeoutMs = 10_000
+  timeoutMs = 20_000
 ): Promise<Record<string, DomainLane>> => eventually(what, () => lanesByRelay(globalUrl), accept, timeoutMs)
 
 /** Block counts by worker id from the relay's `GET /v1/stats`. */

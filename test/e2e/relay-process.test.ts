@@ -150,9 +150,18 @@ describe("kvrelay relay as a process", () => {
     const healthz = await relay.fetch("/healthz")
     expect(healthz.status).toBe(200)
     expect((await healthz.text()).trim()).toBe("ok")
-    const health = await relay.fetch("/v1/health")
+    // The pool enters the catalog before its sources connect; wait for both to be live.
+    const health = await eventually(
+      "both sources live",
+      async () => {
+        const reply = await relay.fetch("/v1/health")
+        const body = (await reply.json()) as { sources?: { live?: number } }
+        return body.sources?.live === 2 && { status: reply.status, body }
+      },
+      30_000
+    )
     expect(health.status).toBe(200)
-    expect(await health.json()).toEqual({
+    expect(health.body).toEqual({
       healthy: true,
       shuttingDown: false,
       endpointCount: 1,

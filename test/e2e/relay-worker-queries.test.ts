@@ -178,6 +178,24 @@ describe("worker-level queries of a relay process (PROTOCOL §5.1 ◆3)", () => 
     await relay.onlyPool()
     // One live batch per rank, of another prompt: the relay then knows where each rank stands.
     for (const [i, rank] of ranks.entries()) await rank.store(rank.hashes(1), tokensOf(50_000 + 1_000 * i, 1))
+    // The per-member block counts asserted below include these live blocks.
+    for (const [i, rank] of ranks.entries()) {
+      const { workerId, dpRank } = rank.publisher
+      await eventually(
+        `${workerId}/${dpRank}'s live block read`,
+        async () => {
+          const pools = await v1Query(relay, {
+            namespace: "prod",
+            model: "llama",
+            tokens: tokensOf(50_000 + 1_000 * i, 1)
+          })
+          return pools[0]?.workers.some(
+            (w) => w.workerId === workerId && w.dpRank === dpRank && w.device === 1
+          )
+        },
+        30_000
+      )
+    }
 
     // A partial last block never counts: 4 full blocks asked.
     const queried = [...prompt, 7, 7, 7]

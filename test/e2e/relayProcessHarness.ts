@@ -38,7 +38,7 @@ export class GiveUp extends Error {}
 export const eventually = async <A>(
   what: string,
   check: () => A | undefined | false | Promise<A | undefined | false>,
-  timeoutMs = 10_000,
+  timeoutMs = 20_000,
   everyMs = 20
 ): Promise<A> => {
   const deadline = Date.now() + timeoutMs
@@ -802,7 +802,7 @@ export class PoolStream {
   }
 
   /** Waits until `check` holds on this stream. */
-  until(what: string, check: (stream: this) => boolean, timeoutMs = 10_000): Promise<true> {
+  until(what: string, check: (stream: this) => boolean, timeoutMs = 20_000): Promise<true> {
     return eventually(
       what,
       () => {
@@ -819,7 +819,7 @@ export class PoolStream {
   }
 
   /** Waits until the filter holds all of `present` and none of `absent`. */
-  async contains(present: ReadonlyArray<bigint>, absent: ReadonlyArray<bigint> = [], timeoutMs = 10_000) {
+  async contains(present: ReadonlyArray<bigint>, absent: ReadonlyArray<bigint> = [], timeoutMs = 20_000) {
     await this.until(
       `${present.length} hashes present, ${absent.length} absent`,
       (s) => present.every((h) => s.holds(h)) && absent.every((h) => !s.holds(h)),
@@ -828,7 +828,7 @@ export class PoolStream {
   }
 
   /** Waits for the end of the stream (with or without a terminal frame). */
-  ends(timeoutMs = 10_000): Promise<true> {
+  ends(timeoutMs = 20_000): Promise<true> {
     return eventually("the end of the pool stream", () => this.ended, timeoutMs, 10)
   }
 }
@@ -989,10 +989,10 @@ export const warmUp = async (
     probes.push(...probe)
     await store(probe)
     try {
-      await stream.contains(probe, [], 2_000)
+      await stream.contains(probe, [], 4_000)
       return probes
     } catch (error) {
-      if (attempt === 5) throw error
+      if (attempt === 8) throw error
     }
   }
 }
