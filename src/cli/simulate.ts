@@ -67,6 +67,7 @@ const blocksOf = (tokens: ReadonlyArray<number>, blockSize: number, parent?: Blo
 }
 
 interface Worker {
+  readonly workerId: string
   readonly label: string
   readonly store: (blocks: ReadonlyArray<Block>, parent: Block | undefined) => Effect.Effect<void>
   readonly remove: (blocks: ReadonlyArray<Block>) => Effect.Effect<void>
@@ -120,6 +121,7 @@ const makeWorker = (
       const publisher = yield* makeDynamoZmqPublisher({ workerId, dpRank: 0, queryServer, endpoint: bind })
       source = yield* publisher.source(serving)
       worker = {
+        workerId,
         label: "dynamo-zmq",
         store: (blocks, parent) =>
           Effect.asVoid(
@@ -142,6 +144,7 @@ const makeWorker = (
       })
       source = yield* publisher.source(serving)
       worker = {
+        workerId,
         label: `engine-zmq (${format})`,
         store: (blocks, parent) =>
           Effect.asVoid(
@@ -270,6 +273,7 @@ const runWorkload = (
       cached.set(block.sequence, block)
     }
     const interval = Duration.millis(Math.max(1, Math.round(1000 / settings.requestsPerSecond)))
+    let evicting = false
     for (;;) {
       const prompt = Math.floor((yield* Random.next) ** 3 * SYSTEM_PROMPTS)
       const prefix = systemBlocks[prompt]!
@@ -296,6 +300,13 @@ const runWorkload = (
         }
         for (const b of evicted) cached.delete(b.sequence)
         for (let i = 0; i < evicted.length; i += 32) yield* worker.remove(evicted.slice(i, i + 32))
+        if (!evicting) {
+          evicting = true
+          // From here on a relay that joins meets removals and children of blocks it never saw.
+          yield* Effect.logInfo("simulated worker's cache is full; it evicts from now on").pipe(
+            Effect.annotateLogs({ worker: worker.workerId, cacheBlocks: settings.cacheBlocks })
+          )
+        }
       }
       yield* Effect.sleep(interval)
     }

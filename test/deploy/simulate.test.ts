@@ -166,15 +166,18 @@ describe("kvrelay simulate on etcd", () => {
           "--requests-per-second",
           "50",
           "--log-level",
-          "warning"
+          "info"
         ])
         procs.push(simulate)
-        // Long enough for every worker to fill its 48 blocks and evict (each request brings 1 to
-        // 5 new blocks), so the relay meets workers whose first blocks are long gone.
+        // The relay starts once every worker has filled its 48 blocks and evicts, so it meets
+        // workers whose first blocks are long gone.
         yield* Effect.promise(() =>
-          eventually("the simulator running", () => simulate.stdout.includes('"simulating"'), 60_000)
+          eventually(
+            "every simulated worker evicting",
+            () => simulate.stderr.match(/message="simulated worker's cache is full/g)?.length === 4,
+            60_000
+          )
         )
-        yield* Effect.sleep("3 seconds")
         const relay = spawnKvrelay([
           "relay",
           "--dc-id",
