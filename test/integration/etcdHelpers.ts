@@ -10,7 +10,7 @@ import { accessSync, constants, mkdtempSync, rmSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { delimiter, join } from "node:path"
-import { Effect, type Scope } from "effect"
+import { Cause, Effect, Exit, Option, Scope } from "effect"
 
 export const findEtcd = (): string | undefined => {
   const candidates = [
@@ -56,9 +56,12 @@ export interface EtcdServer {
   readonly start: Effect.Effect<void>
 }
 
+/** etcd could not bind a port it was given: another process took it after `freePort` let it go. */
+class PortTaken extends Error {}
+
 /**
  * An etcd member on loopback; `stop` kills it (SIGKILL), `start` (re)starts it on the same ports
- * and data dir. `etcdServerNotStarted` reserves the ports and data dir without starting it.
+ * and data dir. `etcdServerNotStarted` picks the ports and data dir without starting it.
  */
 const makeEtcdServer = (startNow: boolean): Effect.Effect<EtcdServer, never, Scope.Scope> =>
   Effect.gen(function* () {
@@ -99,18 +102,22 @@ const makeEtcdServer = (startNow: boolean): Effect.Effect<EtcdServer, never, Sco
         stderr += chunk.toString()
       })
       child = spawned
-      const deadline = Date.now() + 10_000
+      const deadline = Date.now() + 30_000
       while (Date.now() < deadline) {
         try {
-          const response = await fetch(`${url}/health`)
+          // Bounded: until etcd binds, whatever else holds the port may never answer.
+          const response = await fetch(`${url}/health`, { signal: AbortSignal.timeout(1_000) })
           if (response.ok && (await response.text()).includes("true")) return
         } catch {
           // not listening yet
         }
-        if (spawned.exitCode !== null) throw new Error(`etcd exited with ${spawned.exitCode}: ${stderr}`)
+        if (spawned.exitCode !== null) {
+          const message = `etcd exited with ${spawned.exitCode}: ${stderr}`
+          throw stderr.includes("address already in use") ? new PortTaken(message) : new Error(message)
+        }
         await new Promise((resolve) => setTimeout(resolve, 50))
       }
-      throw new Error(`etcd did not become healthy within 10 s: ${stderr}`)
+      throw new Error(`etcd did not become healthy within 30 s: ${stderr}`)
     })
     yield* Effect.addFinalizer(() =>
       stop.pipe(Effect.zipRight(Effect.sync(() => rmSync(dataDir, { recursive: true, force: true }))))
@@ -119,5 +126,19 @@ const makeEtcdServer = (startNow: boolean): Effect.Effect<EtcdServer, never, Sco
     return { url, stop, start }
   })
 
-export const etcdServer: Effect.Effect<EtcdServer, never, Scope.Scope> = makeEtcdServer(true)
+/** A running etcd; started again on other ports when another process took one of its ports first. */
+export const etcdServer: Effect.Effect<EtcdServer, never, Scope.Scope> = Effect.gen(function* () {
+  for (let attempt = 1; ; attempt++) {
+    // Each attempt in its own scope, so a failed one's data dir goes at once.
+    const scope = yield* Scope.make()
+    const exit = yield* Effect.exit(Scope.extend(makeEtcdServer(true), scope))
+    if (Exit.isSuccess(exit)) {
+      yield* Effect.addFinalizer(() => Scope.close(scope, Exit.void))
+      return exit.value
+    }
+    yield* Scope.close(scope, exit)
+    const portTaken = Option.exists(Cause.dieOption(exit.cause), (defect) => defect instanceof PortTaken)
+    if (!portTaken || attempt === 5) return yield* Effect.failCause(exit.cause)
+  }
+})
 export const etcdServerNotStarted: Effect.Effect<EtcdServer, never, Scope.Scope> = makeEtcdServer(false)
