@@ -27,6 +27,7 @@ import {
   Effect,
   Either,
   Metric,
+  Queue,
   type Scope,
   Stream,
   SubscriptionRef
@@ -412,9 +413,10 @@ const readsTotal = Metric.counter("kv_dc_relay_engine_metrics_reads_total", {
 /**
  * Reads every distinct `metricsUrl` of `sources` (evaluated at each tick: a `SubscriptionRef`'s
  * `get` follows discovery) once per interval, at most `concurrency` at a time, until the scope
- * closes. A URL whose previous read has not ended is not read again in that tick, so a hanging
- * engine holds at most one read and one permit, for at most the timeout. Reads run in fibers of
- * their own; the tick never waits on them and the state is read without waiting.
+ * closes. A URL whose previous read has not ended (or not started) is not queued again in that
+ * tick, so a hanging engine holds at most one reader, for at most the timeout. Reads run in
+ * `concurrency` reader fibers of their own; the tick never waits on them and the state is read
+ * without waiting.
  */
 export const make = (
   sources: Effect.Effect<ReadonlyArray<EngineMetricsSource>>,
@@ -425,18 +427,33 @@ export const make = (
     const concurrency = Math.max(1, Math.floor(options.concurrency ?? DEFAULT_READ_CONCURRENCY))
     const readOptions: ReadOptions = { timeout: options.timeout, maxBodyBytes: options.maxBodyBytes }
     const httpClient = yield* HttpClient.HttpClient
-    const permits = yield* Effect.makeSemaphore(concurrency)
-    const stateRef = yield* SubscriptionRef.make<ReadonlyMap<string, SourceReadState>>(new Map())
+    // URLs due for a read, taken by `concurrency` reader fibers. A semaphore with a waiter per
+    // URL woke every waiter at each release: reads cost the square of the sources waiting.
+    const due = yield* Queue.unbounded<string>()
+    // Each read's outcome is written into `states` in place (a read touches only its URL's
+    // ranks); readers get an immutable copy, made at most once per change. Copying the whole map
+    // at every read made a tick cost the square of the number of sources.
+    const states = new Map<string, SourceReadState>()
+    let version = 0
+    let copy: { readonly version: number; readonly states: ReadonlyMap<string, SourceReadState> } = {
+      version,
+      states: new Map()
+    }
+    const snapshot = (): ReadonlyMap<string, SourceReadState> => {
+      if (copy.version !== version) copy = { version, states: new Map(states) }
+      return copy.states
+    }
+    const versions = yield* SubscriptionRef.make(version)
+    const published = Effect.suspend(() => SubscriptionRef.set(versions, ++version))
     const inFlight = new Set<string>()
-    const scope = yield* Effect.scope
 
-    /** The sources now on `url`, as the latest tick saw them. */
-    let current: ReadonlyArray<EngineMetricsSource> = []
+    /** The sources on each URL, as the latest tick saw them. */
+    let onUrls: ReadonlyMap<string, ReadonlyArray<EngineMetricsSource>> = new Map()
 
     const record = (url: string, outcome: Either.Either<EngineMetricsPage, EngineMetricsError>) =>
       Effect.gen(function* () {
         const atMs = yield* Clock.currentTimeMillis
-        const onUrl = current.filter((source) => source.metricsUrl === url)
+        const onUrl = onUrls.get(url) ?? []
         const results: Array<string> = []
         // Logged once per change of a source's condition, not once per read.
         const changed: Array<{
@@ -444,36 +461,33 @@ export const make = (
           readonly error?: string
           readonly reason?: string
         }> = []
-        yield* SubscriptionRef.update(stateRef, (states) => {
-          const next = new Map(states)
-          for (const source of onUrl) {
-            const key = sourceKey(source)
-            const previous = next.get(key) ?? { metricsUrl: source.metricsUrl, dpRank: source.dpRank }
-            const load = Either.isRight(outcome)
-              ? loadForRank(outcome.right, source.dpRank, onUrl.length)
-              : Either.left(outcome.left.message)
-            if (Either.isRight(load)) {
-              next.set(key, {
-                metricsUrl: source.metricsUrl,
-                dpRank: source.dpRank,
-                lastSuccess: { atMs, load: load.right },
-                lastAttemptMs: atMs
-              })
-              results.push("ok")
-              if (previous.lastError !== undefined) changed.push({ source })
-            } else {
-              const reason = Either.isLeft(outcome) ? outcome.left.reason : "no-load"
-              next.set(key, {
-                ...previous,
-                lastAttemptMs: atMs,
-                lastError: { atMs, reason, message: load.left }
-              })
-              results.push(reason)
-              if (previous.lastError?.reason !== reason) changed.push({ source, reason, error: load.left })
-            }
+        for (const source of onUrl) {
+          const key = sourceKey(source)
+          const previous = states.get(key) ?? { metricsUrl: source.metricsUrl, dpRank: source.dpRank }
+          const load = Either.isRight(outcome)
+            ? loadForRank(outcome.right, source.dpRank, onUrl.length)
+            : Either.left(outcome.left.message)
+          if (Either.isRight(load)) {
+            states.set(key, {
+              metricsUrl: source.metricsUrl,
+              dpRank: source.dpRank,
+              lastSuccess: { atMs, load: load.right },
+              lastAttemptMs: atMs
+            })
+            results.push("ok")
+            if (previous.lastError !== undefined) changed.push({ source })
+          } else {
+            const reason = Either.isLeft(outcome) ? outcome.left.reason : "no-load"
+            states.set(key, {
+              ...previous,
+              lastAttemptMs: atMs,
+              lastError: { atMs, reason, message: load.left }
+            })
+            results.push(reason)
+            if (previous.lastError?.reason !== reason) changed.push({ source, reason, error: load.left })
           }
-          return next
-        })
+        }
+        if (onUrl.length > 0) yield* published
         for (const result of results) yield* Metric.increment(Metric.tagged(readsTotal, "result", result))
         for (const { source, reason, error } of changed) {
           const annotated = Effect.annotateLogs({ metricsUrl: source.metricsUrl, dpRank: source.dpRank })
@@ -488,7 +502,6 @@ export const make = (
     const readUrl = (url: string) =>
       readEngineMetrics(url, readOptions).pipe(
         Effect.either,
-        permits.withPermits(1),
         Effect.flatMap((outcome) => record(url, outcome)),
         // A defect in one read is that read's loss, never the poller's.
         Effect.catchAllDefect((defect) =>
@@ -505,24 +518,41 @@ export const make = (
 
     const tick = Effect.gen(function* () {
       const now = yield* sources
-      current = now
-      const keys = new Set(now.map(sourceKey))
-      yield* SubscriptionRef.update(stateRef, (states) => {
-        if (Array.from(states.keys()).every((key) => keys.has(key)) && states.size === keys.size)
-          return states
-        const next = new Map<string, SourceReadState>()
-        for (const source of now) {
-          const key = sourceKey(source)
-          next.set(key, states.get(key) ?? { metricsUrl: source.metricsUrl, dpRank: source.dpRank })
+      const byUrl = new Map<string, Array<EngineMetricsSource>>()
+      const keys = new Set<string>()
+      let sourcesChanged = false
+      for (const source of now) {
+        const key = sourceKey(source)
+        keys.add(key)
+        const onUrl = byUrl.get(source.metricsUrl)
+        if (onUrl === undefined) byUrl.set(source.metricsUrl, [source])
+        else onUrl.push(source)
+        if (!states.has(key)) {
+          states.set(key, { metricsUrl: source.metricsUrl, dpRank: source.dpRank })
+          sourcesChanged = true
         }
-        return next
-      })
-      for (const url of new Set(now.map((source) => source.metricsUrl))) {
+      }
+      onUrls = byUrl
+      if (states.size !== keys.size) {
+        for (const key of states.keys()) if (!keys.has(key)) states.delete(key)
+        sourcesChanged = true
+      }
+      if (sourcesChanged) yield* published
+      for (const url of byUrl.keys()) {
         if (inFlight.has(url)) continue
         inFlight.add(url)
-        yield* Effect.forkIn(readUrl(url), scope)
+        yield* Queue.offer(due, url)
       }
     })
+
+    for (let reader = 0; reader < concurrency; reader++) {
+      yield* Queue.take(due).pipe(
+        Effect.flatMap(readUrl),
+        Effect.forever,
+        (loop) => supervised("relay.engine-metrics.reader", loop),
+        Effect.forkScoped
+      )
+    }
 
     yield* tick.pipe(
       Effect.zipRight(Effect.sleep(interval)),
@@ -533,9 +563,8 @@ export const make = (
     )
 
     return {
-      states: SubscriptionRef.get(stateRef),
-      changes: stateRef.changes,
-      latest: (source) =>
-        Effect.map(SubscriptionRef.get(stateRef), (states) => states.get(sourceKey(source))?.lastSuccess)
+      states: Effect.sync(snapshot),
+      changes: Stream.map(versions.changes, snapshot),
+      latest: (source) => Effect.sync(() => states.get(sourceKey(source))?.lastSuccess)
     }
   })

@@ -6,9 +6,12 @@
  * last success and the last error are kept per source.
  */
 
+import { createServer, type ServerResponse } from "node:http"
+import type { AddressInfo } from "node:net"
+import * as HttpClient from "@effect/platform/HttpClient"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, HashMap, Logger, LogLevel, Option, Stream, SubscriptionRef, TestClock } from "effect"
+import { Effect, HashMap, Layer, Logger, LogLevel, Option, Stream, SubscriptionRef, TestClock } from "effect"
 import { engineLoadAdditions } from "../../src/load/EngineLoadWindow.js"
 import {
   type EngineMetricsSource,
@@ -242,5 +245,70 @@ describe("EngineMetrics poller", () => {
       })
       expect(first.requests()).toBe(1)
     }).pipe(Effect.provide(NodeHttpClient.layerUndici))
+  )
+
+  it.scoped(
+    "many URLs: at most `concurrency` reads are open at once, and each URL is read once a tick",
+    () => {
+      // Counted where the reads start: every reader has sent its request before the first arrives.
+      let open = 0
+      let mostOpen = 0
+      const countingClient = Layer.effect(
+        HttpClient.HttpClient,
+        Effect.map(HttpClient.HttpClient, (client) =>
+          HttpClient.transform(client, (response) =>
+            Effect.acquireUseRelease(
+              Effect.sync(() => {
+                open++
+                mostOpen = Math.max(mostOpen, open)
+              }),
+              () => response,
+              () => Effect.sync(() => open--)
+            )
+          )
+        )
+      ).pipe(Layer.provide(NodeHttpClient.layerUndici))
+      return Effect.gen(function* () {
+        // Answers are held until the test lets them go, one at a time, so reads pile up.
+        const held: Array<ServerResponse> = []
+        let arrived = 0
+        let onArrival = () => {}
+        const server = createServer((_request, response) => {
+          arrived++
+          held.push(response)
+          onArrival()
+        })
+        yield* Effect.acquireRelease(
+          Effect.async<void>((resume) => {
+            server.listen(0, "127.0.0.1", () => resume(Effect.void))
+          }),
+          () =>
+            Effect.sync(() => server.closeAllConnections()).pipe(
+              Effect.zipRight(Effect.sync(() => server.close()))
+            )
+        )
+        const { port } = server.address() as AddressInfo
+        const sources = Array.from({ length: 30 }, (_, i) => ({
+          metricsUrl: `http://127.0.0.1:${port}/metrics/${i}`,
+          dpRank: 0
+        }))
+        const page = vllmPage({ 0: { running: 1, waiting: 0, kv: 0.5 } })
+        const arrivals = (count: number) =>
+          Effect.async<void>((resume) => {
+            onArrival = () => {
+              if (arrived >= count) resume(Effect.void)
+            }
+            onArrival()
+          })
+        const poller = yield* make(Effect.succeed(sources), { concurrency: 3 })
+        for (let answered = 0; answered < sources.length; answered++) {
+          yield* arrivals(Math.min(sources.length, answered + 3))
+          held.shift()!.end(page)
+        }
+        yield* until(poller.changes, (s) => sources.every((source) => s.get(sourceKey(source))?.lastSuccess))
+        expect(mostOpen).toBe(3)
+        expect(arrived).toBe(30)
+      }).pipe(Effect.provide(countingClient))
+    }
   )
 })
