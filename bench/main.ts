@@ -20,6 +20,7 @@ import {
   benchReplaceRanks
 } from "./ckf.js"
 import { benchEndToEnd, benchEndToEndEngineMetrics } from "./e2e.js"
+import { benchEnginePoll } from "./enginePoll.js"
 import { benchGlobal } from "./global.js"
 import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
@@ -67,6 +68,7 @@ const suites: ReadonlyArray<Suite> = [
   ["route_http", benchRouteHttp],
   ["route_cost", benchRouteCost],
   ["engine_metrics_parse", benchEngineMetricsParse],
+  ["engine_metrics_poll", benchEnginePoll],
   ["e2e", benchEndToEnd],
   ["e2e_engine_metrics", benchEndToEndEngineMetrics],
   ["soak_memory", benchSoakMemory, "named"]
