@@ -32,6 +32,7 @@ import {
   rankKey
 } from "../protocol/Discovery.js"
 import type { DpRank, RouterEvent, WorkerId } from "../protocol/Events.js"
+import { makeFifoSemaphore } from "./FifoSemaphore.js"
 import {
   type ActivePublisherBinding,
   countDrop,
@@ -80,7 +81,7 @@ export const make = (options: SourceSupervisorOptions): Effect.Effect<SourceSupe
   Effect.gen(function* () {
     const { target, transport } = options
     const recoverySemaphore =
-      options.recoverySemaphore ?? (yield* Effect.makeSemaphore(RECOVERY_CONCURRENCY_LIMIT))
+      options.recoverySemaphore ?? (yield* makeFifoSemaphore(RECOVERY_CONCURRENCY_LIMIT))
     const attemptTimeout = Duration.decode(options.recoveryAttemptTimeout ?? DEFAULT_RECOVERY_ATTEMPT_TIMEOUT)
     const membershipSync = yield* Effect.makeSemaphore(1)
     const recoveries = yield* FiberMap.make<RankKey>()

@@ -58,6 +58,7 @@ import { deriveStableDcId } from "../protocol/Identity.js"
 import { DcRelayIdentity, type EndpointId } from "../protocol/Model.js"
 import { compareUtf8 } from "../protocol/Text.js"
 import type { KvEventTransport } from "../recovery/EventTransport.js"
+import { makeFifoSemaphore } from "../recovery/FifoSemaphore.js"
 import { RECOVERY_CONCURRENCY_LIMIT } from "../recovery/SourceSupervisor.js"
 import * as EndpointSlot from "./EndpointSlot.js"
 import * as EngineLoad from "./EngineLoad.js"
@@ -359,7 +360,8 @@ export const make = (
       }
     })
     const publication = yield* PublicationSource.make(registry, config.publicationSource)
-    const recoverySemaphore = yield* Effect.makeSemaphore(DEFAULT_RECOVERY_FETCH_CONCURRENCY)
+    // FIFO: a relay starting under thousands of ranks queues a recovery per rank on it.
+    const recoverySemaphore = yield* makeFifoSemaphore(DEFAULT_RECOVERY_FETCH_CONCURRENCY)
     const membershipWatch = yield* makeMembershipWatch(config.scope ?? WATCH_ALL)
     const membershipRef = yield* SubscriptionRef.make<DcMembershipView>(emptyMembershipView)
     const slotFibers = yield* FiberMap.make<string>()
