@@ -26,6 +26,7 @@ import type { BenchContext, BenchEntry } from "./harness.js"
 import { benchHubFanout } from "./hub.js"
 import { benchMembershipChurn } from "./membership.js"
 import { benchOverlapHttp, benchRouteHttp } from "./overlapHttp.js"
+import { benchRecoveryPermits } from "./permits.js"
 import { benchEngineMetricsParse, benchRouteCost } from "./routeCost.js"
 import { benchSoakMemory } from "./soak.js"
 import { benchWorkerIngest } from "./workerIngest.js"
@@ -62,6 +63,7 @@ const suites: ReadonlyArray<Suite> = [
   ["zmq_ingest", benchZmqIngest],
   ["worker_ingest", benchWorkerIngest],
   ["membership", benchMembershipChurn],
+  ["recovery_permits", benchRecoveryPermits],
   ["global", benchGlobal],
   ["overlap_http", benchOverlapHttp],
   ["worker_query_http", benchWorkerQueryHttp],
