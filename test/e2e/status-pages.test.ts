@@ -216,7 +216,10 @@ const textOf = async (page: Page, selector: string): Promise<string> =>
  * `eval`ed there, which the page's content security policy refuses.
  */
 interface PageGlobals {
-  readonly document: { querySelector(selector: string): { readonly textContent: string | null } | null }
+  readonly document: {
+    querySelector(selector: string): { readonly textContent: string | null } | null
+    readonly documentElement: { readonly scrollWidth: number; readonly clientWidth: number }
+  }
 }
 
 /**
@@ -402,6 +405,7 @@ describe.skipIf(SKIP)("status pages in headless Chromium", () => {
 
       await waitForText(page, "#dc-name", "dc-a")
       const pool = `#pools tr[data-endpoint="${ENDPOINT}"]`
+      const activity = `#activity tr[data-endpoint="${ENDPOINT}"]`
       const member = `#members tr[data-endpoint="${ENDPOINT}"][data-worker="5001"]`
       await waitForText(page, `${member} td.blocks`, String(before + PROMPT_BLOCKS))
       await waitForText(page, `${pool} td.lifecycle`, "active")
@@ -424,9 +428,15 @@ describe.skipIf(SKIP)("status pages in headless Chromium", () => {
       expect(Number(await page.locator(`${pool} td.fill meter`).getAttribute("value", WAIT))).toBe(fill)
       expect(await textOf(page, `${pool} td.fill`)).toBe(`${(fill * 100).toPrecision(2)} %`)
       // Rates need two refreshes; then every rate cell shows a number per second.
-      await waitForMatch(page, `${pool} td.events-rate`, RATE)
-      expect(await textOf(page, `${pool} td.blocks-rate`)).toMatch(RATE)
-      expect(await textOf(page, `${pool} td.publications-rate`)).toMatch(RATE)
+      await waitForMatch(page, `${activity} td.events-rate`, RATE)
+      expect(await textOf(page, `${activity} td.blocks-rate`)).toMatch(RATE)
+      expect(await textOf(page, `${activity} td.publications-rate`)).toMatch(RATE)
+      // The page fits the browser's default 1280 px: no table pushes it sideways.
+      const { scrollWidth, clientWidth } = await page.evaluate(() => {
+        const root = (globalThis as unknown as PageGlobals).document.documentElement
+        return { scrollWidth: root.scrollWidth, clientWidth: root.clientWidth }
+      })
+      expect(scrollWidth).toBeLessThanOrEqual(clientWidth)
       // The global consumer holds a pool stream of dc-a.
       await waitForAtLeast(page, '#subscribers tr[data-stream="pool"] td.count', 1)
       expect(await textOf(page, "#recovering tbody")).toBe("none: every source is live")

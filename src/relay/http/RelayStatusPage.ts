@@ -1,7 +1,7 @@
 /**
  * The relay's status page, `GET /` (PROTOCOL §5 ◆): the relay's identity and health, one row
- * per pool (serving endpoint) with its members and blocks, filter fill, ingest and publication
- * rates, every expected source that is not live (connecting, recovering, degraded or rejected,
+ * per pool (serving endpoint) with its members, blocks and filter fill, another with its ingest
+ * and publication rates, every expected source that is not live (connecting, recovering, degraded or rejected,
  * with its reason and history), and the subscribers of each stream kind.
  *
  * Data: `/v1/health`, `/v1/catalog` and `/v1/stats`, plus the `kv_dc_relay_subscribers` gauge of
@@ -32,7 +32,15 @@ const BODY = `
 <h2>Pools</h2>
 <table id="pools">
 <thead><tr><th>Serving endpoint</th><th>State</th><th>Models</th><th>Roles</th><th>Members</th>
-<th>Blocks</th><th>Filter fill</th><th>Ingest events</th><th>Ingest blocks</th><th>Publications</th>
+<th>Blocks</th><th>Filter fill</th></tr></thead>
+<tbody></tbody>
+</table>
+</section>
+
+<section>
+<h2>Pool activity</h2>
+<table id="activity">
+<thead><tr><th>Serving endpoint</th><th>Ingest events</th><th>Ingest blocks</th><th>Publications</th>
 <th>Sequence</th><th>Pending events</th><th>Malformed / gaps</th><th>Unanchored</th><th>Mailbox</th>
 <th>Last error</th></tr></thead>
 <tbody></tbody>
@@ -125,7 +133,7 @@ const SCRIPT = String.raw`
     }
     var seconds = previous ? (at - previous.at) / 1000 : 0;
     var counters = {};
-    var poolRows = [], memberRows = [], recoveringRows = [];
+    var poolRows = [], activityRows = [], memberRows = [], recoveringRows = [];
 
     for (var e = 0; e < stats.endpoints.length; e++) {
       var ep = stats.endpoints[e];
@@ -163,7 +171,11 @@ const SCRIPT = String.raw`
         td(roles || "—"),
         num(agg ? agg.members.length : null),
         el("td", { class: "num blocks", text: agg ? kv.int(agg.uniqueBlockCount) : "—" }),
-        fillCell,
+        fillCell
+      ]));
+      // Rates and publication in a table of their own: one row of both was wider than a laptop.
+      activityRows.push(el("tr", { "data-endpoint": key }, [
+        td(key, "mono endpoint"),
         el("td", { class: "num events-rate", text: kv.rate(rates.events) }),
         el("td", { class: "num blocks-rate", text: kv.rate(rates.blocks) }),
         el("td", { class: "num publications-rate", text: kv.rate(rates.publications) }),
@@ -210,6 +222,7 @@ const SCRIPT = String.raw`
       }
     }
     kv.rows($("pools").tBodies[0], poolRows, "no pools");
+    kv.rows($("activity").tBodies[0], activityRows, "no pools");
     kv.rows($("members").tBodies[0], memberRows, "no members");
     // Every source is live only when the live ones are all the expected ones (PROTOCOL §5 ◆3).
     kv.rows($("recovering").tBodies[0], recoveringRows,
