@@ -3,7 +3,7 @@
  *
  * `Effect.makeSemaphore` resumes every waiter at each release (a waiter takes its permits once it
  * runs, or waits again), so N fibers queued on it cost O(N) wake-ups per release and O(N²) in
- * all: 1,000 fibers through 16 permits took 4 s of CPU, and 4,000 exhausted the heap. A relay
+ * all: 1,000 fibers through 16 permits took about 4 s, and 4,000 exhausted the heap. A relay
  * that starts under thousands of engine ranks queues one recovery per rank on the recovery
  * permits. Here a release grants the permits to the first waiter whose request fits, and only
  * that waiter is resumed.
