@@ -1,52 +1,86 @@
 /**
- * A semaphore that hands released permits to its waiters in arrival order.
+ * Permits handed out in arrival order: `FifoPermits` (synchronous try, an effect to wait) and
+ * the `Effect.Semaphore` built on it.
  *
  * `Effect.makeSemaphore` resumes every waiter at each release (a waiter takes its permits once it
  * runs, or waits again), so N fibers queued on it cost O(N) wake-ups per release and O(N²) in
  * all: 1,000 fibers through 16 permits took about 4 s, and 4,000 exhausted the heap. A relay
  * that starts under thousands of engine ranks queues one recovery per rank on the recovery
  * permits. Here a release grants the permits to the first waiter whose request fits, and only
- * that waiter is resumed.
- *
- * It is an `Effect.Semaphore`, so it replaces `Effect.makeSemaphore` where one is passed.
+ * that waiter is resumed. Like tokio's semaphore it is FIFO-fair: once anyone waits,
+ * `tryAcquire` fails for everyone behind it, so a large request is not starved by small ones.
  */
 
 import { Effect, type Option } from "effect"
 
 interface Waiter {
-  readonly permits: number
+  readonly n: number
   /** Set until the waiter is granted or gives up. */
-  resume: ((granted: Effect.Effect<number>) => void) | undefined
+  wake: (() => void) | undefined
   granted: boolean
 }
 
-class FifoSemaphore implements Effect.Semaphore {
-  private taken = 0
+/** Counting permits, granted in arrival order. */
+export class FifoPermits {
+  private available: number
   private readonly waiters: Array<Waiter> = []
   /** Waiters before this index were granted or gave up. */
   private head = 0
 
-  constructor(private permits: number) {}
-
-  private get free(): number {
-    return this.permits - this.taken
+  constructor(capacity: number) {
+    this.available = capacity
   }
 
-  private get queued(): boolean {
-    return this.head < this.waiters.length
+  /** Permits free now. */
+  get free(): number {
+    return this.available
   }
 
-  /** Grants waiters in order while the first one's request fits. */
-  private grant(): void {
-    while (this.queued) {
+  /** Takes `n` permits now, unless someone waits or too few are free. */
+  tryAcquire(n: number): boolean {
+    if (this.head !== this.waiters.length || this.available < n) return false
+    this.available -= n
+    return true
+  }
+
+  /** Waits in arrival order; permits granted to a fiber interrupted before it resumed are returned. */
+  acquire(n: number): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      if (this.tryAcquire(n)) return Effect.void
+      const waiter: Waiter = { n, wake: undefined, granted: false }
+      return Effect.async<void>((resume) => {
+        waiter.wake = () => resume(Effect.void)
+        this.waiters.push(waiter)
+        return Effect.sync(() => {
+          waiter.wake = undefined
+          // The head may have been what blocked smaller requests behind it.
+          this.pump()
+        })
+      }).pipe(Effect.onInterrupt(() => Effect.sync(() => waiter.granted && this.release(n))))
+    })
+  }
+
+  release(n: number): void {
+    this.available += n
+    this.pump()
+  }
+
+  /** Every current and future request succeeds at once (the payload permits of a stopped actor). */
+  open(): void {
+    this.available = Number.POSITIVE_INFINITY
+    this.pump()
+  }
+
+  private pump(): void {
+    while (this.head < this.waiters.length) {
       const waiter = this.waiters[this.head]!
-      const resume = waiter.resume
-      if (resume !== undefined) {
-        if (this.free < waiter.permits) break
-        this.taken += waiter.permits
-        waiter.resume = undefined
+      const wake = waiter.wake
+      if (wake !== undefined) {
+        if (this.available < waiter.n) break
+        this.available -= waiter.n
+        waiter.wake = undefined
         waiter.granted = true
-        resume(Effect.succeed(waiter.permits))
+        wake()
       }
       this.head++
     }
@@ -56,50 +90,45 @@ class FifoSemaphore implements Effect.Semaphore {
       this.head = 0
     }
   }
+}
 
-  readonly take = (permits: number): Effect.Effect<number> =>
-    Effect.suspend(() => {
-      if (!this.queued && this.free >= permits) {
-        this.taken += permits
-        return Effect.succeed(permits)
-      }
-      return Effect.async<number>((resume) => {
-        const waiter: Waiter = { permits, resume, granted: false }
-        this.waiters.push(waiter)
-        return Effect.sync(() => {
-          if (waiter.granted) {
-            // Interrupted after the grant but before it was delivered: the permits go back.
-            waiter.granted = false
-            this.taken -= permits
-          }
-          waiter.resume = undefined
-          // A waiter that leaves the head may let the ones behind it through.
-          this.grant()
-        })
-      })
-    })
+/** `FifoPermits` as an `Effect.Semaphore`, so it replaces `Effect.makeSemaphore` where one is passed. */
+class FifoSemaphore implements Effect.Semaphore {
+  private readonly pool: FifoPermits
+
+  constructor(private permits: number) {
+    this.pool = new FifoPermits(permits)
+  }
+
+  readonly take = (permits: number): Effect.Effect<number> => Effect.as(this.pool.acquire(permits), permits)
 
   readonly release = (permits: number): Effect.Effect<number> =>
     Effect.sync(() => {
-      this.taken = Math.max(0, this.taken - permits)
-      this.grant()
-      return this.free
+      this.pool.release(permits)
+      return this.pool.free
     })
 
-  readonly releaseAll: Effect.Effect<number> = Effect.suspend(() => this.release(this.taken))
+  readonly releaseAll: Effect.Effect<number> = Effect.suspend(() =>
+    this.release(this.permits - this.pool.free)
+  )
 
   readonly resize = (permits: number): Effect.Effect<void> =>
     Effect.sync(() => {
+      const change = permits - this.permits
       this.permits = permits
-      this.grant()
+      this.pool.release(change)
     })
 
   readonly withPermits =
     (permits: number) =>
     <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
       Effect.uninterruptibleMask((restore) =>
-        Effect.flatMap(restore(this.take(permits)), (taken) =>
-          Effect.ensuring(restore(self), this.release(taken))
+        Effect.zipRight(
+          restore(this.pool.acquire(permits)),
+          Effect.ensuring(
+            restore(self),
+            Effect.sync(() => this.pool.release(permits))
+          )
         )
       )
 
@@ -107,17 +136,17 @@ class FifoSemaphore implements Effect.Semaphore {
     (permits: number) =>
     <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<Option.Option<A>, E, R> =>
       Effect.uninterruptibleMask((restore) =>
-        Effect.suspend(() => {
-          if (this.queued || this.free < permits) return Effect.succeedNone
-          this.taken += permits
-          return Effect.ensuring(Effect.asSome(restore(self)), this.release(permits))
-        })
+        Effect.suspend(() =>
+          this.pool.tryAcquire(permits)
+            ? Effect.ensuring(
+                Effect.asSome(restore(self)),
+                Effect.sync(() => this.pool.release(permits))
+              )
+            : Effect.succeedNone
+        )
       )
 }
 
-/** A FIFO semaphore with `permits` permits, made outside an effect. */
-export const unsafeMakeFifoSemaphore = (permits: number): Effect.Semaphore => new FifoSemaphore(permits)
-
 /** A FIFO semaphore with `permits` permits. */
 export const makeFifoSemaphore = (permits: number): Effect.Effect<Effect.Semaphore> =>
-  Effect.sync(() => unsafeMakeFifoSemaphore(permits))
+  Effect.sync(() => new FifoSemaphore(permits))

@@ -130,62 +130,10 @@ export class ReplySlot<A> {
  * command enters the mailbox and returned once the consumer has processed it.
  *
  * Not `Effect.makeSemaphore`: admission is the hot path, and Effect's semaphore has no synchronous
- * try-acquire (a take plus a release costs about as much as applying an 8-block event). Like
- * tokio's semaphore this one is FIFO-fair, so a large replacement is not starved by a stream of
- * small admissions: once anyone waits, `tryAcquire` fails for everyone behind it.
+ * try-acquire (a take plus a release costs about as much as applying an 8-block event). FIFO-fair,
+ * so a large replacement is not starved by a stream of small admissions.
  */
-export class PayloadPermits {
-  private available: number
-  private readonly waiters: Array<{ readonly n: number; granted: boolean; readonly wake: () => void }> = []
-
-  constructor(capacity: number) {
-    this.available = capacity
-  }
-
-  tryAcquire(n: number): boolean {
-    if (this.waiters.length !== 0 || this.available < n) return false
-    this.available -= n
-    return true
-  }
-
-  /** Waits in FIFO order; permits granted to a fiber interrupted before it resumed are returned. */
-  acquire(n: number): Effect.Effect<void> {
-    return Effect.suspend(() => {
-      if (this.tryAcquire(n)) return Effect.void
-      const waiter = { n, granted: false, wake: (): void => undefined }
-      return Effect.async<void>((resume) => {
-        waiter.wake = () => resume(Effect.void)
-        this.waiters.push(waiter)
-        return Effect.sync(() => {
-          const i = this.waiters.indexOf(waiter)
-          if (i >= 0) this.waiters.splice(i, 1)
-          // The head may have been what blocked smaller requests behind it.
-          this.pump()
-        })
-      }).pipe(Effect.onInterrupt(() => Effect.sync(() => waiter.granted && this.release(n))))
-    })
-  }
-
-  release(n: number): void {
-    this.available += n
-    this.pump()
-  }
-
-  /** After the actor stopped: every current and future request succeeds at once. */
-  open(): void {
-    this.available = Number.POSITIVE_INFINITY
-    this.pump()
-  }
-
-  private pump(): void {
-    while (this.waiters.length !== 0 && this.available >= this.waiters[0]!.n) {
-      const waiter = this.waiters.shift()!
-      this.available -= waiter.n
-      waiter.granted = true
-      waiter.wake()
-    }
-  }
-}
+export { FifoPermits as PayloadPermits } from "../../recovery/FifoSemaphore.js"
 
 export const failShuttingDown = Effect.fail(new RelayShuttingDown())
 
