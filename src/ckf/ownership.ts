@@ -368,10 +368,8 @@ export class OwnershipTable {
     depth: Array<number>,
     i: number
   ): number {
-    if (slot < 0) {
-      settleGroups(groups, masks, live, positionOf, depth, i)
-      return 0
-    }
+    // A block nobody holds: no owners, so every candidate left ends at this block.
+    if (slot < 0) return this.edges.narrowGroups(0, 0, false, groups, masks, live, positionOf, depth, i)
     const key = this.key
     key[0] = keys[k]!
     key[1] = keys[k + 1]!
@@ -520,11 +518,15 @@ export class OwnershipTable {
     const meta = this.slots[3 * slot + 2]!
     const primary = meta >>> PRIMARY_SHIFT
     const count = this.countAt(slot)
-    if (primary !== m + 1 && !(count > 1 || primary === 0 ? this.edges.has(m) : false)) return OWNER_UNKNOWN
-    if (count === 1) return OWNER_LAST
-    if (primary === m + 1) this.setCount(slot, 0, count - 1)
-    else {
-      this.edges.delete(m)
+    if (primary === m + 1) {
+      if (count === 1) return OWNER_LAST
+      this.setCount(slot, 0, count - 1)
+    } else {
+      // A sole primary owner that is not `m` leaves no edge to look at.
+      if (count === 1 && primary !== 0) return OWNER_UNKNOWN
+      if (count === 1) return this.edges.has(m) ? OWNER_LAST : OWNER_UNKNOWN
+      // `delete` is the membership test: one probe of the edge table, not two.
+      if (!this.edges.delete(m)) return OWNER_UNKNOWN
       this.setCount(slot, primary, count - 1)
     }
     this.counts[m]!--
@@ -891,21 +893,6 @@ class EdgeTable {
     this.capacity = capacity
     this.scale = scale
   }
-}
-
-/**
- * Ends the narrowing of the candidates left (`narrowAt`'s groups): each gets
- * `depth[positionOf[m]] = i`.
- */
-export const settleGroups = (
-  groups: Int32Array,
-  masks: Uint32Array,
-  live: number,
-  positionOf: Int32Array,
-  depth: Array<number>,
-  i: number
-): void => {
-  for (let a = 0; a < live; a++) settleMask(groups[a]! << GROUP_SHIFT, masks[a]!, positionOf, depth, i)
 }
 
 /** `depth[positionOf[first + b]] = i` for each bit b of `mask` (one group's members). */

@@ -24,7 +24,7 @@
 
 import type { CkfMemberRef } from "./events.js"
 import { compareMembers } from "./events.js"
-import { memberBit, memberGroup, type OwnershipTable, settleGroups } from "./ownership.js"
+import { memberBit, memberGroup, type OwnershipTable } from "./ownership.js"
 
 /** What a query reads of one member: its index in each tier's owner table (-1: it holds nothing there). */
 export interface QueryMember extends CkfMemberRef {
@@ -192,7 +192,8 @@ export const runWorkerQuery = (
       known = i + 1
       live = owners.narrowAt(slot, keys, 2 * i, groups, masks, live, positionOf, device, i)
     }
-    settleGroups(groups, masks, live, positionOf, device, i)
+    // Candidates left after the last block hold all of it: they end at depth n.
+    owners.narrowAt(-1, keys, 0, groups, masks, live, positionOf, device, i)
     for (let j = 0; j < count; j++) if (device[j]! > deepest) deepest = device[j]!
   }
   touchSink.value = touched
