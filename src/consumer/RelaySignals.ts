@@ -32,7 +32,6 @@ export type ReadinessEntry = ReadinessDocument["entries"][number]
 /** A relay's latest readiness document as the consumer received it. */
 export interface ReceivedReadiness {
   readonly receivedAtMs: number
-  readonly document: ReadinessDocument
   /** The entries that list each pool as a member, by `PoolId.key`, in document order. */
   readonly byPool: ReadonlyMap<string, ReadonlyArray<ReadinessEntry>>
 }
@@ -52,7 +51,7 @@ export const receivedReadiness = (document: ReadinessDocument, receivedAtMs: num
       else entries.push(entry)
     }
   }
-  return { receivedAtMs, document, byPool }
+  return { receivedAtMs, byPool }
 }
 
 /** A watch's state: `starting` (nothing received yet), `up` (delivering), `failing` (retrying). */

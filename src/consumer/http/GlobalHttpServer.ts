@@ -30,6 +30,7 @@ import {
   methodNotAllowedMessage,
   noRouteMessage
 } from "../../http/ErrorText.js"
+import { readFailureMessage } from "../../http/RequestBody.js"
 import { statusPageResponse } from "../../http/StatusPage.js"
 import type { ServerTlsOptions } from "../../http/Tls.js"
 import { DomainsResponseJson, GlobalHttpApi, globalOpenApi } from "../../protocol/GlobalApi.js"
@@ -120,7 +121,7 @@ const readBody = (
           : new RequestRejected({
               status: 400,
               reason: "INVALID_REQUEST",
-              message: `request body could not be read: ${error.message}`
+              message: readFailureMessage(error)
             })
       )
     )
