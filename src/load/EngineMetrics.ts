@@ -434,17 +434,17 @@ export const make = (
     // ranks); readers get an immutable copy, made at most once per change. Copying the whole map
     // at every read made a tick cost the square of the number of sources.
     const states = new Map<string, SourceReadState>()
-    let version = 0
-    let copy: { readonly version: number; readonly states: ReadonlyMap<string, SourceReadState> } = {
-      version,
-      states: new Map()
-    }
+    let copy: ReadonlyMap<string, SourceReadState> | undefined
     const snapshot = (): ReadonlyMap<string, SourceReadState> => {
-      if (copy.version !== version) copy = { version, states: new Map(states) }
-      return copy.states
+      copy ??= new Map(states)
+      return copy
     }
-    const versions = yield* SubscriptionRef.make(version)
-    const published = Effect.suspend(() => SubscriptionRef.set(versions, ++version))
+    // Counts changes for `changes`; the copy is dropped at each one.
+    const versions = yield* SubscriptionRef.make(0)
+    const published = Effect.suspend(() => {
+      copy = undefined
+      return SubscriptionRef.update(versions, (n) => n + 1)
+    })
     const inFlight = new Set<string>()
 
     /** The sources on each URL, as the latest tick saw them. */
