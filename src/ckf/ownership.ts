@@ -34,6 +34,7 @@
  * private fields; splitting them would expose that layout or cost a call per probed slot.
  */
 
+import { lowestBit, popcount } from "./internal/bits.js"
 import { MOVE_SLOTS_PER_INSERT, REHASH_AT_ONCE_SLOTS } from "./internal/growth.js"
 
 const MAX_LOAD_NUM = 4
@@ -343,10 +344,7 @@ export class OwnershipTable {
 
   /** Whether member `m` owns the key at `slot`. */
   ownsAt(slot: number, m: number): boolean {
-    const primary = this.slots[3 * slot + 2]! >>> PRIMARY_SHIFT
-    if (primary === m + 1) return true
-    // Once the primary owner left, every remaining owner is an edge, even a single one.
-    return (primary === 0 || this.countAt(slot) > 1) && this.edges.has(m)
+    return this.ownsKeyAt(slot, this.key, 0, m)
   }
 
   /**
@@ -903,13 +901,5 @@ const settleMask = (
   depth: Array<number>,
   i: number
 ): void => {
-  for (let m = mask; m !== 0; m = (m ^ (m & -m)) >>> 0)
-    depth[positionOf[first | (31 - Math.clz32(m & -m))]!] = i
-}
-
-/** Bits set in a u32. */
-const popcount = (x: number): number => {
-  let v = x - ((x >>> 1) & 0x5555_5555)
-  v = (v & 0x3333_3333) + ((v >>> 2) & 0x3333_3333)
-  return (Math.imul((v + (v >>> 4)) & 0x0f0f_0f0f, 0x0101_0101) >>> 24) & 0xff
+  for (let m = mask; m !== 0; m = (m ^ (m & -m)) >>> 0) depth[positionOf[first | lowestBit(m)]!] = i
 }

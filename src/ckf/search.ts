@@ -16,6 +16,7 @@
  */
 
 import { CKF_LANE_COUNT } from "./config.js"
+import { lowestBit, popcount } from "./internal/bits.js"
 
 /** How deep a prefix search verifies. */
 export interface PrefixSearchConfig {
@@ -49,14 +50,6 @@ export const newPrefixSearchStats = (): PrefixSearchStats => ({
 const LANE_MASK = (1 << CKF_LANE_COUNT) - 1
 const U32_MAX = 0xffff_ffff
 
-const lowestLane = (mask: number): number => 31 - Math.clz32(mask & -mask)
-
-const popcount = (mask: number): number => {
-  let v = mask - ((mask >>> 1) & 0x5555_5555)
-  v = (v & 0x3333_3333) + ((v >>> 2) & 0x3333_3333)
-  return (Math.imul((v + (v >>> 4)) & 0x0f0f_0f0f, 0x0101_0101) >>> 24) & 0xff
-}
-
 /** Per-lane search state; one instance is reused across calls so that a query allocates nothing. */
 class SearchScratch {
   readonly lower = new Float64Array(CKF_LANE_COUNT)
@@ -88,7 +81,7 @@ const scanLockStep = (s: SearchScratch, lanes: number, probe: (pos: number) => n
   const to = s.to
   let scanning = 0
   for (let m = lanes; m !== 0; m &= m - 1) {
-    const l = lowestLane(m)
+    const l = lowestBit(m)
     if (from[l]! < to[l]!) scanning |= 1 << l
   }
   let missed = 0
@@ -96,7 +89,7 @@ const scanLockStep = (s: SearchScratch, lanes: number, probe: (pos: number) => n
     let pos = Number.POSITIVE_INFINITY
     let participants = 0
     for (let m = scanning; m !== 0; m &= m - 1) {
-      const l = lowestLane(m)
+      const l = lowestBit(m)
       const at = from[l]!
       if (at < pos) {
         pos = at
@@ -112,7 +105,7 @@ const scanLockStep = (s: SearchScratch, lanes: number, probe: (pos: number) => n
     missed |= misses
     scanning &= ~misses
     for (let m = participants & hits; m !== 0; m &= m - 1) {
-      const l = lowestLane(m)
+      const l = lowestBit(m)
       const next = from[l]! + 1
       from[l] = next
       if (next >= to[l]!) scanning &= ~(1 << l)
@@ -153,7 +146,7 @@ export const findPrefixDepths = (
     if (active !== 0) {
       const { lower, lowerPred, upper, depth, windowStart, from, to, groupPos, groupLanes } = s
       for (let m = active; m !== 0; m &= m - 1) {
-        const l = lowestLane(m)
+        const l = lowestBit(m)
         lower[l] = 0
         lowerPred[l] = 0
         upper[l] = n
@@ -166,11 +159,11 @@ export const findPrefixDepths = (
         s.probeCalls++
         s.laneProbes += popcount(sampling)
         for (let m = sampling & hits; m !== 0; m &= m - 1) {
-          const l = lowestLane(m)
+          const l = lowestBit(m)
           lowerPred[l] = lower[l]!
           lower[l] = pos
         }
-        for (let m = sampling & ~hits; m !== 0; m &= m - 1) upper[lowestLane(m)] = pos
+        for (let m = sampling & ~hits; m !== 0; m &= m - 1) upper[lowestBit(m)] = pos
         sampling &= hits
       }
 
@@ -179,7 +172,7 @@ export const findPrefixDepths = (
       for (;;) {
         let groups = 0
         for (let m = active; m !== 0; m &= m - 1) {
-          const l = lowestLane(m)
+          const l = lowestBit(m)
           const lo = lower[l]!
           const span = upper[l]! - lo
           if (span <= 1) continue
@@ -201,7 +194,7 @@ export const findPrefixDepths = (
           s.probeCalls++
           s.laneProbes += popcount(lanes)
           for (let m = lanes; m !== 0; m &= m - 1) {
-            const l = lowestLane(m)
+            const l = lowestBit(m)
             if ((hits & (1 << l)) !== 0) {
               lowerPred[l] = lower[l]!
               lower[l] = mid
@@ -214,7 +207,7 @@ export const findPrefixDepths = (
 
       // Verification of [upper - W, upper), ascending: the first miss becomes the depth.
       for (let m = active; m !== 0; m &= m - 1) {
-        const l = lowestLane(m)
+        const l = lowestBit(m)
         const u = upper[l]!
         const start = u > verificationWindow ? u - verificationWindow : 0
         depth[l] = u
@@ -225,7 +218,7 @@ export const findPrefixDepths = (
       const verifyMisses = scanLockStep(s, active, probe)
       let fallback = 0
       for (let m = verifyMisses; m !== 0; m &= m - 1) {
-        const l = lowestLane(m)
+        const l = lowestBit(m)
         depth[l] = from[l]!
         if (from[l] === windowStart[l]) fallback |= 1 << l
       }
@@ -236,7 +229,7 @@ export const findPrefixDepths = (
       // predecessor of the terminal lower bound and the window.
       let scan = 0
       for (let m = fallback; m !== 0; m &= m - 1) {
-        const l = lowestLane(m)
+        const l = lowestBit(m)
         const end = windowStart[l]!
         const pred = lowerPred[l]!
         if (pred >= end) {
@@ -251,12 +244,12 @@ export const findPrefixDepths = (
       activated = popcount(scan)
       const fallbackMisses = scan === 0 ? 0 : scanLockStep(s, scan, probe)
       for (let m = fallbackMisses; m !== 0; m &= m - 1) {
-        const l = lowestLane(m)
+        const l = lowestBit(m)
         depth[l] = from[l]!
       }
 
       for (let m = active; m !== 0; m &= m - 1) {
-        const l = lowestLane(m)
+        const l = lowestBit(m)
         out[l] = Math.min(depth[l]!, U32_MAX)
       }
     }
@@ -286,7 +279,7 @@ export const linearPrefixDepths = (
   for (let pos = 0; pos < n && alive !== 0; pos++) {
     alive &= probe(pos)
     const depth = Math.min(pos + 1, U32_MAX)
-    for (let m = alive; m !== 0; m &= m - 1) out[lowestLane(m)] = depth
+    for (let m = alive; m !== 0; m &= m - 1) out[lowestBit(m)] = depth
   }
   return out
 }

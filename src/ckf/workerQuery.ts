@@ -400,7 +400,7 @@ export interface WorkerDepths {
 /** `/v1/query`'s per-pool fields that come from the query (PROTOCOL §5.1). */
 export interface PoolWorkersAnswer {
   readonly queryBlocks: number
-  readonly frequencies: Array<number>
+  readonly frequencies: ReadonlyArray<number>
   readonly workers: Array<WorkerDepths>
 }
 
@@ -423,7 +423,7 @@ export const poolWorkersAnswer = (result: WorkerQueryResult): PoolWorkersAnswer 
     disk: result.disk[j]!
   }))
   workers.sort(compareWorkerDepths)
-  return { queryBlocks: result.queryBlocks, frequencies: Array.from(result.frequencies), workers }
+  return { queryBlocks: result.queryBlocks, frequencies: result.frequencies, workers }
 }
 
 /** Dynamo's `MooncakeOverlapSummary` (`lib/kv-router/src/services/overlap.rs`), in tokens. */
@@ -438,7 +438,7 @@ export interface DynamoInstanceSummary {
 /** Dynamo's standalone indexer's `/query` and `/query_by_hash` answer (`ScoreResponse`). */
 export interface DynamoScoreResponse {
   readonly scores: Record<string, Record<string, number>>
-  readonly frequencies: Array<number>
+  readonly frequencies: ReadonlyArray<number>
   readonly instances: Record<string, DynamoInstanceSummary>
 }
 
@@ -485,7 +485,7 @@ export const dynamoScoreResponse = (result: WorkerQueryResult, blockSize: number
     summary.disk = Math.max(summary.disk, disk)
     summary.longest_matched = Math.max(summary.gpu, summary.cpu, summary.disk)
   }
-  return { scores, frequencies: Array.from(result.frequencies), instances }
+  return { scores, frequencies: result.frequencies, instances }
 }
 
 /** One rank's source as `GET /workers` lists it. */
