@@ -495,13 +495,18 @@ export class OwnershipTable {
     const primary = meta >>> PRIMARY_SHIFT
     if (primary === m + 1) return OWNER_DUPLICATE
     const count = this.countAt(slot)
-    if (count > 1 || primary === 0) {
-      if (this.edges.has(m)) return OWNER_DUPLICATE
-    }
-    if (count === 0xffff_ffff) return OWNER_DEGREE_OVERFLOW
     let primaryField = primary
-    if (primary === 0) primaryField = m + 1
-    else this.edges.insertAbsent(m)
+    if (primary === 0) {
+      // The primary owner left: `m` takes its place unless an edge already holds it.
+      if (this.edges.has(m)) return OWNER_DUPLICATE
+      if (count === 0xffff_ffff) return OWNER_DEGREE_OVERFLOW
+      primaryField = m + 1
+    } else {
+      if (count === 0xffff_ffff)
+        return count > 1 && this.edges.has(m) ? OWNER_DUPLICATE : OWNER_DEGREE_OVERFLOW
+      // `add` is the membership test: one probe of the edge table, not two.
+      if (!this.edges.add(m)) return OWNER_DUPLICATE
+    }
     this.setCount(slot, primaryField, count + 1)
     this.counts[m]!++
     this.contributions++
@@ -785,8 +790,8 @@ class EdgeTable {
     return true
   }
 
-  /** Adds member `m` (not an edge of the key yet): a bit of its group's entry, made when absent. */
-  insertAbsent(m: number): void {
+  /** Adds member `m` as an edge of the key (a bit of its group's entry, made when absent); false if it was one. */
+  add(m: number): boolean {
     const slots = this.slots
     const cap = this.capacity
     const tag = (m >>> GROUP_SHIFT) + 1
@@ -802,11 +807,14 @@ class EdgeTable {
         slots[base + 2] = tag
         slots[base + 3] = 1 << (m & GROUP_MASK)
         this.size++
-        return
+        return true
       }
       if (t === tag && slots[base + 1] === lo && slots[base] === hi) {
-        slots[base + 3] = slots[base + 3]! | (1 << (m & GROUP_MASK))
-        return
+        const mask = slots[base + 3]!
+        const bit = 1 << (m & GROUP_MASK)
+        if ((mask & bit) !== 0) return false
+        slots[base + 3] = mask | bit
+        return true
       }
       i = i + 1 === cap ? 0 : i + 1
     }
