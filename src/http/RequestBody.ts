@@ -18,13 +18,19 @@ export type BodyOutcome =
  * keeping chunks and lets the rest flow with no listener (Node discards it) instead of destroying
  * the socket: the limit bounds memory, not I/O, and the caller answers 413. Returns a function
  * that stops listening without calling `done` (an interrupted reader). A declared length over the
- * limit is the caller's to check first: it needs no read at all.
+ * limit ends it at once, before any read, with the body left to flow.
  */
 export const collectBody = (
   incoming: IncomingMessage,
   limit: number,
   done: (outcome: BodyOutcome) => void
 ): (() => void) => {
+  const declared = incoming.headers["content-length"]
+  if (declared !== undefined && Number(declared) > limit) {
+    incoming.resume()
+    done({ _tag: "TooLarge" })
+    return () => {}
+  }
   const chunks: Array<Buffer> = []
   let size = 0
   const stop = () => {

@@ -485,11 +485,6 @@ export const makeFastPath = (
       const started = performance.now()
       const spans = traced ? openSpans(request, route) : undefined
       const span = spans?.span
-      const declared = request.headers["content-length"]
-      if (declared !== undefined && Number(declared) > maxBodyBytes) {
-        send(response, route, tooLarge(maxBodyBytes), started, spans)
-        return true
-      }
       collectBody(request, maxBodyBytes, (outcome) => {
         if (outcome._tag === "TooLarge") {
           // The rest of the body is not kept (Node discards it): the connection is not reused.

@@ -564,12 +564,6 @@ export const makeFastPath = (
       const route = QUERY_ROUTES[request.url as keyof typeof QUERY_ROUTES] as QueryRoute | undefined
       if (traced || route === undefined || request.method !== "POST" || !authorized(request)) return false
       inFlight++
-      const declared = request.headers["content-length"]
-      if (declared !== undefined && Number(declared) > limit) {
-        request.resume()
-        send(response, tooLarge(route))
-        return true
-      }
       collectBody(request, limit, (outcome) => {
         if (outcome._tag === "TooLarge") return send(response, tooLarge(route))
         if (outcome._tag === "Failed")

@@ -92,8 +92,6 @@ export const readBody = (
 ): Effect.Effect<string, HttpFailure> =>
   Effect.suspend(() => {
     const tooLarge = bodyTooLarge(limit, route)
-    const declared = request.headers["content-length"]
-    if (declared !== undefined && Number(declared) > limit) return Effect.fail(tooLarge)
     const incoming = NodeHttpServerRequest.toIncomingMessage(request)
     return Effect.async<Uint8Array, HttpFailure>((resume) => {
       const stop = collectBody(incoming, limit, (outcome) =>
