@@ -442,6 +442,21 @@ export interface DynamoScoreResponse {
   readonly instances: Record<string, DynamoInstanceSummary>
 }
 
+const orders = new WeakMap<ReadonlyArray<CkfMemberRef>, Int32Array>()
+
+/**
+ * The indices of `members` in (worker id, dp rank) order, sorted once per members array (a pool
+ * keeps one array until its membership changes) rather than once per answer.
+ */
+export const memberOrder = (members: ReadonlyArray<CkfMemberRef>): Int32Array => {
+  let order = orders.get(members)
+  if (order === undefined) {
+    order = Int32Array.from(members.map((_, j) => j).sort((a, b) => compareMembers(members[a]!, members[b]!)))
+    orders.set(members, order)
+  }
+  return order
+}
+
 /**
  * The answer Dynamo's standalone KV indexer gives for the same state (`build_score_response` in
  * `lib/kv-router/src/services/indexer/server.rs`, `build_mooncake_overlap_summaries` in
@@ -458,9 +473,7 @@ export interface DynamoScoreResponse {
  * Dynamo's come from hash maps, in no order, so a reader compares them as maps.
  */
 export const dynamoScoreResponse = (result: WorkerQueryResult, blockSize: number): DynamoScoreResponse => {
-  const order = result.members
-    .map((_, j) => j)
-    .sort((a, b) => compareMembers(result.members[a]!, result.members[b]!))
+  const order = memberOrder(result.members)
   const scores: Record<string, Record<string, number>> = {}
   const instances: Record<
     string,

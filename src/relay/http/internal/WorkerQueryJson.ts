@@ -9,8 +9,7 @@
  */
 
 import type { CkfMemberRef } from "../../../ckf/events.js"
-import { compareMembers } from "../../../ckf/events.js"
-import type { WorkerQueryResult } from "../../../ckf/workerQuery.js"
+import { memberOrder, type WorkerQueryResult } from "../../../ckf/workerQuery.js"
 
 const encoder = new TextEncoder()
 const ascii = (text: string): Uint8Array => encoder.encode(text)
@@ -110,9 +109,7 @@ const layouts = new WeakMap<ReadonlyArray<CkfMemberRef>, MembersLayout>()
 const layoutOf = (members: ReadonlyArray<CkfMemberRef>): MembersLayout => {
   let layout = layouts.get(members)
   if (layout === undefined) {
-    const byRank = Int32Array.from(
-      members.map((_, j) => j).sort((a, b) => compareMembers(members[a]!, members[b]!))
-    )
+    const byRank = memberOrder(members)
     const rank = new Int32Array(members.length)
     byRank.forEach((j, place) => {
       rank[j] = place
